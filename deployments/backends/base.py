@@ -1,0 +1,56 @@
+"""The one interface every backend implements: load, execute a batch, unload, describe."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import AsyncIterator, Sequence
+
+from deployments.inference import InferRequest, InferResponse, ModelExecutor
+from repository_loader.model import InstanceKind, ModelDescription, TensorSpec
+
+
+@dataclass(frozen=True)
+class BackendContext:
+    """Where and what a backend instance loads."""
+
+    model: ModelDescription
+    version: int
+    instance_kind: InstanceKind = InstanceKind.CPU  # resolved: CPU, GPU or MODEL
+    device_id: int = 0
+    instance_name: str = ""
+    executor: ModelExecutor | None = None  # BLS / nested inference, from the serving layer
+
+
+class Backend(abc.ABC):
+    """A loaded model version on one device.
+
+    ``execute`` receives the requests of one batch (as Triton hands them to a
+    backend) and returns exactly one response per request, in order. An error
+    in one request is reported in that request's response; an exception
+    escaping ``execute`` fails the whole batch.
+    """
+
+    def __init__(self, context: BackendContext) -> None:
+        self.context = context
+        self.model = context.model
+
+    @abc.abstractmethod
+    def load(self) -> None:
+        """Load the model version; raise a ``ServerError`` naming what is wrong."""
+
+    @abc.abstractmethod
+    async def execute(self, requests: Sequence[InferRequest]) -> list[InferResponse]:
+        """Run one batch."""
+
+    async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """Decoupled models: every response of one request, the last with ``final``."""
+        for response in await self.execute([request]):
+            yield response
+
+    def unload(self) -> None:
+        """Release the model (``finalize`` for Python models)."""
+
+    def metadata(self) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+        """Inputs and outputs as the backend serves them."""
+        return self.model.inputs, self.model.outputs

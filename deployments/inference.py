@@ -1,0 +1,71 @@
+"""Transport-neutral inference requests and responses.
+
+The HTTP and gRPC front ends decode into these; the batcher, the backends and
+the ensemble scheduler consume them. Tensors are numpy arrays on the host
+(BYTES as ``object`` arrays of ``bytes``) or any DLPack-capable array on a
+device (torch, CuPy), never copied on the way through.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from repository_loader.errors import ServerError
+
+Tensor = Any  # numpy.ndarray, or an object with __dlpack__ (torch.Tensor, cupy.ndarray)
+
+
+@dataclass
+class RequestedOutput:
+    """An entry of the request's ``outputs`` list."""
+
+    name: str
+    binary: bool | None = None  # binary_data parameter; None = server default
+    class_count: int = 0  # classification extension: top-k as "score:index[:label]"
+
+
+@dataclass
+class InferRequest:
+    model_name: str
+    inputs: dict[str, Tensor]
+    model_version: str = ""  # "" = the version policy's choice (latest)
+    id: str = ""
+    requested_outputs: list[RequestedOutput] | None = None  # None = all outputs
+    parameters: dict[str, Any] = field(default_factory=dict)
+    correlation_id: int | str = 0
+    sequence_start: bool = False
+    sequence_end: bool = False
+    priority: int = 0
+    timeout_us: int = 0
+    # nanosecond timestamps filled by the serving layer, for statistics
+    arrival_ns: int = 0
+
+    def batch_rows(self) -> int:
+        """Rows this request adds to a batch (first dimension of its inputs)."""
+        for t in self.inputs.values():
+            shape = getattr(t, "shape", ())
+            return int(shape[0]) if len(shape) else 1
+        return 1
+
+    def output_names(self, all_outputs: list[str]) -> list[str]:
+        if self.requested_outputs is None:
+            return list(all_outputs)
+        return [o.name for o in self.requested_outputs]
+
+
+@dataclass
+class InferResponse:
+    outputs: dict[str, Tensor] = field(default_factory=dict)
+    error: ServerError | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    final: bool = True  # decoupled models: the last response of a request
+    model_name: str = ""
+    model_version: str = ""
+    id: str = ""
+
+
+class ModelExecutor(Protocol):
+    """Runs an inference on another model (BLS, ensembles). Provided by the serving layer."""
+
+    async def infer(self, request: InferRequest) -> InferResponse: ...

@@ -1,0 +1,114 @@
+"""One exception root for the whole server, with its HTTP and gRPC status.
+
+Every error the server reports derives from :class:`ServerError`. Each class
+carries the Triton error code it stands for; the table below maps that code to
+an HTTP status and a gRPC status code, once, for every front end.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class ErrorCode(str, Enum):
+    """Triton's ``TRITONSERVER_Error_Code`` values (and ``pb_utils.TritonError`` codes)."""
+
+    UNKNOWN = "UNKNOWN"
+    INTERNAL = "INTERNAL"
+    NOT_FOUND = "NOT_FOUND"
+    INVALID_ARG = "INVALID_ARG"
+    UNAVAILABLE = "UNAVAILABLE"
+    UNSUPPORTED = "UNSUPPORTED"
+    ALREADY_EXISTS = "ALREADY_EXISTS"
+    CANCELLED = "CANCELLED"
+
+
+# code -> (HTTP status, gRPC status code name)  -- the single mapping table.
+STATUS_TABLE: dict[ErrorCode, tuple[int, str]] = {
+    ErrorCode.UNKNOWN: (500, "UNKNOWN"),
+    ErrorCode.INTERNAL: (500, "INTERNAL"),
+    ErrorCode.NOT_FOUND: (404, "NOT_FOUND"),
+    ErrorCode.INVALID_ARG: (400, "INVALID_ARGUMENT"),
+    ErrorCode.UNAVAILABLE: (503, "UNAVAILABLE"),
+    ErrorCode.UNSUPPORTED: (501, "UNIMPLEMENTED"),
+    ErrorCode.ALREADY_EXISTS: (409, "ALREADY_EXISTS"),
+    ErrorCode.CANCELLED: (499, "CANCELLED"),
+}
+
+
+class ServerError(Exception):
+    """Root of every error the server reports to a client or an operator."""
+
+    code: ErrorCode = ErrorCode.INTERNAL
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    @property
+    def http_status(self) -> int:
+        return STATUS_TABLE[self.code][0]
+
+    @property
+    def grpc_status(self) -> str:
+        """Name of the ``grpc.StatusCode`` member."""
+        return STATUS_TABLE[self.code][1]
+
+    def to_json(self) -> dict[str, str]:
+        return {"error": self.message}
+
+
+class InvalidArgument(ServerError):
+    code = ErrorCode.INVALID_ARG
+
+
+class NotFound(ServerError):
+    code = ErrorCode.NOT_FOUND
+
+
+class Unavailable(ServerError):
+    code = ErrorCode.UNAVAILABLE
+
+
+class Unsupported(ServerError):
+    code = ErrorCode.UNSUPPORTED
+
+
+class InternalError(ServerError):
+    code = ErrorCode.INTERNAL
+
+
+class AlreadyExists(ServerError):
+    code = ErrorCode.ALREADY_EXISTS
+
+
+class Cancelled(ServerError):
+    code = ErrorCode.CANCELLED
+
+
+class UnknownError(ServerError):
+    code = ErrorCode.UNKNOWN
+
+
+class ConfigError(InvalidArgument):
+    """A model's configuration or files break one of Triton's rules."""
+
+
+_BY_CODE: dict[ErrorCode, type[ServerError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidArgument,
+        NotFound,
+        Unavailable,
+        Unsupported,
+        InternalError,
+        AlreadyExists,
+        Cancelled,
+        UnknownError,
+    )
+}
+
+
+def error_for_code(code: ErrorCode | str, message: str) -> ServerError:
+    """Build the error class that stands for ``code``."""
+    return _BY_CODE[ErrorCode(code)](message)

@@ -1,0 +1,209 @@
+"""The typed, immutable description of one model of a repository.
+
+Built by the loader from ``config.pbtxt`` (after validation and auto-complete);
+consumed by the planner, the backends, the serving layer and the ensembles.
+Each class mirrors a message of Triton's model configuration; the full,
+completed configuration stays available as JSON (``config_json``), which is
+what ``GET /v2/models/<m>/config`` returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+class InstanceKind(str, Enum):
+    """``ModelInstanceGroup.Kind``."""
+
+    AUTO = "KIND_AUTO"
+    GPU = "KIND_GPU"
+    CPU = "KIND_CPU"
+    MODEL = "KIND_MODEL"
+
+
+class ModelState(str, Enum):
+    """States the repository index reports, as Triton names them."""
+
+    READY = "READY"
+    UNAVAILABLE = "UNAVAILABLE"
+    LOADING = "LOADING"
+    UNLOADING = "UNLOADING"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """``ModelInput`` / ``ModelOutput``. ``dims`` exclude the batch dimension."""
+
+    name: str
+    datatype: str  # wire name: "FP32", "BYTES", ...
+    dims: tuple[int, ...]
+    reshape: tuple[int, ...] | None = None
+    optional: bool = False
+    allow_ragged_batch: bool = False
+    is_shape_tensor: bool = False
+    label_filename: str | None = None
+    format: str = "FORMAT_NONE"
+
+    def full_shape(self, max_batch_size: int) -> list[int]:
+        """Shape as metadata reports it: ``[-1, *dims]`` for batching models."""
+        return ([-1] if max_batch_size > 0 else []) + list(self.dims)
+
+
+@dataclass(frozen=True)
+class InstanceGroup:
+    """``ModelInstanceGroup``."""
+
+    name: str
+    kind: InstanceKind
+    count: int
+    gpus: tuple[int, ...] = ()
+    host_policy: str = ""
+    passive: bool = False
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """``ModelQueuePolicy``. ``timeout_action`` is "REJECT" or "DELAY"."""
+
+    timeout_action: str = "REJECT"
+    default_timeout_microseconds: int = 0
+    allow_timeout_override: bool = False
+    max_queue_size: int = 0
+
+
+@dataclass(frozen=True)
+class DynamicBatching:
+    """``ModelDynamicBatching``."""
+
+    preferred_batch_size: tuple[int, ...] = ()
+    max_queue_delay_microseconds: int = 0
+    preserve_ordering: bool = False
+    priority_levels: int = 0
+    default_priority_level: int = 0
+    default_queue_policy: QueuePolicy = QueuePolicy()
+    priority_queue_policy: Mapping[int, QueuePolicy] = EMPTY
+
+
+@dataclass(frozen=True)
+class SequenceControl:
+    """One control tensor of ``ModelSequenceBatching.ControlInput``."""
+
+    input_name: str
+    kind: str  # CONTROL_SEQUENCE_START / READY / END / CORRID
+    datatype: str  # wire name of the tensor
+    values: tuple[Any, ...] = ()  # false/true values (int or float), empty for CORRID
+
+
+@dataclass(frozen=True)
+class SequenceBatching:
+    """``ModelSequenceBatching`` (the parts the scheduler acts on)."""
+
+    strategy: str = "direct"  # "direct" or "oldest"
+    max_sequence_idle_microseconds: int = 1_000_000
+    controls: tuple[SequenceControl, ...] = ()
+    max_candidate_sequences: int = 0
+    max_queue_delay_microseconds: int = 0
+
+
+@dataclass(frozen=True)
+class EnsembleStep:
+    """``ModelEnsembling.Step``. Maps are step tensor name -> ensemble tensor name."""
+
+    model_name: str
+    model_version: int = -1
+    input_map: Mapping[str, str] = EMPTY
+    output_map: Mapping[str, str] = EMPTY
+
+
+@dataclass(frozen=True)
+class WarmupInput:
+    """``ModelWarmup.Input``. ``source`` is "zero_data", "random_data" or "input_data_file"."""
+
+    datatype: str
+    dims: tuple[int, ...]
+    source: str = "zero_data"
+    input_data_file: str | None = None
+
+
+@dataclass(frozen=True)
+class WarmupSample:
+    """``ModelWarmup``."""
+
+    name: str
+    batch_size: int
+    inputs: Mapping[str, WarmupInput]
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    """A validated, completed model of the repository."""
+
+    name: str
+    path: Path  # the model's folder
+    platform: str  # "onnxruntime_onnx", "pytorch_libtorch", "tensorrt_plan", "ensemble", ""
+    backend: str  # "onnxruntime", "pytorch", "tensorrt", "python", ""
+    max_batch_size: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    versions: tuple[int, ...]  # versions the version policy selects, ascending
+    instance_groups: tuple[InstanceGroup, ...] = ()
+    dynamic_batching: DynamicBatching | None = None
+    sequence_batching: SequenceBatching | None = None
+    ensemble_steps: tuple[EnsembleStep, ...] = ()
+    warmup: tuple[WarmupSample, ...] = ()
+    parameters: Mapping[str, str] = EMPTY
+    default_model_filename: str = ""
+    decoupled: bool = False
+    response_cache: bool = False
+    optimization: Mapping[str, Any] = EMPTY  # JSON form of ModelOptimizationPolicy
+    config_json: Mapping[str, Any] = field(default=EMPTY, compare=False)
+
+    @property
+    def kind(self) -> str:
+        """The backend that executes this model ("ensemble" for ensembles)."""
+        if self.platform == "ensemble":
+            return "ensemble"
+        return self.backend or _BACKEND_OF_PLATFORM.get(self.platform, self.platform)
+
+    @property
+    def is_ensemble(self) -> bool:
+        return self.platform == "ensemble"
+
+    @property
+    def latest_version(self) -> int:
+        return self.versions[-1]
+
+    def version_path(self, version: int) -> Path:
+        return self.path / str(version)
+
+    def model_file(self, version: int) -> Path:
+        """The model file (or folder) of ``version``: ``default_model_filename`` or the default."""
+        name = self.default_model_filename or DEFAULT_MODEL_FILENAME.get(self.kind, "")
+        return self.version_path(version) / name
+
+    def input(self, name: str) -> TensorSpec | None:
+        return next((t for t in self.inputs if t.name == name), None)
+
+    def output(self, name: str) -> TensorSpec | None:
+        return next((t for t in self.outputs if t.name == name), None)
+
+
+_BACKEND_OF_PLATFORM = {
+    "onnxruntime_onnx": "onnxruntime",
+    "pytorch_libtorch": "pytorch",
+    "tensorrt_plan": "tensorrt",
+}
+
+DEFAULT_MODEL_FILENAME = {
+    "onnxruntime": "model.onnx",
+    "pytorch": "model.pt",
+    "tensorrt": "model.plan",
+    "python": "model.py",
+}
