@@ -9,6 +9,7 @@ what ``GET /v2/models/<m>/config`` returns.
 
 from __future__ import annotations
 
+import copyreg
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -16,6 +17,14 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+def _reduce_mappingproxy(m: MappingProxyType) -> tuple[Any, tuple[dict[Any, Any]]]:
+    return MappingProxyType, (dict(m),)
+
+
+# Descriptions travel to Ray replicas by pickle; read-only mappings must survive the trip.
+copyreg.pickle(MappingProxyType, _reduce_mappingproxy)
 
 
 class InstanceKind(str, Enum):
