@@ -19,8 +19,13 @@ from typing import Any, Mapping
 EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
+def frozen_mapping(items: Mapping[Any, Any] | None = None) -> Mapping[Any, Any]:
+    """A read-only mapping (what every mapping field of a description holds)."""
+    return MappingProxyType(dict(items or {}))
+
+
 def _reduce_mappingproxy(m: MappingProxyType) -> tuple[Any, tuple[dict[Any, Any]]]:
-    return MappingProxyType, (dict(m),)
+    return frozen_mapping, (dict(m),)
 
 
 # Descriptions travel to Ray replicas by pickle; read-only mappings must survive the trip.
@@ -96,7 +101,7 @@ class DynamicBatching:
     priority_levels: int = 0
     default_priority_level: int = 0
     default_queue_policy: QueuePolicy = QueuePolicy()
-    priority_queue_policy: Mapping[int, QueuePolicy] = EMPTY
+    priority_queue_policy: Mapping[int, QueuePolicy] = field(default_factory=lambda: EMPTY)
 
 
 @dataclass(frozen=True)
@@ -126,8 +131,8 @@ class EnsembleStep:
 
     model_name: str
     model_version: int = -1
-    input_map: Mapping[str, str] = EMPTY
-    output_map: Mapping[str, str] = EMPTY
+    input_map: Mapping[str, str] = field(default_factory=lambda: EMPTY)
+    output_map: Mapping[str, str] = field(default_factory=lambda: EMPTY)
 
 
 @dataclass(frozen=True)
@@ -167,12 +172,12 @@ class ModelDescription:
     sequence_batching: SequenceBatching | None = None
     ensemble_steps: tuple[EnsembleStep, ...] = ()
     warmup: tuple[WarmupSample, ...] = ()
-    parameters: Mapping[str, str] = EMPTY
+    parameters: Mapping[str, str] = field(default_factory=lambda: EMPTY)
     default_model_filename: str = ""
     decoupled: bool = False
     response_cache: bool = False
-    optimization: Mapping[str, Any] = EMPTY  # JSON form of ModelOptimizationPolicy
-    config_json: Mapping[str, Any] = field(default=EMPTY, compare=False)
+    optimization: Mapping[str, Any] = field(default_factory=lambda: EMPTY)  # JSON form of ModelOptimizationPolicy
+    config_json: Mapping[str, Any] = field(default_factory=lambda: EMPTY, compare=False)
 
     @property
     def kind(self) -> str:
