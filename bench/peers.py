@@ -277,10 +277,9 @@ def wait_ready(handle: ServerHandle, timeout: float = 120.0) -> None:
     while time.monotonic() < deadline:
         if handle.process.poll() is not None:
             raise PeerSetupError(f"{handle.name} exited with {handle.process.returncode}: {_tail(handle)}")
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
-                    return
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as resp:
+            if resp.status == 200:
+                return
         time.sleep(0.25)
     handle.stop()
     raise PeerSetupError(f"{handle.name} was not ready within {timeout:.0f} s: {_tail(handle)}")
