@@ -1,0 +1,194 @@
+"""Where the steps of an ensemble run, and how tensors travel between them.
+
+By default (``colocate``) the composing models that run on the same device
+share a group: one replica loads them all and hands tensors on in process.
+``separate`` gives every model its own group. The ensemble's ``parameters``
+choose, as Triton config parameters::
+
+    parameters { key: "placement" value: { string_value: "separate" } }
+    parameters { key: "placement.postprocess" value: { string_value: "host_side" } }
+
+``placement.<model>`` puts one model into a named group, whatever the mode.
+Nested ensembles are flattened: their composing models are placed like the
+outer ones. :func:`describe_placement` prints the result for ``validate``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from ensembles.graph import EnsembleGraph, StepNode
+from ensembles.handoff import Route
+from repository_loader.errors import ConfigError
+from repository_loader.model import InstanceKind, ModelDescription
+
+COLOCATE = "colocate"
+SEPARATE = "separate"
+MODES = (COLOCATE, SEPARATE)
+PARAMETER = "placement"
+
+_ROUTE_WORDS = {
+    Route.IN_PROCESS: "in process (DLPack, zero copy)",
+    Route.CUDA_IPC: "CUDA IPC (same node), object store across nodes",
+    Route.HOST: "object store (host memory)",
+}
+
+
+@dataclass(frozen=True)
+class PlacedStep:
+    """A composing model of the (flattened) ensemble and the group it runs in."""
+
+    model_name: str
+    version: int
+    device: str  # "cpu", "gpu", "gpu:0,1" or "model" (KIND_MODEL places itself)
+    group: str
+    path: str  # ensemble names down to this step, e.g. "outer/inner"
+
+
+@dataclass(frozen=True)
+class Edge:
+    """An ensemble tensor going from one step to another, and its route."""
+
+    tensor: str
+    producer: str
+    consumer: str
+    route: Route
+
+
+@dataclass(frozen=True)
+class EnsemblePlacement:
+    """The chosen placement of one ensemble."""
+
+    ensemble: str
+    mode: str
+    steps: tuple[PlacedStep, ...]
+    edges: tuple[Edge, ...]
+
+    def groups(self) -> dict[str, list[PlacedStep]]:
+        """Group name -> its steps, in step order."""
+        groups: dict[str, list[PlacedStep]] = {}
+        for step in self.steps:
+            groups.setdefault(step.group, []).append(step)
+        return groups
+
+    def group_of(self, model_name: str) -> str:
+        return next(s.group for s in self.steps if s.model_name == model_name)
+
+
+def model_device(model: ModelDescription, gpu_available: bool = False) -> str:
+    """The device a model's instances run on, from its instance groups."""
+    kinds = {g.kind for g in model.instance_groups} or {InstanceKind.AUTO}
+    if InstanceKind.MODEL in kinds:
+        return "model"
+    if InstanceKind.GPU in kinds or (InstanceKind.AUTO in kinds and gpu_available and model.kind != "python"):
+        gpus = sorted({gpu for g in model.instance_groups for gpu in g.gpus})
+        return "gpu:" + ",".join(str(g) for g in gpus) if gpus else "gpu"
+    return "cpu"
+
+
+def choose_placement(
+    graph: EnsembleGraph,
+    devices: Mapping[str, str] | None = None,
+    gpu_available: bool = False,
+) -> EnsemblePlacement:
+    """Place the steps of ``graph``; ``devices`` (model -> device) overrides what instance groups say."""
+    mode, overrides = _read_parameters(graph)
+    flat = list(_flatten(graph, {}, graph.name))
+    steps = []
+    for step, _, _, path in flat:
+        device = (devices or {}).get(step.model_name) or model_device(step.model, gpu_available)
+        group = overrides.get(step.model_name) or _default_group(mode, step.model_name, device)
+        steps.append(PlacedStep(step.model_name, step.version, device, group, path))
+    edges = _edges(flat, steps)
+    return EnsemblePlacement(graph.name, mode, tuple(steps), tuple(edges))
+
+
+def _read_parameters(graph: EnsembleGraph) -> tuple[str, dict[str, str]]:
+    params = graph.ensemble.parameters
+    mode = params.get(PARAMETER, COLOCATE)
+    if mode not in MODES:
+        raise ConfigError(
+            f"in ensemble '{graph.name}', parameter '{PARAMETER}' is '{mode}'; expected one of {', '.join(MODES)}"
+        )
+    names = set(_leaf_names(graph))
+    overrides: dict[str, str] = {}
+    for key, value in params.items():
+        if not key.startswith(PARAMETER + "."):
+            continue
+        model = key[len(PARAMETER) + 1 :]
+        if model not in names:
+            raise ConfigError(
+                f"in ensemble '{graph.name}', parameter '{key}' names model '{model}', which is not a step"
+            )
+        if not value:
+            raise ConfigError(f"in ensemble '{graph.name}', parameter '{key}' names no group")
+        overrides[model] = value
+    return mode, overrides
+
+
+def _leaf_names(graph: EnsembleGraph) -> Iterator[str]:
+    for step in graph.steps:
+        if step.model_name in graph.nested:
+            yield from _leaf_names(graph.nested[step.model_name])
+        else:
+            yield step.model_name
+
+
+def _default_group(mode: str, model_name: str, device: str) -> str:
+    if mode == SEPARATE or device == "model":
+        return model_name
+    return device
+
+
+Flat = tuple[StepNode, frozenset[str], frozenset[str], str]  # step, reads, writes, path
+
+
+def _flatten(graph: EnsembleGraph, alias: Mapping[str, str], path: str) -> Iterator[Flat]:
+    """Leaf steps with tensor names made global: nested tensors map onto the outer ones."""
+
+    def name(tensor: str) -> str:
+        nested = "/" in path
+        return alias.get(tensor, f"{path}/{tensor}" if nested else tensor)
+
+    for step in graph.steps:
+        if step.model_name in graph.nested:
+            inner = {k: name(v) for k, v in step.input_map.items()}
+            inner.update({k: name(v) for k, v in step.output_map.items()})
+            yield from _flatten(graph.nested[step.model_name], inner, f"{path}/{step.model_name}")
+        else:
+            reads = frozenset(name(t) for t in step.consumes)
+            writes = frozenset(name(t) for t in step.produces)
+            yield step, reads, writes, path
+
+
+def _edges(flat: list[Flat], placed: list[PlacedStep]) -> list[Edge]:
+    writer = {t: i for i, (_, _, writes, _) in enumerate(flat) for t in writes}
+    edges = []
+    for j, (_, reads, _, _) in enumerate(flat):
+        for tensor in sorted(reads):
+            if tensor in writer:
+                edges.append(_edge(tensor, placed[writer[tensor]], placed[j]))
+    return edges
+
+
+def _edge(tensor: str, producer: PlacedStep, consumer: PlacedStep) -> Edge:
+    if producer.group == consumer.group:
+        route = Route.IN_PROCESS
+    elif producer.device.startswith("gpu") and consumer.device.startswith("gpu"):
+        route = Route.CUDA_IPC
+    else:
+        route = Route.HOST
+    return Edge(tensor, producer.model_name, consumer.model_name, route)
+
+
+def describe_placement(placement: EnsemblePlacement) -> list[str]:
+    """Lines for the validate command: the groups, and the route of every tensor between steps."""
+    lines = [f"ensemble '{placement.ensemble}': placement {placement.mode}"]
+    for group, steps in placement.groups().items():
+        members = ", ".join(f"{s.model_name} v{s.version}" for s in steps)
+        devices = ",".join(sorted({s.device for s in steps}))
+        lines.append(f"  group '{group}' on {devices}: {members}")
+    for edge in placement.edges:
+        lines.append(f"  {edge.producer} -> {edge.consumer}: '{edge.tensor}' {_ROUTE_WORDS[edge.route]}")
+    return lines

@@ -1,0 +1,238 @@
+"""Runs one ensemble request: each step as soon as its inputs exist.
+
+The scheduler is plain asyncio over a :class:`ModelExecutor`: every step is a
+task started the moment all the tensors it reads are there, so independent
+branches run together; only the steps the requested outputs need run. A step
+that fails fails its request alone: the error names the step's model and keeps
+the step's error code, and the request's other steps are cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from deployments.inference import InferRequest, InferResponse, ModelExecutor, RequestedOutput
+from ensembles.graph import EnsembleGraph, StepNode
+from repository_loader.errors import InternalError, InvalidArgument, ServerError, error_for_code
+
+Tensor = Any
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """One step of one ensemble request, for the composing model's statistics."""
+
+    ensemble: str
+    model_name: str
+    model_version: int
+    start_ns: int
+    end_ns: int
+    success: bool
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+StepCallback = Callable[[StepTiming], None]
+# Turns a tensor into what a step receives (the hand-off across processes); identity by default.
+InputHandoff = Callable[[StepNode, str, Tensor], Tensor]
+
+
+def step_error(ensemble: str, step: StepNode, error: BaseException) -> ServerError:
+    """The request's error for a failing step: the step named, its error code kept."""
+    if isinstance(error, ServerError):
+        return error_for_code(
+            error.code, f"in ensemble '{ensemble}', step '{step.model_name}': {error.message}"
+        )
+    return InternalError(
+        f"in ensemble '{ensemble}', step '{step.model_name}': {type(error).__name__}: {error}"
+    )
+
+
+class EnsembleScheduler:
+    """Executes requests of one validated ensemble through ``executor``.
+
+    ``inline_nested``: run steps that are themselves ensembles with a scheduler
+    in this process (their tensors then stay in process too) instead of
+    sending them to ``executor``.
+    """
+
+    def __init__(
+        self,
+        graph: EnsembleGraph,
+        executor: ModelExecutor,
+        *,
+        on_step: StepCallback | None = None,
+        handoff: InputHandoff | None = None,
+        inline_nested: bool = False,
+    ) -> None:
+        self.graph = graph
+        self.executor = executor
+        self.on_step = on_step
+        self.handoff = handoff
+        self.inline_nested = inline_nested
+        self._pruned: dict[tuple[str, ...], EnsembleGraph] = {}
+        self._nested: dict[str, EnsembleScheduler] = {}
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        """Run ``request``; errors come back in the response, as from any executor."""
+        response = InferResponse(
+            model_name=self.graph.name,
+            model_version=str(self.graph.ensemble.latest_version),
+            id=request.id,
+        )
+        try:
+            outputs = self._requested_outputs(request)
+            self._check_inputs(request)
+            tensors = await self._run(self._plan(outputs), request, outputs)
+        except ServerError as error:
+            response.error = error
+            return response
+        response.outputs = {name: tensors[name] for name in outputs}
+        return response
+
+    def _requested_outputs(self, request: InferRequest) -> list[str]:
+        names = request.output_names(self.graph.output_names)
+        for name in names:
+            if self.graph.ensemble.output(name) is None:
+                raise InvalidArgument(
+                    f"unexpected inference output '{name}' for ensemble '{self.graph.name}'"
+                )
+        return names
+
+    def _check_inputs(self, request: InferRequest) -> None:
+        for name in request.inputs:
+            if self.graph.ensemble.input(name) is None:
+                raise InvalidArgument(f"unexpected inference input '{name}' for ensemble '{self.graph.name}'")
+        for spec in self.graph.ensemble.inputs:
+            if not spec.optional and spec.name not in request.inputs:
+                raise InvalidArgument(
+                    f"expected input '{spec.name}' for ensemble '{self.graph.name}' is missing"
+                )
+
+    def _plan(self, outputs: list[str]) -> EnsembleGraph:
+        key = tuple(sorted(outputs))
+        if key not in self._pruned:
+            self._pruned[key] = self.graph.pruned(key)
+        return self._pruned[key]
+
+    async def _run(
+        self, graph: EnsembleGraph, request: InferRequest, outputs: list[str]
+    ) -> dict[str, Tensor]:
+        tensors: dict[str, Tensor] = dict(request.inputs)
+        needed = set(outputs).union(*(s.consumes for s in graph.steps))
+        pending = {s.index: s for s in graph.steps}
+        running: dict[asyncio.Task[dict[str, Tensor]], StepNode] = {}
+        try:
+            while pending or running:
+                for step in self._ready(graph, pending, tensors):
+                    del pending[step.index]
+                    task = asyncio.create_task(self._run_step(step, request, tensors, needed))
+                    running[task] = step
+                if not running:
+                    raise InternalError(f"in ensemble '{graph.name}', no step can run (inputs missing)")
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    del running[task]
+                    tensors.update(task.result())
+        finally:
+            await _cancel(running)
+        return tensors
+
+    @staticmethod
+    def _ready(
+        graph: EnsembleGraph, pending: Mapping[int, StepNode], tensors: Mapping[str, Tensor]
+    ) -> list[StepNode]:
+        """Pending steps whose every produced input exists (absent optional ensemble inputs are skipped)."""
+        return [
+            step
+            for step in pending.values()
+            if all(t in tensors for t in step.consumes if t in graph.producer)
+        ]
+
+    async def _run_step(
+        self, step: StepNode, request: InferRequest, tensors: Mapping[str, Tensor], needed: set[str]
+    ) -> dict[str, Tensor]:
+        wanted = [name for name, tensor in step.output_map.items() if tensor in needed]
+        sub = self._step_request(step, request, tensors, wanted)
+        start = time.perf_counter_ns()
+        success = False
+        try:
+            response = await self._call(step, sub)
+            if response.error is not None:
+                raise response.error
+            produced = {step.output_map[name]: _output(response, name) for name in wanted}
+            success = True
+            return produced
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            raise step_error(self.graph.name, step, error) from error
+        finally:
+            self._record(step, start, success)
+
+    def _step_request(
+        self, step: StepNode, request: InferRequest, tensors: Mapping[str, Tensor], wanted: list[str]
+    ) -> InferRequest:
+        inputs = {}
+        for step_input, tensor in step.input_map.items():
+            if tensor in tensors:
+                value = tensors[tensor]
+                inputs[step_input] = self.handoff(step, step_input, value) if self.handoff else value
+        return InferRequest(
+            model_name=step.model_name,
+            inputs=inputs,
+            model_version=str(step.version) if step.pinned else "",
+            id=request.id,
+            requested_outputs=[RequestedOutput(name) for name in wanted],
+            parameters=dict(request.parameters),
+            correlation_id=request.correlation_id,
+            sequence_start=request.sequence_start,
+            sequence_end=request.sequence_end,
+            priority=request.priority,
+            timeout_us=request.timeout_us,
+            arrival_ns=request.arrival_ns,
+        )
+
+    async def _call(self, step: StepNode, request: InferRequest) -> InferResponse:
+        if self.inline_nested and step.model_name in self.graph.nested:
+            return await self._nested_scheduler(step.model_name).infer(request)
+        return await self.executor.infer(request)
+
+    def _nested_scheduler(self, name: str) -> EnsembleScheduler:
+        if name not in self._nested:
+            self._nested[name] = EnsembleScheduler(
+                self.graph.nested[name],
+                self.executor,
+                on_step=self.on_step,
+                handoff=self.handoff,
+                inline_nested=True,
+            )
+        return self._nested[name]
+
+    def _record(self, step: StepNode, start_ns: int, success: bool) -> None:
+        if self.on_step is not None:
+            timing = StepTiming(
+                self.graph.name, step.model_name, step.version, start_ns, time.perf_counter_ns(), success
+            )
+            self.on_step(timing)
+
+
+def _output(response: InferResponse, name: str) -> Tensor:
+    try:
+        return response.outputs[name]
+    except KeyError:
+        raise InternalError(f"output '{name}' is missing from the response") from None
+
+
+async def _cancel(running: Mapping[asyncio.Task[Any], StepNode]) -> None:
+    """Cancel the steps still running and wait for them to end."""
+    for task in running:
+        task.cancel()
+    if running:
+        await asyncio.gather(*running, return_exceptions=True)
