@@ -1,0 +1,79 @@
+"""Builders shared by the backend tests: model descriptions, ONNX and TorchScript files."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from deployments.backends.base import BackendContext
+from deployments.inference import InferRequest, ModelExecutor, RequestedOutput
+from repository_loader.model import InstanceKind, ModelDescription, TensorSpec
+
+
+def spec(name: str, datatype: str, dims: Sequence[int], **kwargs: Any) -> TensorSpec:
+    return TensorSpec(name=name, datatype=datatype, dims=tuple(dims), **kwargs)
+
+
+def describe(
+    name: str,
+    path: Path,
+    backend: str,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    max_batch_size: int = 0,
+    **kwargs: Any,
+) -> ModelDescription:
+    return ModelDescription(
+        name=name,
+        path=path,
+        platform="",
+        backend=backend,
+        max_batch_size=max_batch_size,
+        inputs=tuple(inputs),
+        outputs=tuple(outputs),
+        versions=(1,),
+        **kwargs,
+    )
+
+
+def context(
+    model: ModelDescription,
+    executor: ModelExecutor | None = None,
+    kind: InstanceKind = InstanceKind.CPU,
+) -> BackendContext:
+    return BackendContext(
+        model=model, version=1, instance_kind=kind, instance_name=f"{model.name}_0", executor=executor
+    )
+
+
+def request(model: str, outputs: Sequence[str] | None = None, **inputs: Any) -> InferRequest:
+    requested = None if outputs is None else [RequestedOutput(n) for n in outputs]
+    return InferRequest(model_name=model, inputs=dict(inputs), requested_outputs=requested)
+
+
+def version_dir(root: Path, name: str) -> Path:
+    folder = root / name / "1"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def save_onnx(path: Path, nodes: list[Any], inputs: list[Any], outputs: list[Any], opset: int = 17) -> None:
+    from onnx import helper
+
+    graph = helper.make_graph(nodes, "g", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 9
+    path.write_bytes(model.SerializeToString())
+
+
+def random_array(dtype: Any, shape: Sequence[int], seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(dtype)
+    if dt == np.bool_:
+        return rng.integers(0, 2, size=shape).astype(np.bool_)
+    if dt.kind in "iu":
+        return rng.integers(0, 100, size=shape).astype(dt)
+    return rng.standard_normal(size=shape).astype(dt)
