@@ -129,7 +129,25 @@ def mlp_torchscript_bytes() -> bytes:
     with torch.no_grad():
         traced = torch.jit.trace(build_mlp(), torch.zeros(1, TORCHSCRIPT_IN))
     torch.jit.save(traced, buffer)
-    return buffer.getvalue()
+    return _without_debug_records(buffer.getvalue())
+
+
+def _without_debug_records(archive: bytes) -> bytes:
+    """Rewrites a TorchScript archive without its optional source-debug records.
+
+    Those records hold the absolute paths and text of the Python sources that were traced,
+    so the file would change with the checkout's location; TorchScript loads fine without them.
+    """
+    reader = torch._C.PyTorchFileReader(io.BytesIO(archive))
+    out = io.BytesIO()
+    writer = torch._C.PyTorchFileWriter(out)
+    for name in reader.get_all_records():
+        if name.endswith(".debug_pkl") or name.startswith(".data/"):
+            continue  # the writer adds its own .data/serialization_id
+        record = reader.get_record(name)
+        writer.write_record(name, record, len(record))
+    writer.write_end_of_file()
+    return out.getvalue()
 
 
 def generate(root: Path) -> list[Path]:

@@ -12,7 +12,9 @@ class TritonPythonModel:
         """Reads the output data types from the model configuration."""
         model_config = json.loads(args["model_config"])
         self.output_dtypes = [
-            pb_utils.triton_string_to_numpy(pb_utils.get_output_config_by_name(model_config, name)["data_type"])
+            pb_utils.triton_string_to_numpy(
+                pb_utils.get_output_config_by_name(model_config, name)["data_type"]
+            )
             for name in ("OUTPUT0", "OUTPUT1")
         ]
 
@@ -30,6 +32,3 @@ class TritonPythonModel:
 
     def finalize(self):
         """Nothing to release."""
-        pass
-
-

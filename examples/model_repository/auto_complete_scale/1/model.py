@@ -24,7 +24,6 @@ class TritonPythonModel:
 
     def initialize(self, args):
         """Nothing to prepare."""
-        pass
 
     def execute(self, requests):
         """Returns each request's INPUT0 multiplied by two."""
@@ -37,4 +36,3 @@ class TritonPythonModel:
 
     def finalize(self):
         """Nothing to release."""
-        pass

@@ -45,4 +45,3 @@ class TritonPythonModel:
 
     def finalize(self):
         """Nothing to release."""
-        pass

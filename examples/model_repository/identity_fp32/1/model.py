@@ -8,7 +8,6 @@ class TritonPythonModel:
 
     def initialize(self, args):
         """Nothing to prepare."""
-        pass
 
     def execute(self, requests):
         """Returns each request's INPUT0 as OUTPUT0."""
@@ -20,4 +19,3 @@ class TritonPythonModel:
 
     def finalize(self):
         """Nothing to release."""
-        pass

@@ -27,7 +27,6 @@ class TritonPythonModel:
 
     def initialize(self, args):
         """Nothing to prepare."""
-        pass
 
     def execute(self, requests):
         """Returns PREPROCESSED for each request's batch of images."""
@@ -46,4 +45,3 @@ class TritonPythonModel:
 
     def finalize(self):
         """Nothing to release."""
-        pass

@@ -16,7 +16,6 @@ class TritonPythonModel:
 
     def initialize(self, args):
         """Nothing to prepare."""
-        pass
 
     def execute(self, requests):
         """Returns OUTPUT0 with the shape of INPUT0, each element upper-cased."""
@@ -30,4 +29,3 @@ class TritonPythonModel:
 
     def finalize(self):
         """Nothing to release."""
-        pass
