@@ -1,0 +1,223 @@
+"""Building and validating ensemble graphs."""
+
+from __future__ import annotations
+
+import pytest
+
+from ensembles.graph import build_graph, shapes_agree
+from repository_loader.errors import ConfigError
+from tests.ensembles.helpers import ensemble, model, step
+
+F4 = ("FP32", (4,))
+
+
+def models() -> dict:
+    return {
+        "pre": model("pre", [("IN", "FP32", (4,))], [("OUT", "FP32", (4,))]),
+        "left": model("left", [("X", "FP32", (4,))], [("Y", "FP32", (4,))]),
+        "right": model("right", [("X", "FP32", (-1,))], [("Y", "FP32", (4,))], versions=(1, 2, 3)),
+        "join": model("join", [("A", "FP32", (4,)), ("B", "FP32", (4,))], [("SUM", "FP32", (4,))]),
+        "ints": model("ints", [("X", "INT32", (4,))], [("Y", "INT32", (4,))]),
+        "wide": model("wide", [("X", "FP32", (8,))], [("Y", "FP32", (8,))]),
+    }
+
+
+def diamond(**overrides) -> object:
+    steps = overrides.pop(
+        "steps",
+        [
+            step("pre", {"IN": "INPUT"}, {"OUT": "t0"}),
+            step("left", {"X": "t0"}, {"Y": "t1"}),
+            step("right", {"X": "t0"}, {"Y": "t2"}, version=2),
+            step("join", {"A": "t1", "B": "t2"}, {"SUM": "OUTPUT"}),
+        ],
+    )
+    return ensemble(
+        overrides.pop("name", "diamond"),
+        overrides.pop("inputs", [("INPUT", "FP32", (4,))]),
+        overrides.pop("outputs", [("OUTPUT", "FP32", (4,))]),
+        steps,
+        **overrides,
+    )
+
+
+def test_diamond_is_ordered_and_resolves_versions() -> None:
+    graph = build_graph(diamond(), models())
+    order = [s.model_name for s in graph.steps]
+    assert order.index("pre") < order.index("left") < order.index("join")
+    assert order.index("right") < order.index("join")
+    assert graph.producer == {"t0": 0, "t1": 1, "t2": 2, "OUTPUT": 3}
+    right = next(s for s in graph.steps if s.model_name == "right")
+    assert (right.version, right.pinned) == (2, True)
+    left = next(s for s in graph.steps if s.model_name == "left")
+    assert (left.version, left.pinned) == (1, False)
+
+
+def test_latest_version_is_the_highest_served() -> None:
+    steps = [step("right", {"X": "INPUT"}, {"Y": "OUTPUT"})]
+    graph = build_graph(diamond(steps=steps), models())
+    assert graph.steps[0].version == 3
+
+
+def test_lookup_may_be_a_function() -> None:
+    table = models()
+    graph = build_graph(diamond(), table.get)
+    assert len(graph.steps) == 4
+
+
+def test_pruned_keeps_only_the_needed_steps() -> None:
+    steps = [
+        step("pre", {"IN": "INPUT"}, {"OUT": "t0"}),
+        step("left", {"X": "t0"}, {"Y": "A"}),
+        step("right", {"X": "INPUT"}, {"Y": "B"}),
+    ]
+    ens = diamond(steps=steps, outputs=[("A", "FP32", (4,)), ("B", "FP32", (4,))])
+    graph = build_graph(ens, models())
+    assert [s.model_name for s in graph.pruned(["A"]).steps] == ["pre", "left"]
+    assert [s.model_name for s in graph.pruned(["B"]).steps] == ["right"]
+    assert len(graph.pruned(["A", "B"]).steps) == 3
+    with pytest.raises(ConfigError, match="'t0' is not an output"):
+        graph.pruned(["t0"])
+
+
+@pytest.mark.parametrize(
+    ("steps", "message"),
+    [
+        (
+            [step("pre", {"IN": "INPUT"}, {"OUT": "OUTPUT"}), step("ghost", {"X": "INPUT"}, {"Y": "z"})],
+            r"step 'ghost': model 'ghost' is not in the repository",
+        ),
+        (
+            [step("pre", {"NOPE": "INPUT", "IN": "INPUT"}, {"OUT": "OUTPUT"})],
+            r"step 'pre': 'NOPE' in input_map is not an input of model 'pre'",
+        ),
+        (
+            [step("pre", {"IN": "INPUT"}, {"OUT": "OUTPUT", "EXTRA": "x"})],
+            r"step 'pre': 'EXTRA' in output_map is not an output of model 'pre'",
+        ),
+        (
+            [step("join", {"A": "INPUT"}, {"SUM": "OUTPUT"})],
+            r"step 'join': required input 'B' is not mapped",
+        ),
+        (
+            [step("right", {"X": "INPUT"}, {"Y": "OUTPUT"}, version=7)],
+            r"step 'right': model_version 7 of 'right' is not served \(versions: 1, 2, 3\)",
+        ),
+        (
+            [step("pre", {"IN": "INPUT"}, {"OUT": "OUTPUT"}), step("left", {"X": "INPUT"}, {"Y": "OUTPUT"})],
+            r"step 'left': output 'Y' writes 'OUTPUT', already produced by step 'pre'",
+        ),
+        (
+            [step("pre", {"IN": "INPUT"}, {"OUT": "OUTPUT"}), step("left", {"X": "OUTPUT"}, {"Y": "INPUT"})],
+            r"step 'left': output 'Y' writes 'INPUT', which is an input of the ensemble",
+        ),
+        (
+            [step("join", {"A": "INPUT", "B": "missing"}, {"SUM": "OUTPUT"})],
+            r"step 'join': input 'B' reads 'missing', which no step produces",
+        ),
+        (
+            [step("pre", {"IN": "INPUT"}, {"OUT": "t0"})],
+            r"in ensemble 'diamond': output 'OUTPUT' is not produced by any step",
+        ),
+        (
+            [
+                step("pre", {"IN": "INPUT"}, {"OUT": "OUTPUT"}),
+                step("left", {"X": "t2"}, {"Y": "t1"}),
+                step("right", {"X": "t1"}, {"Y": "t2"}),
+            ],
+            r"steps 'left', 'right' form a cycle through tensors t1, t2",
+        ),
+        (
+            [step("ints", {"X": "INPUT"}, {"Y": "OUTPUT"})],
+            r"step 'ints': tensor 'INPUT' from ensemble input 'INPUT' to input 'X': data type FP32 does not match INT32",
+        ),
+        (
+            [step("pre", {"IN": "INPUT"}, {"OUT": "t0"}), step("wide", {"X": "t0"}, {"Y": "OUTPUT"})],
+            r"step 'wide': tensor 't0' from output 'OUT' of step 'pre' to input 'X': shape \[4\] does not match \[8\]",
+        ),
+    ],
+)
+def test_each_rule_names_ensemble_step_and_tensor(steps: list, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        build_graph(diamond(steps=steps), models())
+    assert "in ensemble 'diamond'" in info.value.message
+
+
+def test_ensemble_output_must_agree_with_its_producer() -> None:
+    steps = [step("pre", {"IN": "INPUT"}, {"OUT": "OUTPUT"})]
+    ens = diamond(steps=steps, outputs=[("OUTPUT", "FP32", (5,))])
+    with pytest.raises(ConfigError, match=r"'OUTPUT' from output 'OUT' of step 'pre' to the ensemble output"):
+        build_graph(ens, models())
+
+
+def test_wildcard_dims_agree() -> None:
+    assert shapes_agree((-1, 4), (3, 4))
+    assert not shapes_agree((4,), (4, 1))
+    # 'right' takes X with dims [-1]: a [4] producer fits
+    steps = [step("pre", {"IN": "INPUT"}, {"OUT": "t0"}), step("right", {"X": "t0"}, {"Y": "OUTPUT"})]
+    assert len(build_graph(diamond(steps=steps), models()).steps) == 2
+
+
+def test_batching_ensemble_needs_batching_models_that_take_as_many_rows() -> None:
+    table = {
+        "b8": model("b8", [("X", "FP32", (4,))], [("Y", "FP32", (4,))], max_batch_size=8),
+        "b2": model("b2", [("X", "FP32", (4,))], [("Y", "FP32", (4,))], max_batch_size=2),
+        "flat": model("flat", [("X", "FP32", (-1, 4))], [("Y", "FP32", (-1, 4))]),
+    }
+    ok = diamond(steps=[step("b8", {"X": "INPUT"}, {"Y": "OUTPUT"})], max_batch_size=4)
+    assert build_graph(ok, table).steps[0].model_name == "b8"
+    too_many = diamond(steps=[step("b2", {"X": "INPUT"}, {"Y": "OUTPUT"})], max_batch_size=4)
+    with pytest.raises(
+        ConfigError, match=r"step 'b2': max_batch_size 4 of the ensemble exceeds max_batch_size 2"
+    ):
+        build_graph(too_many, table)
+    no_batch = diamond(steps=[step("flat", {"X": "INPUT"}, {"Y": "OUTPUT"})], max_batch_size=4)
+    with pytest.raises(
+        ConfigError, match=r"step 'flat': max_batch_size 4 of the ensemble exceeds max_batch_size 0"
+    ):
+        build_graph(no_batch, table)
+    # a non-batching ensemble feeding a batching model: the batch dim is part of the ensemble's dims
+    unbatched = diamond(
+        steps=[step("b8", {"X": "INPUT"}, {"Y": "OUTPUT"})],
+        inputs=[("INPUT", "FP32", (-1, 4))],
+        outputs=[("OUTPUT", "FP32", (-1, 4))],
+    )
+    assert build_graph(unbatched, table).steps[0].model.max_batch_size == 8
+
+
+def test_nested_ensembles_are_built_and_validated() -> None:
+    table = models()
+    table["inner"] = ensemble(
+        "inner",
+        [("I", "FP32", (4,))],
+        [("O", "FP32", (4,))],
+        [step("left", {"X": "I"}, {"Y": "m"}), step("right", {"X": "m"}, {"Y": "O"})],
+    )
+    outer = diamond(
+        name="outer",
+        steps=[step("pre", {"IN": "INPUT"}, {"OUT": "t0"}), step("inner", {"I": "t0"}, {"O": "OUTPUT"})],
+    )
+    graph = build_graph(outer, table)
+    assert [s.model_name for s in graph.nested["inner"].steps] == ["left", "right"]
+    table["inner"] = ensemble(
+        "inner", [("I", "FP32", (4,))], [("O", "FP32", (4,))], [step("ghost", {"X": "I"}, {"Y": "O"})]
+    )
+    with pytest.raises(ConfigError, match="in ensemble 'inner', step 'ghost'"):
+        build_graph(outer, table)
+
+
+def test_ensembles_that_contain_each_other_are_rejected() -> None:
+    table = models()
+    table["a"] = ensemble(
+        "a", [("I", "FP32", (4,))], [("O", "FP32", (4,))], [step("b", {"I": "I"}, {"O": "O"})]
+    )
+    table["b"] = ensemble(
+        "b", [("I", "FP32", (4,))], [("O", "FP32", (4,))], [step("a", {"I": "I"}, {"O": "O"})]
+    )
+    with pytest.raises(ConfigError, match=r"ensembles contain each other \(a -> b -> a\)"):
+        build_graph(table["a"], table)
+
+
+def test_not_an_ensemble() -> None:
+    with pytest.raises(ConfigError, match="model 'pre' is not an ensemble"):
+        build_graph(models()["pre"], models())
