@@ -1,0 +1,499 @@
+"""KServe v2 inference bodies over HTTP, with Triton's binary tensor extension, both directions.
+
+Pure functions on the request hot path. A request body is a JSON header,
+optionally followed by raw tensors (the binary extension): the header's length
+comes in the ``Inference-Header-Content-Length`` HTTP header, and each binary
+input names its byte count in ``parameters.binary_data_size``. Decoded tensors
+are numpy views on the body (``np.frombuffer``), never copies; BYTES tensors are
+``object`` arrays of ``bytes``.
+
+A response body is JSON, with the outputs asked for in binary form appended
+after it (each with ``parameters.binary_data_size``), in the order of the
+header's ``outputs`` list.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import math
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from deployments.inference import InferRequest, InferResponse, RequestedOutput
+from deployments.protocol.schema import ModelSchema
+from repository_loader.datatypes import (
+    BY_WIRE,
+    deserialize_bytes_tensor,
+    from_numpy_dtype,
+    serialize_bytes_tensor,
+    to_numpy_dtype,
+)
+from repository_loader.errors import InvalidArgument, Unsupported
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+def _numpy_types() -> dict[str, np.dtype]:
+    types: dict[str, np.dtype] = {}
+    for wire in BY_WIRE:
+        with contextlib.suppress(InvalidArgument):  # BF16 without ml_dtypes
+            types[wire] = to_numpy_dtype(wire)
+    return types
+
+
+_DTYPES = _numpy_types()
+_ITEMSIZE = {w: BY_WIRE[w].size for w in BY_WIRE}
+_RESERVED = frozenset(("sequence_id", "sequence_start", "sequence_end", "priority", "timeout"))
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+_JSON_NATIVE = frozenset("biuf")
+_MAX_DIMS = 32  # numpy's limit  # numpy kinds whose tolist() JSON encodes as is
+
+
+# --- request ---------------------------------------------------------------
+
+
+def parse_header_length(value: bytes | str | None, body_size: int) -> int | None:
+    """The ``Inference-Header-Content-Length`` value, checked against the body; None when absent."""
+    if value is None:
+        return None
+    try:
+        length = int(value)
+    except ValueError:
+        raise InvalidArgument(f"{HEADER_LENGTH} must be an integer, got '{_text(value)}'") from None
+    if length < 0 or length > body_size:
+        raise InvalidArgument(f"{HEADER_LENGTH} is {length} but the request body holds {body_size} bytes")
+    return length
+
+
+def decode_infer_request(
+    body: bytes,
+    header_length: int | None,
+    schema: ModelSchema | None,
+    model_name: str,
+    model_version: str = "",
+) -> tuple[InferRequest, bool]:
+    """Decode an infer request body.
+
+    Returns the request and the request-level ``binary_data_output`` flag (the
+    default form of outputs the request does not list). Tensors are checked
+    against ``schema`` where given. Raises :class:`InvalidArgument` naming the
+    tensor or field at fault.
+    """
+    split = len(body) if header_length is None else header_length
+    doc = _parse_json(body if header_length is None else body[:split])
+    if type(doc) is not dict:
+        raise InvalidArgument("the inference request JSON must be an object")
+    inputs = _decode_inputs(_list(doc, "inputs", required=True), body, split, header_length, schema)
+    request = InferRequest(model_name=model_name, inputs=inputs, model_version=model_version)
+    request_id = doc.get("id")
+    if request_id is not None:
+        if type(request_id) is not str:
+            raise InvalidArgument("the request 'id' must be a string")
+        request.id = request_id
+    binary_output = _apply_parameters(request, doc.get("parameters"))
+    outputs = doc.get("outputs")
+    if outputs is not None:
+        request.requested_outputs = _decode_outputs(_list(doc, "outputs"), schema)
+    return request, binary_output
+
+
+def _parse_json(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InvalidArgument(f"failed to parse the request JSON buffer: {e}") from None
+    except RecursionError:
+        raise InvalidArgument("failed to parse the request JSON buffer: nested too deeply") from None
+
+
+def _list(doc: dict, key: str, required: bool = False) -> list:
+    value = doc.get(key)
+    if type(value) is list:
+        return value
+    if value is None and not required:
+        return []
+    raise InvalidArgument(f"the request field '{key}' must be a list")
+
+
+def _decode_inputs(
+    items: list,
+    body: bytes,
+    offset: int,
+    header_length: int | None,
+    schema: ModelSchema | None,
+) -> dict[str, Any]:
+    inputs: dict[str, Any] = {}
+    batch_sizes: set[int] = set()
+    for item in items:
+        name, datatype, shape = _tensor_header(item)
+        if name in inputs:
+            raise InvalidArgument(f"input '{name}' appears more than once in the request")
+        if schema is not None:
+            schema.check_input(name, datatype, shape)
+            if schema.max_batch_size > 0:
+                batch_sizes.add(shape[0])
+        elif datatype not in BY_WIRE:
+            raise InvalidArgument(f"input '{name}' has unknown data-type '{datatype}'")
+        params = item.get("parameters")
+        size = _binary_size(name, params)
+        if size is None:
+            if "data" not in item:
+                raise _no_data(name, params)
+            inputs[name] = _json_tensor(name, datatype, shape, item["data"])
+            continue
+        if header_length is None:
+            raise InvalidArgument(
+                f"input '{name}' has binary_data_size but the request has no {HEADER_LENGTH} header"
+            )
+        if offset + size > len(body):
+            raise InvalidArgument(
+                f"input '{name}' needs {size} bytes of binary data but only {len(body) - offset} "
+                f"remain after the {HEADER_LENGTH} of {header_length}"
+            )
+        inputs[name] = _binary_tensor(name, datatype, shape, body, offset, size)
+        offset += size
+    if header_length is not None and offset != len(body):
+        raise InvalidArgument(
+            f"the request body holds {len(body) - offset} bytes beyond the JSON header of "
+            f"{header_length} bytes ({HEADER_LENGTH}) and the inputs' binary_data_size"
+        )
+    if schema is not None:
+        schema.check_complete(list(inputs), batch_sizes)
+    return inputs
+
+
+def _tensor_header(item: Any) -> tuple[str, str, list[int]]:
+    if type(item) is not dict:
+        raise InvalidArgument("each entry of 'inputs' must be an object")
+    name = item.get("name")
+    if type(name) is not str:
+        raise InvalidArgument("an input has no 'name' string")
+    datatype = item.get("datatype")
+    if type(datatype) is not str:
+        raise InvalidArgument(f"input '{name}' has no 'datatype' string")
+    shape = item.get("shape")
+    if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
+        raise InvalidArgument(f"input '{name}' needs a 'shape' list of non-negative integers")
+    if len(shape) > _MAX_DIMS:
+        raise InvalidArgument(f"input '{name}' has {len(shape)} dimensions, more than {_MAX_DIMS}")
+    return name, datatype, shape
+
+
+def _binary_size(name: str, params: Any) -> int | None:
+    if not params:
+        return None
+    if type(params) is not dict:
+        raise InvalidArgument(f"the parameters of input '{name}' must be an object")
+    size = params.get("binary_data_size")
+    if size is None:
+        return None
+    if type(size) is not int or size < 0:
+        raise InvalidArgument(f"binary_data_size of input '{name}' must be a non-negative integer")
+    return size
+
+
+def _no_data(name: str, params: Any) -> Exception:
+    if params and "shared_memory_region" in params:
+        return Unsupported(f"input '{name}' uses shared memory, which this HTTP endpoint does not serve")
+    return InvalidArgument(f"input '{name}' has neither 'data' nor binary_data_size")
+
+
+def _count(shape: Sequence[int]) -> int:
+    return math.prod(shape)
+
+
+def _binary_tensor(name: str, datatype: str, shape: list[int], body: bytes, offset: int, size: int) -> Any:
+    count = _count(shape)
+    if datatype == "BYTES":
+        try:
+            flat = deserialize_bytes_tensor(memoryview(body)[offset : offset + size], count)
+        except InvalidArgument as e:
+            raise InvalidArgument(f"input '{name}': {e.message}") from None
+        return flat.reshape(shape)
+    dtype = _dtype(name, datatype)
+    expected = count * _ITEMSIZE[datatype]
+    if size != expected:
+        raise InvalidArgument(
+            f"input '{name}' got unexpected byte size {size}, expected {expected} "
+            f"for shape {shape} of data-type {datatype}"
+        )
+    return np.frombuffer(body, dtype=dtype, count=count, offset=offset).reshape(shape)
+
+
+def _json_tensor(name: str, datatype: str, shape: list[int], data: Any) -> Any:
+    count = _count(shape)
+    if datatype == "BYTES":
+        return _json_bytes(name, shape, count, data)
+    dtype = _dtype(name, datatype)
+    if type(data) is not list:
+        data = [data]
+    try:
+        array = np.asarray(data, dtype=dtype)
+    except (ValueError, TypeError, OverflowError) as e:
+        raise InvalidArgument(f"input '{name}' has data that is not {datatype}: {e}") from None
+    if array.size != count:
+        raise InvalidArgument(
+            f"input '{name}' has {array.size} elements of data but shape {shape} needs {count}"
+        )
+    return array.reshape(shape)
+
+
+def _json_bytes(name: str, shape: list[int], count: int, data: Any) -> np.ndarray:
+    flat: list[bytes] = []
+    _flatten_strings(name, data if type(data) is list else [data], flat)
+    if len(flat) != count:
+        raise InvalidArgument(
+            f"input '{name}' has {len(flat)} elements of data but shape {shape} needs {count}"
+        )
+    array = np.empty(count, dtype=object)
+    array[:] = flat
+    return array.reshape(shape)
+
+
+def _flatten_strings(name: str, items: list, out: list[bytes]) -> None:
+    for item in items:
+        if type(item) is str:
+            out.append(item.encode("utf-8"))
+        elif type(item) is list:
+            _flatten_strings(name, item, out)
+        else:
+            raise InvalidArgument(f"input '{name}' of data-type BYTES takes strings, got {item!r}")
+
+
+def _dtype(name: str, datatype: str) -> np.dtype:
+    dtype = _DTYPES.get(datatype)
+    if dtype is None:
+        raise InvalidArgument(f"input '{name}' has unsupported data-type '{datatype}'")
+    return dtype
+
+
+def _apply_parameters(request: InferRequest, params: Any) -> bool:
+    """Move Triton's request parameters onto ``request``; return ``binary_data_output``."""
+    if not params:
+        return False
+    if type(params) is not dict:
+        raise InvalidArgument("the request 'parameters' must be an object")
+    binary_output = params.get("binary_data_output", False)
+    if type(binary_output) is not bool:
+        raise InvalidArgument("the request parameter 'binary_data_output' must be a boolean")
+    if _RESERVED.isdisjoint(params):
+        request.parameters = {k: v for k, v in params.items() if k != "binary_data_output"}
+        return binary_output
+    sequence_id = params.get("sequence_id", 0)
+    if type(sequence_id) is not str and (type(sequence_id) is not int or sequence_id < 0):
+        raise InvalidArgument(
+            "the request parameter 'sequence_id' must be a non-negative integer or a string"
+        )
+    request.correlation_id = sequence_id
+    request.sequence_start = _flag(params, "sequence_start")
+    request.sequence_end = _flag(params, "sequence_end")
+    request.priority = _natural(params, "priority")
+    request.timeout_us = _natural(params, "timeout")
+    request.parameters = {k: v for k, v in params.items() if k not in _RESERVED and k != "binary_data_output"}
+    return binary_output
+
+
+def _flag(params: dict, key: str) -> bool:
+    value = params.get(key, False)
+    if type(value) is not bool:
+        raise InvalidArgument(f"the request parameter '{key}' must be a boolean")
+    return value
+
+
+def _natural(params: dict, key: str) -> int:
+    value = params.get(key, 0)
+    if type(value) is not int or value < 0:
+        raise InvalidArgument(f"the request parameter '{key}' must be a non-negative integer")
+    return value
+
+
+def _decode_outputs(items: list, schema: ModelSchema | None) -> list[RequestedOutput]:
+    outputs: list[RequestedOutput] = []
+    for item in items:
+        if type(item) is not dict or type(item.get("name")) is not str:
+            raise InvalidArgument("each entry of 'outputs' must be an object with a 'name' string")
+        name = item["name"]
+        if schema is not None:
+            schema.check_output(name)
+        requested = RequestedOutput(name)
+        params = item.get("parameters")
+        if params:
+            if type(params) is not dict:
+                raise InvalidArgument(f"the parameters of output '{name}' must be an object")
+            binary = params.get("binary_data")
+            if binary is not None and type(binary) is not bool:
+                raise InvalidArgument(f"binary_data of output '{name}' must be a boolean")
+            requested.binary = binary
+            classes = params.get("classification", 0)
+            if type(classes) is not int or classes < 0:
+                raise InvalidArgument(f"classification of output '{name}' must be a non-negative integer")
+            requested.class_count = classes
+            if "shared_memory_region" in params:
+                raise Unsupported(
+                    f"output '{name}' asks for shared memory, which this HTTP endpoint does not serve"
+                )
+        outputs.append(requested)
+    return outputs
+
+
+# --- response --------------------------------------------------------------
+
+
+def encode_infer_response(
+    response: InferResponse,
+    requested: list[RequestedOutput] | None,
+    binary_output: bool = False,
+    schema: ModelSchema | None = None,
+) -> tuple[bytes, int | None]:
+    """Encode ``response`` as an HTTP body.
+
+    ``requested`` is the request's ``outputs`` list (None: every output of the
+    response, in its order); ``binary_output`` the default form of outputs the
+    request does not mark with ``binary_data``. Returns the body and the JSON
+    header's length when binary outputs follow it (the value of the
+    ``Inference-Header-Content-Length`` response header), else None.
+    """
+    outputs: list[dict[str, Any]] = []
+    blobs: list[Any] = []
+    tensors = response.outputs
+    if requested is None:
+        for name, tensor in tensors.items():
+            _encode_output(outputs, blobs, name, tensor, binary_output)
+    else:
+        for ro in requested:
+            tensor = tensors.get(ro.name)
+            if tensor is None:
+                raise InvalidArgument(f"the model did not produce the requested output '{ro.name}'")
+            if ro.class_count:
+                labels = schema.labels(ro.name) if schema is not None else None
+                batched = schema.batched if schema is not None else False
+                tensor = classify(_to_numpy(tensor), ro.class_count, batched, labels)
+            binary = binary_output if ro.binary is None else ro.binary
+            _encode_output(outputs, blobs, ro.name, tensor, binary)
+    doc: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
+    if response.id:
+        doc["id"] = response.id
+    if response.parameters:
+        doc["parameters"] = response.parameters
+    doc["outputs"] = outputs
+    header = _ENCODER.encode(doc).encode("utf-8")
+    if not blobs:
+        return header, None
+    blobs.insert(0, header)
+    return b"".join(blobs), len(header)
+
+
+def _encode_output(outputs: list, blobs: list, name: str, tensor: Any, binary: bool) -> None:
+    array = _to_numpy(tensor)
+    datatype = from_numpy_dtype(array.dtype)
+    entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+    if binary:
+        if datatype == "BYTES":
+            blob: Any = serialize_bytes_tensor(array)
+        else:
+            blob = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        entry["parameters"] = {"binary_data_size": len(blob)}
+        blobs.append(blob)
+    else:
+        entry["data"] = _json_data(name, array, datatype)
+    outputs.append(entry)
+
+
+def _json_data(name: str, array: np.ndarray, datatype: str) -> list:
+    if datatype == "BYTES":
+        try:
+            return [_as_text(x) for x in array.reshape(-1).tolist()]
+        except UnicodeDecodeError:
+            raise InvalidArgument(
+                f"output '{name}' holds bytes that are not UTF-8; request it with binary_data"
+            ) from None
+    if array.dtype.kind not in _JSON_NATIVE and datatype != "BOOL":
+        array = array.astype(np.float32)  # BF16
+    return array.reshape(-1).tolist()
+
+
+def _as_text(item: Any) -> str:
+    if isinstance(item, bytes):
+        return item.decode("utf-8")
+    return item if isinstance(item, str) else str(item)
+
+
+def _to_numpy(tensor: Any) -> np.ndarray:
+    if isinstance(tensor, np.ndarray):
+        return tensor
+    if hasattr(tensor, "__dlpack__"):
+        try:
+            return np.from_dlpack(tensor)
+        except (RuntimeError, TypeError, BufferError, ValueError):
+            if hasattr(tensor, "cpu"):  # a device tensor (torch)
+                return np.asarray(tensor.cpu())
+    return np.asarray(tensor)
+
+
+def classify(array: np.ndarray, count: int, batched: bool, labels: Sequence[str] | None) -> np.ndarray:
+    """Triton's classification extension: the top ``count`` scores as ``"score:index[:label]"``.
+
+    For a batching model each row (first dimension) is classified on its own;
+    the result is a BYTES tensor of shape ``[rows, k]`` (``[k]`` without batching).
+    """
+    if array.dtype.kind not in "biuf":
+        raise InvalidArgument(f"classification needs a numeric output, got data-type {array.dtype}")
+    rows = array.reshape(array.shape[0] if batched and array.ndim else 1, -1)
+    k = min(count, rows.shape[1])
+    out = np.empty((rows.shape[0], k), dtype=object)
+    for r, row in enumerate(rows):
+        top = np.argsort(-row.astype(np.float64), kind="stable")[:k]
+        for j, index in enumerate(top.tolist()):
+            text = f"{float(row[index]):f}:{index}"
+            if labels is not None and index < len(labels):
+                text += f":{labels[index]}"
+            out[r, j] = text.encode("utf-8")
+    return out if batched and array.ndim else out.reshape(k)
+
+
+# --- compression -----------------------------------------------------------
+
+
+def decompress(body: bytes, encoding: str | None) -> bytes:
+    """Undo the request's ``Content-Encoding`` (gzip, deflate, identity)."""
+    if not encoding or encoding == "identity":
+        return body
+    try:
+        if encoding == "gzip":
+            return gzip.decompress(body)
+        if encoding == "deflate":
+            try:
+                return zlib.decompress(body)
+            except zlib.error:
+                return zlib.decompress(body, -zlib.MAX_WBITS)  # raw deflate
+    except (OSError, EOFError, zlib.error) as e:
+        raise InvalidArgument(f"failed to decompress the {encoding} request body: {e}") from None
+    raise Unsupported(f"unsupported Content-Encoding '{encoding}' (gzip, deflate or identity)")
+
+
+def choose_encoding(accept: str | None) -> str | None:
+    """The response encoding an ``Accept-Encoding`` value asks for: "gzip", "deflate" or None."""
+    if not accept:
+        return None
+    for part in accept.split(","):
+        token, _, q = part.partition(";")
+        token = token.strip().lower()
+        if token in ("gzip", "deflate") and q.strip().replace(" ", "") not in ("q=0", "q=0.0", "q=0.00"):
+            return token
+    return None
+
+
+def compress(body: bytes, encoding: str) -> bytes:
+    """Compress a response body as ``encoding`` ("gzip" or "deflate", the zlib format)."""
+    if encoding == "gzip":
+        return gzip.compress(body, compresslevel=6)
+    return zlib.compress(body)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("latin-1") if isinstance(value, bytes) else value

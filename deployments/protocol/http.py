@@ -1,0 +1,427 @@
+"""The KServe v2 HTTP front end: every route, and two bare ASGI applications over a :class:`DataPlane`.
+
+:class:`ModelHTTPApp` answers one model's routes; it is what a model's own
+replica serves, mounted at ``/v2/models/<name>`` (the mount point arrives as
+the ASGI ``root_path``; paths are accepted with or without it).
+:class:`ServerHTTPApp` answers everything under ``/v2``, the model routes of
+every model included, so that one process can serve a whole repository.
+
+Errors are ``{"error": "..."}`` with the HTTP status of the
+:class:`~repository_loader.errors.ServerError` raised (mapped in
+:func:`error_reply`); anything else becomes a 500 with the same body.
+No framework sits on the request path: routing is a dict lookup on path
+segments.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from deployments.protocol import codec
+from deployments.protocol.dataplane import DataPlane
+from deployments.protocol.schema import ModelSchema
+from repository_loader.errors import InvalidArgument, NotFound, ServerError
+from repository_loader.model import ModelDescription
+
+logger = logging.getLogger(__name__)
+
+Scope = Mapping[str, Any]
+Receive = Callable[[], Awaitable[dict]]
+Send = Callable[[dict], Awaitable[None]]
+Headers = list[tuple[bytes, bytes]]
+Reply = tuple[int, Headers, bytes]
+
+
+@dataclass(frozen=True)
+class Route:
+    """One route: method, path pattern (segments; ``{m}`` = model name, ``{v}`` = version), handler."""
+
+    method: str
+    pattern: str
+    handler: str
+
+
+# Relative to /v2/models/{m}: what each model's own replica answers.
+MODEL_ROUTES: tuple[Route, ...] = (
+    Route("GET", "", "model_metadata"),
+    Route("GET", "ready", "model_ready"),
+    Route("GET", "config", "model_config"),
+    Route("POST", "infer", "infer"),
+    Route("GET", "stats", "model_stats"),
+    Route("GET", "versions/{v}", "model_metadata"),
+    Route("GET", "versions/{v}/ready", "model_ready"),
+    Route("GET", "versions/{v}/config", "model_config"),
+    Route("POST", "versions/{v}/infer", "infer"),
+    Route("GET", "versions/{v}/stats", "model_stats"),
+)
+
+# Relative to /v2: the server's routes, then every model route.
+SERVER_ROUTES: tuple[Route, ...] = (
+    Route("GET", "", "server_metadata"),
+    Route("GET", "health/live", "live"),
+    Route("GET", "health/ready", "ready"),
+    Route("GET", "models/stats", "all_stats"),
+    Route("GET", "repository/index", "repository_index"),
+    Route("POST", "repository/index", "repository_index"),
+    Route("POST", "repository/models/{m}/load", "load_model"),
+    Route("POST", "repository/models/{m}/unload", "unload_model"),
+    *(Route(r.method, f"models/{{m}}/{r.pattern}".rstrip("/"), r.handler) for r in MODEL_ROUTES),
+)
+
+_JSON = [(b"content-type", b"application/json")]
+_BINARY = b"application/octet-stream"
+_TEXT = [(b"content-type", b"text/plain; charset=utf-8")]
+_ERROR_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
+class _Router:
+    """Matches path segments to routes: exact paths by dict, patterns by segment count."""
+
+    def __init__(self, routes: tuple[Route, ...]) -> None:
+        self.exact: dict[tuple[str, ...], dict[str, str]] = {}
+        self.patterns: dict[int, list[tuple[tuple[str, ...], dict[str, str]]]] = {}
+        for route in routes:
+            segs = _segments(route.pattern)
+            if any(s.startswith("{") for s in segs):
+                group = self.patterns.setdefault(len(segs), [])
+                methods = next((m for p, m in group if p == segs), None)
+                if methods is None:
+                    methods = {}
+                    group.append((segs, methods))
+            else:
+                methods = self.exact.setdefault(segs, {})
+            methods[route.method] = route.handler
+
+    def match(self, segs: tuple[str, ...]) -> tuple[dict[str, str], dict[str, str]] | None:
+        """``(handler by method, path parameters)`` or None."""
+        methods = self.exact.get(segs)
+        if methods is not None:
+            return methods, {}
+        for pattern, methods in self.patterns.get(len(segs), ()):
+            params: dict[str, str] = {}
+            for p, s in zip(pattern, segs, strict=True):
+                if p[0] == "{":
+                    params[p[1:-1]] = s
+                elif p != s:
+                    break
+            else:
+                return methods, params
+        return None
+
+
+def _segments(path: str) -> tuple[str, ...]:
+    path = path.strip("/")
+    return tuple(path.split("/")) if path else ()
+
+
+class _Call:
+    """One HTTP request as the handlers see it."""
+
+    __slots__ = ("scope", "body", "params")
+
+    def __init__(self, scope: Scope, body: bytes, params: dict[str, str]) -> None:
+        self.scope = scope
+        self.body = body
+        self.params = params
+
+    def header(self, name: bytes) -> bytes | None:
+        for key, value in self.scope["headers"]:
+            if key == name:
+                return value
+        return None
+
+    def header_text(self, name: bytes) -> str | None:
+        value = self.header(name)
+        return None if value is None else value.decode("latin-1").strip().lower()
+
+
+class _Disconnected(Exception):
+    pass
+
+
+class _BaseApp:
+    """The handlers of every route, over one data plane; subclasses decide which routes they serve."""
+
+    def __init__(self, dataplane: DataPlane, routes: tuple[Route, ...]) -> None:
+        self.dataplane = dataplane
+        self._router = _Router(routes)
+        self._schemas: dict[tuple[str, str], tuple[ModelDescription, ModelSchema]] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "lifespan":
+            await _lifespan(receive, send)
+
+    def _locate(self, scope: Scope) -> tuple[str, ...] | None:
+        """Path segments relative to the routes' base; None when the path lies elsewhere."""
+        raise NotImplementedError
+
+    def _fixed_params(self) -> dict[str, str]:
+        return {}
+
+    async def _extra(self, scope: Scope) -> Reply | None:
+        """Routes outside the table (the server's ``/metrics``)."""
+        return None
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            body = await _read_body(receive)
+        except _Disconnected:
+            return
+        try:
+            reply = await self._dispatch(scope, body)
+        except ServerError as e:
+            reply = error_reply(e)
+        except Exception as e:  # never let a request take the server down
+            logger.exception("internal error answering %s %s", scope.get("method"), scope.get("path"))
+            reply = error_reply(e)
+        await _respond(send, reply)
+
+    async def _dispatch(self, scope: Scope, body: bytes) -> Reply:
+        segs = self._locate(scope)
+        found = None if segs is None else self._router.match(segs)
+        if found is None:
+            extra = await self._extra(scope)
+            if extra is not None:
+                return extra
+            raise NotFound(f"no route for {scope.get('method')} {_full_path(scope)}")
+        methods, params = found
+        handler = methods.get(scope["method"])
+        if handler is None:
+            allowed = ", ".join(sorted(methods))
+            return error_reply(
+                InvalidArgument(
+                    f"method {scope['method']} is not allowed for {_full_path(scope)} (use {allowed})"
+                ),
+                status=405,
+            )
+        fixed = self._fixed_params()
+        if fixed:
+            params.update(fixed)
+        return await getattr(self, "_" + handler)(_Call(scope, body, params))
+
+    # --- handlers ----------------------------------------------------------
+
+    async def _server_metadata(self, call: _Call) -> Reply:
+        return _json(await self.dataplane.server_metadata())
+
+    async def _live(self, call: _Call) -> Reply:
+        return _status(await self.dataplane.live())
+
+    async def _ready(self, call: _Call) -> Reply:
+        return _status(await self.dataplane.ready())
+
+    async def _model_ready(self, call: _Call) -> Reply:
+        return _status(await self.dataplane.model_ready(call.params["m"], call.params.get("v", "")))
+
+    async def _model_metadata(self, call: _Call) -> Reply:
+        return _json(await self.dataplane.model_metadata(call.params["m"], call.params.get("v", "")))
+
+    async def _model_config(self, call: _Call) -> Reply:
+        return _json(await self.dataplane.model_config(call.params["m"], call.params.get("v", "")))
+
+    async def _model_stats(self, call: _Call) -> Reply:
+        return _json(await self.dataplane.model_statistics(call.params["m"], call.params.get("v", "")))
+
+    async def _all_stats(self, call: _Call) -> Reply:
+        return _json(await self.dataplane.model_statistics(None, ""))
+
+    async def _repository_index(self, call: _Call) -> Reply:
+        ready = _json_body(call.body).get("ready", False)
+        if type(ready) is not bool:
+            raise InvalidArgument("the repository index field 'ready' must be a boolean")
+        return _json(await self.dataplane.repository_index(ready))
+
+    async def _load_model(self, call: _Call) -> Reply:
+        await self.dataplane.load_model(call.params["m"], _parameters(call.body))
+        return 200, [], b""
+
+    async def _unload_model(self, call: _Call) -> Reply:
+        await self.dataplane.unload_model(call.params["m"], _parameters(call.body))
+        return 200, [], b""
+
+    async def _infer(self, call: _Call) -> Reply:
+        name = call.params["m"]
+        version = call.params.get("v", "")
+        description, schema = await self._schema(name, version)
+        body = call.body
+        encoding = call.header_text(b"content-encoding")
+        if encoding:
+            body = codec.decompress(body, encoding)
+        header_length = codec.parse_header_length(call.header(b"inference-header-content-length"), len(body))
+        request, binary_output = codec.decode_infer_request(body, header_length, schema, name, version)
+        response = await self.dataplane.infer(request)
+        if response.error is not None:
+            raise response.error
+        response.model_name = response.model_name or name
+        response.model_version = response.model_version or version or str(description.latest_version)
+        response.id = response.id or request.id
+        out, json_length = codec.encode_infer_response(
+            response, request.requested_outputs, binary_output, schema
+        )
+        if json_length is None:
+            headers = list(_JSON)
+        else:
+            headers = [
+                (b"content-type", _BINARY),
+                (b"inference-header-content-length", str(json_length).encode()),
+            ]
+        accept = call.header(b"accept-encoding")
+        if accept is not None:
+            chosen = codec.choose_encoding(accept.decode("latin-1"))
+            if chosen is not None:
+                out = codec.compress(out, chosen)
+                headers.append((b"content-encoding", chosen.encode()))
+        return 200, headers, out
+
+    async def _schema(self, name: str, version: str) -> tuple[ModelDescription, ModelSchema]:
+        description = await self.dataplane.model_description(name, version)
+        cached = self._schemas.get((name, version))
+        if cached is not None and cached[0] is description:
+            return cached
+        entry = (description, ModelSchema.from_description(description))
+        self._schemas[(name, version)] = entry
+        return entry
+
+
+class ModelHTTPApp(_BaseApp):
+    """The routes of one model (metadata, ready, config, infer, stats, their ``/versions/{v}`` forms).
+
+    Mounted at ``/v2/models/<model_name>``; also answers the full paths and
+    paths relative to the mount point when no ``root_path`` is given.
+    """
+
+    def __init__(self, dataplane: DataPlane, model_name: str) -> None:
+        super().__init__(dataplane, MODEL_ROUTES)
+        self.model_name = model_name
+        self._prefix = f"/v2/models/{model_name}"
+        self._params = {"m": model_name}
+
+    def _fixed_params(self) -> dict[str, str]:
+        return self._params
+
+    def _locate(self, scope: Scope) -> tuple[str, ...] | None:
+        full = _full_path(scope)
+        prefix = self._prefix
+        if full.startswith(prefix) and (len(full) == len(prefix) or full[len(prefix)] == "/"):
+            return _segments(full[len(prefix) :])
+        if full.startswith("/v2/"):
+            return None  # another model's or the server's path
+        return _segments(full)
+
+
+class ServerHTTPApp(_BaseApp):
+    """Everything under ``/v2``: health, server metadata, statistics, the repository API, every model.
+
+    ``metrics`` (optional) returns the Prometheus text served at ``/metrics``.
+    """
+
+    def __init__(
+        self,
+        dataplane: DataPlane,
+        metrics: Callable[[], Awaitable[str | bytes]] | None = None,
+    ) -> None:
+        super().__init__(dataplane, SERVER_ROUTES)
+        self._metrics = metrics
+
+    def _locate(self, scope: Scope) -> tuple[str, ...] | None:
+        full = _full_path(scope)
+        if full == "/v2" or full.startswith("/v2/"):
+            return _segments(full[3:])
+        return None
+
+    async def _extra(self, scope: Scope) -> Reply | None:
+        if self._metrics is not None and _full_path(scope).rstrip("/") == "/metrics":
+            text = await self._metrics()
+            return 200, list(_TEXT), text.encode() if isinstance(text, str) else text
+        return None
+
+
+def error_reply(error: BaseException, status: int | None = None) -> Reply:
+    """The one mapping from an exception to an HTTP reply: ``ServerError.http_status``, else 500."""
+    if isinstance(error, ServerError):
+        message, code = error.message, error.http_status
+    else:
+        message, code = f"internal error: {type(error).__name__}: {error}", 500
+    body = _ERROR_ENCODER.encode({"error": message}).encode("utf-8")
+    return status or code, list(_JSON), body
+
+
+def _full_path(scope: Scope) -> str:
+    """The request path including the mount point, whether or not ``path`` already holds it."""
+    path: str = scope.get("path") or "/"
+    root: str = scope.get("root_path") or ""
+    if root and not path.startswith(root):
+        return root.rstrip("/") + path
+    return path
+
+
+def _json(document: Any) -> Reply:
+    return 200, list(_JSON), _ERROR_ENCODER.encode(document).encode("utf-8")
+
+
+def _status(ok: bool) -> Reply:
+    """Readiness and liveness: 200 when true, 400 otherwise (as Triton answers)."""
+    return (200 if ok else 400), [], b""
+
+
+def _json_body(body: bytes) -> dict[str, Any]:
+    if not body.strip():
+        return {}
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise InvalidArgument(f"failed to parse the request JSON body: {e}") from None
+    if type(doc) is not dict:
+        raise InvalidArgument("the request JSON body must be an object")
+    return doc
+
+
+def _parameters(body: bytes) -> dict[str, Any]:
+    params = _json_body(body).get("parameters", {})
+    if type(params) is not dict:
+        raise InvalidArgument("the request field 'parameters' must be an object")
+    return params
+
+
+async def _read_body(receive: Receive) -> bytes:
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise _Disconnected
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body", False):
+        return body
+    chunks = [body]
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Disconnected
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _respond(send: Send, reply: Reply) -> None:
+    status, headers, body = reply
+    headers.append((b"content-length", str(len(body)).encode()))
+    try:
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+    except OSError:  # the client went away
+        pass
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

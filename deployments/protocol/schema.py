@@ -1,0 +1,150 @@
+"""What the protocol front end checks a request against: one model's inputs, outputs and labels.
+
+A :class:`ModelSchema` is compiled once from a :class:`ModelDescription` (dict
+lookups instead of scans, numpy dtypes resolved) and reused for every request
+of that model. The checks follow Triton's: unknown or missing inputs, the data
+type, the shape against the configured dims (``-1`` is any size), and the batch
+dimension against ``max_batch_size``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from repository_loader.datatypes import to_numpy_dtype
+from repository_loader.errors import InvalidArgument
+from repository_loader.model import ModelDescription, TensorSpec
+
+
+@dataclass(frozen=True)
+class InputRule:
+    """One configured input, ready for checking."""
+
+    name: str
+    datatype: str
+    dtype: np.dtype | None  # None where numpy has no type (BF16 without ml_dtypes)
+    dims: tuple[int, ...]
+    optional: bool
+
+    def check_shape(self, shape: Sequence[int], model: str, max_batch_size: int) -> None:
+        """Raise :class:`InvalidArgument` when ``shape`` does not fit the configured dims."""
+        rest = shape[1:] if max_batch_size > 0 else shape
+        dims = self.dims
+        if len(rest) == len(dims) and all(d == -1 or d == r for d, r in zip(dims, rest, strict=True)):
+            return
+        expected = ([-1] if max_batch_size > 0 else []) + list(dims)
+        raise InvalidArgument(
+            f"unexpected shape for input '{self.name}' for model '{model}'. "
+            f"Expected {_fmt(expected)}, got {_fmt(shape)}"
+        )
+
+
+@dataclass
+class ModelSchema:
+    """The inputs, outputs and batching limit of one model, compiled for fast request checks."""
+
+    name: str
+    max_batch_size: int
+    inputs: dict[str, InputRule]
+    outputs: dict[str, TensorSpec]
+    required: frozenset[str]
+    model_path: Path | None = None
+    _labels: dict[str, list[str] | None] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_description(cls, model: ModelDescription) -> ModelSchema:
+        """Compile the schema of ``model``."""
+        inputs = {t.name: _rule(t) for t in model.inputs}
+        return cls(
+            name=model.name,
+            max_batch_size=model.max_batch_size,
+            inputs=inputs,
+            outputs={t.name: t for t in model.outputs},
+            required=frozenset(n for n, r in inputs.items() if not r.optional),
+            model_path=model.path,
+        )
+
+    @property
+    def batched(self) -> bool:
+        """Whether the first dimension of every tensor is the batch."""
+        return self.max_batch_size > 0
+
+    def input_rule(self, name: str) -> InputRule:
+        """The rule of input ``name``; :class:`InvalidArgument` for an input the model lacks."""
+        rule = self.inputs.get(name)
+        if rule is None:
+            raise InvalidArgument(f"unexpected inference input '{name}' for model '{self.name}'")
+        return rule
+
+    def check_input(self, name: str, datatype: str, shape: Sequence[int]) -> InputRule:
+        """Check one input's name, data type and shape; return its rule."""
+        rule = self.input_rule(name)
+        if datatype != rule.datatype:
+            raise InvalidArgument(
+                f"inference input '{name}' data-type is '{datatype}', "
+                f"but model '{self.name}' expects '{rule.datatype}'"
+            )
+        if self.max_batch_size > 0:
+            if not shape:
+                raise InvalidArgument(
+                    f"input '{name}' for model '{self.name}' has no batch dimension; "
+                    f"expected shape {_fmt([-1, *rule.dims])}"
+                )
+            if shape[0] > self.max_batch_size:
+                raise InvalidArgument(
+                    f"inference request batch-size must be <= {self.max_batch_size} for "
+                    f"'{self.name}', input '{name}' has batch-size {shape[0]}"
+                )
+        rule.check_shape(shape, self.name, self.max_batch_size)
+        return rule
+
+    def check_complete(self, names: Sequence[str], batch_sizes: set[int]) -> None:
+        """After every input: no required input missing, one batch size for all."""
+        missing = self.required.difference(names)
+        if missing:
+            raise InvalidArgument(
+                f"expected {len(self.required)} inputs but got {len(names)} inputs for model "
+                f"'{self.name}'. Got input(s) {sorted(names)}, but missing required input(s) "
+                f"{sorted(missing)}. Please provide all required input(s)."
+            )
+        if self.max_batch_size > 0 and len(batch_sizes) > 1:
+            raise InvalidArgument(
+                f"inputs of a request for model '{self.name}' must share one batch-size, "
+                f"got {sorted(batch_sizes)}"
+            )
+
+    def check_output(self, name: str) -> None:
+        """Raise :class:`InvalidArgument` for a requested output the model lacks."""
+        if name not in self.outputs:
+            raise InvalidArgument(f"unexpected inference output '{name}' for model '{self.name}'")
+
+    def labels(self, output: str) -> list[str] | None:
+        """The labels of ``output`` (its ``label_filename``, one per line), read once; None without."""
+        if output in self._labels:
+            return self._labels[output]
+        spec = self.outputs.get(output)
+        labels: list[str] | None = None
+        if spec is not None and spec.label_filename and self.model_path is not None:
+            try:
+                text = (self.model_path / spec.label_filename).read_text(encoding="utf-8")
+                labels = text.splitlines()
+            except OSError:
+                labels = None
+        self._labels[output] = labels
+        return labels
+
+
+def _rule(spec: TensorSpec) -> InputRule:
+    try:
+        dtype = to_numpy_dtype(spec.datatype)
+    except InvalidArgument:
+        dtype = None
+    return InputRule(spec.name, spec.datatype, dtype, tuple(spec.dims), spec.optional)
+
+
+def _fmt(shape: Sequence[int]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
