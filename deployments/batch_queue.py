@@ -65,7 +65,7 @@ def shape_key(request: InferRequest, ragged: frozenset[str], shape_tensors: froz
     allow ragged batching; the values of shape tensors; and which inputs are
     present (optional inputs given in one request and not the other).
     """
-    parts = []
+    parts: list[tuple] = []
     for name, tensor in request.inputs.items():
         if name in ragged:
             parts.append((name, None))

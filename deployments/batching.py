@@ -267,8 +267,9 @@ class DynamicBatcher:
             except Exception:
                 logger.exception("batch callback of model '%s' failed", self.model_name)
         self._in_flight += 1
-        if self._max_concurrent == 1:
-            await self._execute_batch(entries)  # nothing else could run meanwhile: no task needed
+        if self._max_concurrent == 1 and not self._queues.has_timeouts:
+            # nothing else can start meanwhile and no timeout needs watching: no task needed
+            await self._execute_batch(entries)
             return
         task = asyncio.get_running_loop().create_task(self._execute_batch(entries))
         self._tasks.add(task)

@@ -7,7 +7,6 @@ import time
 
 import numpy as np
 
-from deployments.batch_merge import merge_inputs, split_outputs
 from deployments.batching import DynamicBatcher
 from deployments.inference import InferRequest, InferResponse
 from tests.batching.fakes import INPUTS, RAGGED_INPUTS, Recorder, config, request, until
@@ -140,13 +139,12 @@ async def test_oversized_request_runs_alone_without_blocking_the_queue() -> None
 
 async def test_thousand_concurrent_requests_get_their_own_rows() -> None:
     async def merged_execute(requests: list[InferRequest]) -> list[InferResponse]:
-        merged = merge_inputs(requests)
+        joined = np.concatenate([r.inputs["IN"] for r in requests], axis=0)
         await asyncio.sleep(0.001)
-        outputs = {"OUT": merged.inputs["IN"] * 2 + 1}
-        return [
-            InferResponse(outputs=o, id=r.id)
-            for o, r in zip(split_outputs(outputs, merged.rows), requests, strict=True)
-        ]
+        doubled = joined * 2 + 1
+        bounds = np.cumsum([r.batch_rows() for r in requests])[:-1]
+        parts = np.split(doubled, bounds, axis=0)
+        return [InferResponse(outputs={"OUT": p}, id=r.id) for p, r in zip(parts, requests, strict=True)]
 
     sizes: list[int] = []
     batcher = DynamicBatcher(
