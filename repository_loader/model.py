@@ -10,11 +10,12 @@ what ``GET /v2/models/<m>/config`` returns.
 from __future__ import annotations
 
 import copyreg
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 EMPTY: Mapping[str, Any] = MappingProxyType({})
 
@@ -176,7 +177,9 @@ class ModelDescription:
     default_model_filename: str = ""
     decoupled: bool = False
     response_cache: bool = False
-    optimization: Mapping[str, Any] = field(default_factory=lambda: EMPTY)  # JSON form of ModelOptimizationPolicy
+    optimization: Mapping[str, Any] = field(
+        default_factory=lambda: EMPTY
+    )  # JSON form of ModelOptimizationPolicy
     config_json: Mapping[str, Any] = field(default_factory=lambda: EMPTY, compare=False)
 
     @property

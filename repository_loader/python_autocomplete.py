@@ -1,0 +1,187 @@
+"""Auto-complete for Python-backend models: ``TritonPythonModel.auto_complete_config``.
+
+The user's ``model.py`` is imported under a private module name (its folder on
+``sys.path`` only while importing) and its static ``auto_complete_config`` is
+called with an :class:`AutoCompleteModelConfig`, the object Triton's Python
+backend passes, offering the same methods.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import itertools
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from repository_loader.config import config_from_json, config_to_json
+from repository_loader.errors import ConfigError
+from repository_loader.proto import model_config_pb2 as pb
+
+_INPUT_PROPERTIES = ("name", "data_type", "dims", "optional")
+_OUTPUT_PROPERTIES = ("name", "data_type", "dims")
+_counter = itertools.count()
+
+
+class AutoCompleteModelConfig:
+    """The model configuration a Python model's ``auto_complete_config`` may complete.
+
+    Only ``max_batch_size``, inputs, outputs, dynamic batching and the
+    transaction policy can change, as in Triton. Methods raise ``ValueError``
+    where Triton's do.
+    """
+
+    def __init__(self, model_config: dict[str, Any]) -> None:
+        self._model_config = copy.deepcopy(model_config)
+        self._model_config.setdefault("max_batch_size", 0)
+        self._model_config.setdefault("input", [])
+        self._model_config.setdefault("output", [])
+
+    def as_dict(self) -> dict[str, Any]:
+        """The configuration as a dict in Triton's JSON form."""
+        return self._model_config
+
+    def get_max_batch_size(self) -> int:
+        return int(self._model_config["max_batch_size"])
+
+    def get_inputs(self) -> list[dict[str, Any]]:
+        return list(self._model_config["input"])
+
+    def get_outputs(self) -> list[dict[str, Any]]:
+        return list(self._model_config["output"])
+
+    @property
+    def _name(self) -> str:
+        return str(self._model_config.get("name", ""))
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        """Set ``max_batch_size``; it may not go below a non-zero value the config file sets."""
+        current = int(self._model_config["max_batch_size"])
+        if current > max_batch_size:
+            raise ValueError(
+                f"configuration specified max_batch_size {current}, but auto_complete_config of "
+                f"model '{self._name}' sets max_batch_size {max_batch_size}"
+            )
+        self._model_config["max_batch_size"] = int(max_batch_size)
+
+    def set_dynamic_batching(self) -> None:
+        """Use the dynamic batcher, unless another scheduler is configured (then raise)."""
+        for other in ("sequence_batching", "ensemble_scheduling"):
+            if other in self._model_config:
+                raise ValueError(
+                    f"configuration of model '{self._name}' sets '{other}', but auto_complete_config "
+                    "sets 'dynamic_batching'"
+                )
+        self._model_config.setdefault("dynamic_batching", {})
+
+    def add_input(self, input: dict[str, Any]) -> None:  # noqa: A002 - Triton's parameter name
+        """Add an input, or complete the config's input of the same name."""
+        self._add_tensor("input", input, _INPUT_PROPERTIES)
+
+    def add_output(self, output: dict[str, Any]) -> None:
+        """Add an output, or complete the config's output of the same name."""
+        self._add_tensor("output", output, _OUTPUT_PROPERTIES)
+
+    def _add_tensor(self, kind: str, tensor: dict[str, Any], allowed: tuple[str, ...]) -> None:
+        label = f"{kind} '{tensor.get('name', '')}' in auto_complete_config of model '{self._name}'"
+        extra = [key for key in tensor if key not in allowed]
+        if extra:
+            raise ValueError(f"{label} has properties other than {', '.join(allowed)}: {', '.join(extra)}")
+        for required in ("name", "data_type", "dims"):
+            if required not in tensor:
+                raise ValueError(f"{label} is missing '{required}'")
+        for current in self._model_config[kind]:
+            if current.get("name") == tensor["name"]:
+                self._merge(kind, current, tensor)
+                return
+        self._model_config[kind].append(dict(tensor, dims=list(tensor["dims"])))
+
+    def _merge(self, kind: str, current: dict[str, Any], tensor: dict[str, Any]) -> None:
+        name = tensor["name"]
+        configured_type = current.get("data_type", "TYPE_INVALID")
+        if configured_type != "TYPE_INVALID" and configured_type != tensor["data_type"]:
+            raise ValueError(
+                f"model '{self._name}': configuration expects data type {configured_type} for {kind} "
+                f"'{name}', auto_complete_config gives {tensor['data_type']}"
+            )
+        configured_dims = list(current.get("dims") or [])
+        if configured_dims and configured_dims != list(tensor["dims"]):
+            raise ValueError(
+                f"model '{self._name}', {kind} '{name}': auto_complete_config gives dims "
+                f"{list(tensor['dims'])} but the configuration specifies {configured_dims}"
+            )
+        if "optional" in tensor and current.get("optional", tensor["optional"]) != tensor["optional"]:
+            raise ValueError(
+                f"model '{self._name}', {kind} '{name}': auto_complete_config gives optional "
+                f"{tensor['optional']} but the configuration specifies {current['optional']}"
+            )
+        current["data_type"] = tensor["data_type"]
+        current["dims"] = list(tensor["dims"])
+        if "optional" in tensor:
+            current["optional"] = tensor["optional"]
+
+    def set_model_transaction_policy(self, transaction_policy_dict: dict[str, Any]) -> None:
+        """Set ``model_transaction_policy`` (only ``decoupled``); it may not flip a configured value."""
+        extra = [key for key in transaction_policy_dict if key != "decoupled"]
+        if extra:
+            raise ValueError(
+                f"model transaction policy in auto_complete_config of model '{self._name}' has "
+                f"properties other than 'decoupled': {', '.join(extra)}"
+            )
+        policy = self._model_config.setdefault("model_transaction_policy", {})
+        if "decoupled" in transaction_policy_dict:
+            wanted = bool(transaction_policy_dict["decoupled"])
+            # proto3 cannot tell an explicit "decoupled: false" from an absent one; only a
+            # configured true is protected.
+            if bool(policy.get("decoupled", False)) and not wanted:
+                raise ValueError(
+                    f"auto_complete_config of model '{self._name}' tries to change decoupled, which the "
+                    f"configuration sets to {policy['decoupled']}"
+                )
+            policy["decoupled"] = wanted
+
+
+def import_model_module(path: Path, model_name: str) -> ModuleType:
+    """Import a user's ``model.py`` under a private name, without keeping it in ``sys.modules``."""
+    safe = re.sub(r"\W", "_", model_name)
+    module_name = f"_triton_serve_autocomplete_{safe}_{next(_counter)}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"model '{model_name}': cannot import '{path}'")
+    module = importlib.util.module_from_spec(spec)
+    saved_path = list(sys.path)
+    sys.path.insert(0, str(path.parent))
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except (Exception, SystemExit) as exc:
+        raise ConfigError(
+            f"model '{model_name}': importing '{path}' failed: {type(exc).__name__}: {exc}"
+        ) from None
+    finally:
+        sys.path[:] = saved_path
+        sys.modules.pop(module_name, None)
+    return module
+
+
+def complete_python(config: pb.ModelConfig, model_file: Path) -> pb.ModelConfig:
+    """Run the model's ``auto_complete_config`` (when it has one) and return the completed config."""
+    module = import_model_module(model_file, config.name)
+    model_class = getattr(module, "TritonPythonModel", None)
+    if model_class is None:
+        raise ConfigError(f"model '{config.name}': '{model_file}' defines no class TritonPythonModel")
+    hook = getattr(model_class, "auto_complete_config", None)
+    if hook is None:
+        return config
+    wrapper = AutoCompleteModelConfig(config_to_json(config))
+    try:
+        result = hook(wrapper)
+    except Exception as exc:
+        raise ConfigError(
+            f"model '{config.name}': auto_complete_config failed: {type(exc).__name__}: {exc}"
+        ) from None
+    completed = result if isinstance(result, AutoCompleteModelConfig) else wrapper
+    return config_from_json(completed.as_dict(), source=f"model '{config.name}' auto_complete_config result")

@@ -1,0 +1,267 @@
+"""Reading a Triton model repository: models, versions, configs, and their descriptions.
+
+``<repo>/<model>/config.pbtxt`` plus numeric version folders. Each model is read,
+auto-completed, validated and described on its own: a broken model is reported
+(UNAVAILABLE, with every error found) and never stops the others. Ensembles are
+checked against the models their steps name, which are loaded first.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from repository_loader import platforms
+from repository_loader.autocomplete import complete, detect_backend, normalize_platform
+from repository_loader.config import config_path_candidates, parse_config
+from repository_loader.describe import describe
+from repository_loader.ensemble_rules import check_ensemble_flow, check_ensemble_members
+from repository_loader.errors import ConfigError, NotFound, ServerError
+from repository_loader.findings import Findings, ModelFiles
+from repository_loader.model import ModelDescription, ModelState
+from repository_loader.proto import model_config_pb2 as pb
+from repository_loader.storage import Storage, open_storage
+from repository_loader.validation import validate_config
+from repository_loader.versions import list_versions, select_versions
+
+log = logging.getLogger("repository_loader")
+
+
+class ModelLoadError(ConfigError):
+    """A model could not be loaded; ``errors`` lists every problem found."""
+
+    def __init__(self, model: str, errors: Sequence[str]) -> None:
+        super().__init__("\n".join(errors) or f"model '{model}' failed to load")
+        self.model = model
+        self.errors = list(errors)
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """One row of the repository index (Triton's ``POST /v2/repository/index``)."""
+
+    name: str
+    version: str
+    state: str
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return {"name": self.name, "version": self.version, "state": self.state, "reason": self.reason}
+
+
+@dataclass
+class RepositoryState:
+    """What loading a repository produced: ready models, failed ones, and warnings."""
+
+    root: str
+    models: dict[str, ModelDescription] = field(default_factory=dict)
+    failed: dict[str, list[str]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def index(self) -> list[IndexEntry]:
+        """Every model version, ready or not, sorted by name."""
+        rows: list[IndexEntry] = []
+        for name in sorted({*self.models, *self.failed}):
+            if name in self.models:
+                ready = ModelState.READY.value
+                rows.extend(IndexEntry(name, str(v), ready) for v in self.models[name].versions)
+            else:
+                reason = "; ".join(self.failed[name])
+                rows.append(IndexEntry(name, "", ModelState.UNAVAILABLE.value, reason))
+        return rows
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+def load_repository(
+    path: str | Path, *, config_name: str | None = None, auto_complete: bool = True
+) -> RepositoryState:
+    """Load every model of the repository at ``path`` (local, ``s3://`` or ``gs://``).
+
+    Raises :class:`NotFound` when the repository itself is missing; problems of a
+    model land in ``RepositoryState.failed``.
+    """
+    loader = _Loader(*open_storage(path), config_name=config_name, auto_complete=auto_complete)
+    for name in loader.model_names():
+        loader.load(name)
+    return loader.state
+
+
+def load_model(
+    repository: str | Path, name: str, *, config_name: str | None = None, auto_complete: bool = True
+) -> ModelDescription:
+    """Load one model (and, for an ensemble, the models its steps name).
+
+    Raises :class:`NotFound` for an unknown model and :class:`ModelLoadError`
+    listing every problem of a broken one.
+    """
+    loader = _Loader(*open_storage(repository), config_name=config_name, auto_complete=auto_complete)
+    if name not in loader.model_names():
+        raise NotFound(f"model '{name}' is not in the repository '{repository}'")
+    loader.load(name)
+    if name in loader.state.failed:
+        raise ModelLoadError(name, loader.state.failed[name])
+    return loader.state.models[name]
+
+
+@dataclass
+class _Prepared:
+    """A model read, completed and checked on its own (before cross-model checks)."""
+
+    config: pb.ModelConfig
+    findings: Findings
+    path: Path
+    versions: list[int]
+
+
+class _Loader:
+    """Loads models of one repository, each once, remembering results."""
+
+    def __init__(self, storage: Storage, root: str, *, config_name: str | None, auto_complete: bool) -> None:
+        self.storage = storage
+        self.root = root
+        self.config_name = config_name
+        self.auto_complete = auto_complete
+        self.state = RepositoryState(root=root)
+        self._names: list[str] | None = None
+        self._cycles: dict[str, list[list[str]]] = {}
+
+    def model_names(self) -> list[str]:
+        if self._names is None:
+            names = []
+            for entry in self.storage.list_dir(self.root):
+                if not self.storage.is_dir(self.storage.join(self.root, entry)):
+                    continue
+                if entry.startswith("."):
+                    self._warn(f"ignoring hidden folder '{entry}' in the repository")
+                    continue
+                names.append(entry)
+            self._names = names
+        return self._names
+
+    def _warn(self, message: str) -> None:
+        log.warning(message)
+        self.state.warnings.append(message)
+
+    def load(self, name: str, stack: tuple[str, ...] = ()) -> None:
+        if name in self.state.models or name in self.state.failed:
+            return
+        try:
+            prepared = self._prepare(name)
+        except ServerError as exc:
+            self.state.failed[name] = [_with_model(name, exc.message)]
+            return
+        if prepared.config.platform == platforms.ENSEMBLE and not prepared.findings:
+            self._check_members(prepared, (*stack, name))
+        for cycle in self._cycles.pop(name, []):
+            prepared.findings.add("ensemble_scheduling.step", f"ensembles form a cycle: {' -> '.join(cycle)}")
+        if prepared.findings:
+            self.state.failed[name] = prepared.findings.errors
+            return
+        self.state.models[name] = describe(prepared.config, prepared.path, prepared.versions)
+
+    def _check_members(self, prepared: _Prepared, stack: tuple[str, ...]) -> None:
+        config = prepared.config
+        for step in config.ensemble_scheduling.step:
+            member = step.model_name
+            if member in stack and member != config.name:
+                cycle = [*stack[stack.index(member) :], member]
+                for other in cycle[:-1]:
+                    self._cycles.setdefault(other, []).append(cycle)
+            elif member in self.model_names() and member != config.name:
+                self.load(member, stack)
+        check_ensemble_members(
+            config, prepared.findings, self.state.models, self.state.failed, pending=set(stack)
+        )
+
+    # --- one model ----------------------------------------------------------
+
+    def _prepare(self, name: str) -> _Prepared:
+        model_dir = self.storage.join(self.root, name)
+        config, source, has_file = self._read_config(name, model_dir)
+        findings = Findings(name, source)
+        if config.name and config.name != name:
+            findings.add("name", f"'{config.name}' does not match the model folder '{name}'")
+        config.name = name
+        available = list_versions(self.storage, model_dir, name, self._warn)
+        versions = select_versions(config.version_policy, available, findings)
+        local_dir = self.storage.localize(model_dir)
+        normalize_platform(config)
+        if self.auto_complete:
+            latest = local_dir / str(versions[-1]) if versions else None
+            detect_backend(
+                config, sorted(p.name for p in latest.iterdir()) if latest and latest.is_dir() else []
+            )
+            if versions and not findings:
+                config = complete(
+                    config,
+                    lambda: self._model_file(config, local_dir, versions[-1]),
+                    has_config_file=has_file,
+                )
+        elif not has_file:
+            findings.add("config.pbtxt", "no config file, and auto-complete is disabled")
+        files = ModelFiles(exists=lambda rel: (local_dir / rel).exists())
+        validate_config(config, findings, files)
+        self._check_outputs_listed(config, findings)
+        if config.platform == platforms.ENSEMBLE:
+            if config.HasField("ensemble_scheduling") and config.ensemble_scheduling.step:
+                check_ensemble_flow(config, findings)
+        elif not findings:
+            self._check_model_files(config, local_dir, versions, findings)
+        if not available:
+            findings.add("versions", "no version folder found (expected numeric folders such as '1')")
+        return _Prepared(config, findings, local_dir, versions)
+
+    def _read_config(self, name: str, model_dir: str) -> tuple[pb.ModelConfig, str, bool]:
+        for candidate in config_path_candidates(model_dir, self.config_name, self.storage.join):
+            if self.storage.is_file(candidate):
+                source = _relative(candidate, self.root)
+                raw = self.storage.read_bytes(candidate)
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise ConfigError(
+                        f"{source}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+                    ) from None
+                return parse_config(text, source), source, True
+        return pb.ModelConfig(), f"{name}/config.pbtxt (absent)", False
+
+    @staticmethod
+    def _model_file(config: pb.ModelConfig, local_dir: Path, version: int) -> Path:
+        backend = platforms.backend_for(config.platform, config.backend)
+        filename = config.default_model_filename or platforms.default_model_filename(backend)
+        return local_dir / str(version) / filename
+
+    def _check_model_files(
+        self, config: pb.ModelConfig, local_dir: Path, versions: list[int], findings: Findings
+    ) -> None:
+        for version in versions:
+            path = self._model_file(config, local_dir, version)
+            if path.name and not path.exists():
+                where = "default_model_filename" if config.default_model_filename else "versions"
+                findings.add(
+                    where,
+                    f"version {version}: model file '{path.name}' not found in '{config.name}/{version}'",
+                )
+
+    @staticmethod
+    def _check_outputs_listed(config: pb.ModelConfig, findings: Findings) -> None:
+        backend = platforms.backend_for(config.platform, config.backend)
+        if backend in ("onnxruntime", "pytorch", "tensorrt") and not config.output:
+            hint = " (or let auto-complete read them from the model file)" if backend == "onnxruntime" else ""
+            findings.add("output", f"the model lists no outputs: list them in the config{hint}")
+
+
+def _relative(path: str, root: str) -> str:
+    return path[len(root) :].lstrip("/\\") if path.startswith(root) else path
+
+
+def _with_model(name: str, message: str) -> str:
+    return (
+        message if f"'{name}'" in message or message.startswith(f"{name}/") else f"model '{name}': {message}"
+    )
