@@ -28,12 +28,14 @@ def model(
     max_batch_size: int = 0,
     versions: tuple[int, ...] = (1,),
     backend: str = "python",
+    platform: str = "",
+    path: Path | None = None,
     **extra: Any,
 ) -> ModelDescription:
     return ModelDescription(
         name=name,
-        path=Path("/models") / name,
-        platform="",
+        path=path or Path("/models") / name,
+        platform=platform,
         backend=backend,
         max_batch_size=max_batch_size,
         inputs=specs(inputs),
