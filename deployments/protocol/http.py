@@ -354,11 +354,20 @@ def error_reply(error: BaseException, status: int | None = None) -> Reply:
 
 
 def _full_path(scope: Scope) -> str:
-    """The request path including the mount point, whether or not ``path`` already holds it."""
+    """The request path including the mount point, whether or not ``path`` already holds it.
+
+    Servers differ: some give the path relative to ``root_path``, some the full
+    path, and uvicorn's ``--root-path`` prefixes the client's (full) path once more.
+    """
     path: str = scope.get("path") or "/"
-    root: str = scope.get("root_path") or ""
-    if root and not path.startswith(root):
-        return root.rstrip("/") + path
+    root: str = (scope.get("root_path") or "").rstrip("/")
+    if not root:
+        return path
+    if not path.startswith(root):
+        return root + path
+    rest = path[len(root) :]
+    if rest.startswith(root) and (len(rest) == len(root) or rest[len(root)] == "/"):
+        return rest  # the mount point twice
     return path
 
 

@@ -87,6 +87,7 @@ def test_every_route_has_a_handler():
         ("/infer", "/v2/models/add_sub"),  # path relative to the mount point
         ("/v2/models/add_sub/infer", ""),  # no mount point given
         ("/infer", ""),
+        ("/v2/models/add_sub/v2/models/add_sub/infer", "/v2/models/add_sub"),  # uvicorn --root-path
         ("/v2/models/add_sub/versions/2/infer", "/v2/models/add_sub"),
     ],
 )
