@@ -177,7 +177,7 @@ def perf_analyzer_cmd(
     cmd += ["--measurement-interval", str(measurement_interval_ms)]
     cmd += ["-s", str(stability_percentage), "--max-trials", str(max_trials)]
     if request_rate:
-        cmd += ["--request-rate-range", ",".join(str(r) for r in request_rate)]
+        cmd += ["--request-rate-range", _range_arg(list(request_rate))]
     else:
         cmd += ["--concurrency-range", _range_arg(list(concurrency or [1]))]
     for shape in shapes:
@@ -187,14 +187,14 @@ def perf_analyzer_cmd(
     return cmd + list(extra)
 
 
-def _range_arg(values: list[int]) -> str:
-    """``start:end:step`` for an arithmetic progression, or ``start:end`` doubled ranges unsupported."""
+def _range_arg(values: Sequence[float]) -> str:
+    """perf_analyzer's ``start:end:step`` form of an evenly spaced list of levels."""
     if len(values) == 1:
-        return f"{values[0]}:{values[0]}"
+        return f"{values[0]:g}:{values[0]:g}"
     step = values[1] - values[0]
-    if step > 0 and all(b - a == step for a, b in zip(values, values[1:], strict=False)):
-        return f"{values[0]}:{values[-1]}:{step}"
-    raise ValueError(f"perf_analyzer needs an evenly spaced concurrency list, got {values}")
+    if step > 0 and all(abs((b - a) - step) < 1e-9 for a, b in zip(values, values[1:], strict=False)):
+        return f"{values[0]:g}:{values[-1]:g}:{step:g}"
+    raise ValueError(f"perf_analyzer needs evenly spaced load levels, got {values}")
 
 
 # --------------------------------------------------------------------------------------- tritonserver

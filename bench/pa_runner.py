@@ -1,0 +1,90 @@
+"""Driving the real ``perf_analyzer`` and reading its results into this tool's schema.
+
+Each load level is its own perf_analyzer invocation, so a level that never stabilises does not end
+the sweep: it is measured again with the stability check relaxed and reported as unstable. Server
+statistics are snapshotted around each invocation, which gives the batch sizes the server formed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench import peers, server_stats
+from bench.pa_csv import read_perf_analyzer_csv
+from bench.results import Point, Run
+
+
+def _snapshot(url: str) -> dict[str, server_stats.ModelCounters]:
+    """Cumulative statistics of all models, empty if the server has none."""
+    try:
+        with urllib.request.urlopen(f"http://{url}/v2/models/stats", timeout=10) as resp:
+            return server_stats.parse_snapshot(json.loads(resp.read()))
+    except (OSError, ValueError):
+        return {}
+
+
+def _run_once(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run perf_analyzer, returning its output even when it fails."""
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def run_level(url: str, model: str, level: float, mode: str, *, batch_size: int = 1,
+              shapes: Sequence[str] = (), measurement_interval_ms: int = 2000, stability: int = 10,
+              max_trials: int = 10, timeout: float = 300.0, extra: Sequence[str] = ()) -> Point | None:
+    """One load level measured by perf_analyzer (None if it produced no result at all)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        csv_path = Path(tmp) / "pa.csv"
+        kwargs = dict(csv_path=csv_path, measurement_interval_ms=measurement_interval_ms,
+                      shapes=shapes, batch_size=batch_size, max_trials=max_trials, extra=extra)
+        conc = [int(level)] if mode == "concurrency" else None
+        rate = [level] if mode != "concurrency" else None
+        before = _snapshot(url)
+        proc = _run_once(peers.perf_analyzer_cmd(model, url, conc, request_rate=rate,
+                                                 stability_percentage=stability, **kwargs), timeout)  # type: ignore[arg-type]
+        points = read_perf_analyzer_csv(csv_path, model, batch_size)
+        stable = bool(points)
+        if not points:
+            proc = _run_once(peers.perf_analyzer_cmd(model, url, conc, request_rate=rate,
+                                                     stability_percentage=1000, **kwargs), timeout)  # type: ignore[arg-type]
+            points = read_perf_analyzer_csv(csv_path, model, batch_size)
+        after = _snapshot(url)
+    if not points:
+        print(f"perf_analyzer failed at {level:g}: {(proc.stdout + proc.stderr)[-800:]}", file=sys.stderr)
+        return None
+    point = points[-1]
+    point.stable = stable
+    for name, b in server_stats.breakdowns(before, after).items():
+        entry = point.server.setdefault(name, {})
+        entry["batch_sizes"] = {str(k): v for k, v in b.batch_sizes.items()}
+        entry["avg_batch_size"] = b.avg_batch_size
+    return point
+
+
+def run_perf_analyzer(url: str, model: str, levels: Sequence[float], mode: str = "concurrency", *,
+                      label: str = "", batch_size: int = 1, shapes: Sequence[str] = (),
+                      measurement_interval_ms: int = 2000, stability: int = 10, max_trials: int = 10,
+                      extra: Sequence[str] = (), show_progress: bool = True) -> Run:
+    """A sweep of ``levels`` with perf_analyzer; installs it first if needed."""
+    if not peers.perf_analyzer_path().exists():
+        peers.install_perf_analyzer()
+    options = {"batch_size": batch_size, "shapes": list(shapes), "stability": stability,
+               "measurement_interval_ms": measurement_interval_ms, "max_trials": max_trials}
+    run = Run(label or f"{model} (perf_analyzer)", "perf_analyzer", model, url, mode, options)
+    for level in levels:
+        point = run_level(url, model, level, mode, batch_size=batch_size, shapes=shapes,
+                          measurement_interval_ms=measurement_interval_ms, stability=stability,
+                          max_trials=max_trials, extra=extra)
+        if point is None:
+            continue
+        run.points.append(point)
+        if show_progress:
+            flag = "" if point.stable else " (unstable)"
+            print(f"[{run.label}] level {level:g}: {point.infer_per_s:,.0f} infer/s, "
+                  f"p50 {point.p50_us:,.0f} us, p99 {point.p99_us:,.0f} us{flag}", file=sys.stderr)
+    return run
