@@ -1,4 +1,4 @@
-"""Model descriptions and an in-process executor of numpy functions for ensemble tests."""
+"""Model descriptions and in-process executors (numpy functions, real backends) for ensemble tests."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from deployments.backends.base import Backend, BackendContext
+from deployments.backends.registry import create_backend
 from deployments.inference import InferRequest, InferResponse
 from repository_loader.errors import NotFound, ServerError
 from repository_loader.model import EnsembleStep, ModelDescription, TensorSpec
@@ -118,3 +120,27 @@ class NumpyExecutor:
 
 def fp32(*values: float) -> np.ndarray:
     return np.asarray(values, dtype=np.float32)
+
+
+class BackendExecutor:
+    """Runs each model version with its real backend, loaded in this process."""
+
+    def __init__(self, models: dict[str, ModelDescription]) -> None:
+        self.models = models
+        self.backends: dict[tuple[str, int], Backend] = {}
+        for description in models.values():
+            for version in description.versions:
+                backend = create_backend(BackendContext(description, version))
+                backend.load()
+                self.backends[(description.name, version)] = backend
+        self.calls: list[tuple[str, int]] = []
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        description = self.models[request.model_name]
+        version = int(request.model_version) if request.model_version else description.latest_version
+        backend = self.backends.get((request.model_name, version))
+        if backend is None:
+            return InferResponse(error=NotFound(f"model '{request.model_name}' version {version} not found"))
+        self.calls.append((request.model_name, version))
+        (response,) = await backend.execute([request])
+        return response

@@ -11,14 +11,11 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from deployments.backends.base import Backend, BackendContext
-from deployments.backends.registry import create_backend
-from deployments.inference import InferRequest, InferResponse, RequestedOutput
+from deployments.inference import InferRequest, RequestedOutput
 from ensembles.graph import build_graph
 from ensembles.scheduler import EnsembleScheduler
-from repository_loader.errors import NotFound
 from repository_loader.model import ModelDescription
-from tests.ensembles.helpers import ensemble, model, step
+from tests.ensembles.helpers import BackendExecutor, ensemble, model, step
 
 DIMS = (4,)
 
@@ -70,30 +67,6 @@ def _repository(root: Path) -> dict[str, ModelDescription]:
         ),
     }
     return {name: replace(m, path=root / name) for name, m in models.items()}
-
-
-class BackendExecutor:
-    """Runs each model version with its real backend, loaded in this process."""
-
-    def __init__(self, models: dict[str, ModelDescription]) -> None:
-        self.models = models
-        self.backends: dict[tuple[str, int], Backend] = {}
-        for description in models.values():
-            for version in description.versions:
-                backend = create_backend(BackendContext(description, version))
-                backend.load()
-                self.backends[(description.name, version)] = backend
-        self.calls: list[tuple[str, int]] = []
-
-    async def infer(self, request: InferRequest) -> InferResponse:
-        description = self.models[request.model_name]
-        version = int(request.model_version) if request.model_version else description.latest_version
-        backend = self.backends.get((request.model_name, version))
-        if backend is None:
-            return InferResponse(error=NotFound(f"model '{request.model_name}' version {version} not found"))
-        self.calls.append((request.model_name, version))
-        (response,) = await backend.execute([request])
-        return response
 
 
 @pytest.fixture(scope="module")
