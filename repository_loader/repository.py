@@ -27,6 +27,7 @@ from repository_loader.validation import validate_config
 from repository_loader.versions import list_versions, select_versions
 
 log = logging.getLogger("repository_loader")
+log.addHandler(logging.NullHandler())
 
 
 class ModelLoadError(ConfigError):

@@ -1,0 +1,289 @@
+"""The deployment plan: how the models of a repository map onto a cluster's CPUs and GPUs.
+
+A pure function of the model descriptions and the cluster's resources, so it is
+tested without Ray. Triton's instance groups become replicas:
+
+* KIND_GPU, count c on g GPUs -> c*g replicas with 1/c GPU each, each aimed at one GPU;
+* KIND_CPU, count c -> c replicas with a CPU share;
+* KIND_AUTO -> KIND_GPU where the cluster has a GPU, else KIND_CPU;
+* KIND_MODEL -> count replicas that place themselves (no GPU reserved);
+* no instance_group -> Triton's default: one instance per GPU, or a CPU group
+  (2 instances for ONNX Runtime, 1 otherwise) on a cluster without GPUs.
+
+CPU shares are sized so every replica fits at once: on a 2-core machine the
+default of one CPU per replica would leave the third replica waiting forever.
+GPU fractions aimed at one GPU are scaled down the same way when they add up
+to more than that GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from repository_loader import platforms
+from repository_loader.model import (
+    DynamicBatching,
+    InstanceGroup,
+    InstanceKind,
+    ModelDescription,
+    SequenceBatching,
+)
+
+# CPUs kept free for the small server application at /v2 (health, metadata, repository API).
+CONTROL_APP_CPUS = 0.1
+MIN_CPU_SHARE = 0.01
+MIN_ONGOING_REQUESTS = 64
+ENSEMBLE_KIND = "ensemble"
+
+
+@dataclass(frozen=True)
+class ClusterResources:
+    """What the cluster offers: CPUs (may be fractional) and whole GPUs."""
+
+    num_cpus: float
+    num_gpus: int = 0
+
+
+@dataclass(frozen=True)
+class ReplicaResources:
+    """Resources one replica asks Ray for."""
+
+    num_cpus: float
+    num_gpus: float = 0.0
+
+
+@dataclass(frozen=True)
+class BatchingPlan:
+    """How requests are grouped for a model: Triton's batch limit and its scheduler settings."""
+
+    max_batch_size: int
+    dynamic: DynamicBatching | None = None
+    sequence: SequenceBatching | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"max_batch_size": self.max_batch_size}
+        if self.dynamic is not None:
+            out["dynamic_batching"] = {
+                "preferred_batch_size": list(self.dynamic.preferred_batch_size),
+                "max_queue_delay_microseconds": self.dynamic.max_queue_delay_microseconds,
+                "preserve_ordering": self.dynamic.preserve_ordering,
+                "priority_levels": self.dynamic.priority_levels,
+                "default_priority_level": self.dynamic.default_priority_level,
+                "max_queue_size": self.dynamic.default_queue_policy.max_queue_size,
+            }
+        if self.sequence is not None:
+            out["sequence_batching"] = {
+                "strategy": self.sequence.strategy,
+                "max_sequence_idle_microseconds": self.sequence.max_sequence_idle_microseconds,
+            }
+        return out
+
+
+@dataclass(frozen=True)
+class DeploymentEntry:
+    """One model version and instance group: a Ray Serve deployment of ``num_replicas`` replicas."""
+
+    model: str
+    version: int
+    group: str  # instance group name; "" for an ensemble
+    kind: str  # resolved: KIND_GPU, KIND_CPU, KIND_MODEL or "ensemble"
+    num_replicas: int
+    resources: ReplicaResources  # per replica
+    replica_gpu_ids: tuple[int, ...]  # the GPU each replica targets (KIND_GPU only)
+    batching: BatchingPlan
+    route_prefix: str
+    max_ongoing_requests: int
+    passive: bool = False
+
+    @property
+    def deployment_name(self) -> str:
+        suffix = f"__{self.group}" if self.group else ""
+        return f"{self.model}__v{self.version}{suffix}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "version": self.version,
+            "group": self.group,
+            "kind": self.kind,
+            "deployment_name": self.deployment_name,
+            "num_replicas": self.num_replicas,
+            "num_cpus_per_replica": self.resources.num_cpus,
+            "num_gpus_per_replica": self.resources.num_gpus,
+            "replica_gpu_ids": list(self.replica_gpu_ids),
+            "route_prefix": self.route_prefix,
+            "max_ongoing_requests": self.max_ongoing_requests,
+            "passive": self.passive,
+            "batching": self.batching.to_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class DeploymentPlan:
+    """Every deployment of the repository, the resources they use, and models that cannot be placed."""
+
+    entries: tuple[DeploymentEntry, ...]
+    resources: ClusterResources
+    problems: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # model -> reasons
+
+    def for_model(self, name: str) -> tuple[DeploymentEntry, ...]:
+        return tuple(e for e in self.entries if e.model == name)
+
+    @property
+    def total_cpus(self) -> float:
+        return round(sum(e.num_replicas * e.resources.num_cpus for e in self.entries), 4)
+
+    @property
+    def total_gpus(self) -> float:
+        return round(sum(e.num_replicas * e.resources.num_gpus for e in self.entries), 4)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "resources": {"num_cpus": self.resources.num_cpus, "num_gpus": self.resources.num_gpus},
+            "total_cpus": self.total_cpus,
+            "total_gpus": self.total_gpus,
+            "entries": [e.to_dict() for e in self.entries],
+            "problems": {model: list(reasons) for model, reasons in self.problems.items()},
+        }
+
+
+@dataclass(frozen=True)
+class _Placement:
+    """A resolved instance group before CPU shares are known."""
+
+    group: str
+    kind: str
+    num_replicas: int
+    gpus_per_replica: float
+    gpu_ids: tuple[int, ...]
+    passive: bool = False
+
+
+def plan_deployments(models: Mapping[str, ModelDescription], resources: ClusterResources) -> DeploymentPlan:
+    """Plan every version and instance group of ``models`` on a cluster with ``resources``."""
+    placed: list[tuple[ModelDescription, int, _Placement]] = []
+    problems: dict[str, tuple[str, ...]] = {}
+    for name in sorted(models):
+        model = models[name]
+        try:
+            placements = _placements(model, resources)
+        except _CannotPlace as exc:
+            problems[name] = tuple(exc.reasons)
+            continue
+        placed.extend((model, version, p) for version in model.versions for p in placements)
+    share = cpu_share(resources.num_cpus, sum(p.num_replicas for _, _, p in placed))
+    gpu_scale = _gpu_scale([p for _, _, p in placed])
+    entries = tuple(
+        _entry(model, version, p, share, _gpu_fraction(p, gpu_scale)) for model, version, p in placed
+    )
+    return DeploymentPlan(entries=entries, resources=resources, problems=problems)
+
+
+def _gpu_scale(placements: list[_Placement]) -> dict[int, float]:
+    """Per GPU id, the factor that keeps the fractions of all replicas aimed at it within one GPU."""
+    demand: dict[int, float] = {}
+    for placement in placements:
+        for gpu in placement.gpu_ids:
+            demand[gpu] = demand.get(gpu, 0.0) + placement.gpus_per_replica
+    return {gpu: min(1.0, 1.0 / total) for gpu, total in demand.items()}
+
+
+def _gpu_fraction(placement: _Placement, scale: Mapping[int, float]) -> float:
+    if not placement.gpu_ids:
+        return 0.0
+    factor = min(scale[g] for g in placement.gpu_ids)
+    return math.floor(placement.gpus_per_replica * factor * 10_000) / 10_000
+
+
+def cpu_share(num_cpus: float, total_replicas: int) -> float:
+    """CPUs per replica so that ``total_replicas`` replicas and the control application all fit."""
+    if total_replicas <= 0:
+        return 1.0
+    available = max(num_cpus - CONTROL_APP_CPUS, 0.0)
+    share = math.floor(available / total_replicas * 100) / 100
+    return max(MIN_CPU_SHARE, min(1.0, share))
+
+
+def max_ongoing_requests(model: ModelDescription) -> int:
+    """Concurrent requests one replica accepts: enough to fill batches under load."""
+    return max(MIN_ONGOING_REQUESTS, 8 * max(1, model.max_batch_size))
+
+
+class _CannotPlace(Exception):
+    def __init__(self, reasons: list[str]) -> None:
+        super().__init__("; ".join(reasons))
+        self.reasons = reasons
+
+
+def _placements(model: ModelDescription, resources: ClusterResources) -> list[_Placement]:
+    if model.is_ensemble:
+        return [_Placement(group="", kind=ENSEMBLE_KIND, num_replicas=1, gpus_per_replica=0.0, gpu_ids=())]
+    groups = model.instance_groups or (_default_group(model, resources),)
+    reasons: list[str] = []
+    placements = []
+    for group in groups:
+        try:
+            placements.append(_place_group(model, group, resources))
+        except _CannotPlace as exc:
+            reasons.extend(exc.reasons)
+    if reasons:
+        raise _CannotPlace(reasons)
+    return placements
+
+
+def _default_group(model: ModelDescription, resources: ClusterResources) -> InstanceGroup:
+    if resources.num_gpus > 0:
+        return InstanceGroup(name=f"{model.name}_0", kind=InstanceKind.GPU, count=1)
+    count = platforms.CPU_DEFAULT_COUNT.get(model.kind, 1)
+    return InstanceGroup(name=f"{model.name}_0", kind=InstanceKind.CPU, count=count)
+
+
+def _place_group(model: ModelDescription, group: InstanceGroup, resources: ClusterResources) -> _Placement:
+    kind = group.kind
+    if kind == InstanceKind.AUTO:
+        kind = InstanceKind.GPU if resources.num_gpus > 0 else InstanceKind.CPU
+    where = f"model '{model.name}' instance group '{group.name}'"
+    if model.kind == "tensorrt" and kind != InstanceKind.GPU:
+        raise _CannotPlace([f"{where}: TensorRT models run only on GPUs ({kind.value} requested)"])
+    if kind == InstanceKind.GPU:
+        return _place_gpu(group, resources, where)
+    return _Placement(group.name, kind.value, group.count, 0.0, (), group.passive)
+
+
+def _place_gpu(group: InstanceGroup, resources: ClusterResources, where: str) -> _Placement:
+    if resources.num_gpus <= 0:
+        raise _CannotPlace([f"{where}: KIND_GPU needs a GPU, and the cluster has none"])
+    gpus = group.gpus or tuple(range(resources.num_gpus))
+    missing = [g for g in gpus if g >= resources.num_gpus]
+    if missing:
+        raise _CannotPlace([f"{where}: GPU(s) {missing} do not exist (the cluster has {resources.num_gpus})"])
+    replica_gpus = tuple(g for g in gpus for _ in range(group.count))
+    return _Placement(
+        group.name,
+        InstanceKind.GPU.value,
+        len(replica_gpus),
+        round(1.0 / group.count, 6),
+        replica_gpus,
+        group.passive,
+    )
+
+
+def _entry(
+    model: ModelDescription, version: int, placement: _Placement, share: float, gpu_fraction: float
+) -> DeploymentEntry:
+    return DeploymentEntry(
+        model=model.name,
+        version=version,
+        group=placement.group,
+        kind=placement.kind,
+        num_replicas=placement.num_replicas,
+        resources=ReplicaResources(num_cpus=share, num_gpus=gpu_fraction),
+        replica_gpu_ids=placement.gpu_ids,
+        batching=BatchingPlan(model.max_batch_size, model.dynamic_batching, model.sequence_batching),
+        route_prefix=f"/v2/models/{model.name}",
+        max_ongoing_requests=max_ongoing_requests(model),
+        passive=placement.passive,
+    )
