@@ -47,6 +47,8 @@ def _numpy_types() -> dict[str, np.dtype]:
 
 
 _DTYPES = _numpy_types()
+_WIRE_OF: dict[np.dtype, str] = {dtype: wire for wire, dtype in _DTYPES.items() if wire != "BYTES"}
+_DECODER = json.JSONDecoder()
 _ITEMSIZE = {w: BY_WIRE[w].size for w in BY_WIRE}
 _RESERVED = frozenset(("sequence_id", "sequence_start", "sequence_end", "priority", "timeout"))
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
@@ -104,7 +106,7 @@ def decode_infer_request(
 
 def _parse_json(data: bytes) -> Any:
     try:
-        return json.loads(data)
+        return _DECODER.decode(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise InvalidArgument(f"failed to parse the request JSON buffer: {e}") from None
     except RecursionError:
@@ -390,7 +392,7 @@ def encode_infer_response(
 
 def _encode_output(outputs: list, blobs: list, name: str, tensor: Any, binary: bool) -> None:
     array = _to_numpy(tensor)
-    datatype = from_numpy_dtype(array.dtype)
+    datatype = _WIRE_OF.get(array.dtype) or from_numpy_dtype(array.dtype)
     entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
     if binary:
         if datatype == "BYTES":

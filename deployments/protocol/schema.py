@@ -34,7 +34,9 @@ class InputRule:
         """Raise :class:`InvalidArgument` when ``shape`` does not fit the configured dims."""
         rest = shape[1:] if max_batch_size > 0 else shape
         dims = self.dims
-        if len(rest) == len(dims) and all(d == -1 or d == r for d, r in zip(dims, rest, strict=True)):
+        if len(rest) == len(dims) and (
+            tuple(rest) == dims or all(d == -1 or d == r for d, r in zip(dims, rest, strict=True))
+        ):
             return
         expected = ([-1] if max_batch_size > 0 else []) + list(dims)
         raise InvalidArgument(
