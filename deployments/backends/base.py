@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import AsyncIterator, Sequence
 
 from deployments.inference import InferRequest, InferResponse, ModelExecutor
 from repository_loader.model import InstanceKind, ModelDescription, TensorSpec
@@ -48,7 +48,7 @@ class Backend(abc.ABC):
         for response in await self.execute([request]):
             yield response
 
-    def unload(self) -> None:
+    def unload(self) -> None:  # noqa: B027 - optional hook
         """Release the model (``finalize`` for Python models)."""
 
     def metadata(self) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:

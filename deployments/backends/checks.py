@@ -18,7 +18,7 @@ from repository_loader.model import ModelDescription, TensorSpec
 
 def dims_match(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
     """True when ``shape`` fits ``dims`` (``-1`` is any size)."""
-    return len(shape) == len(dims) and all(d == -1 or d == s for s, d in zip(shape, dims))
+    return len(shape) == len(dims) and all(d == -1 or d == s for s, d in zip(shape, dims, strict=True))
 
 
 def _check_input(model: ModelDescription, name: str, array: Any) -> int | None:

@@ -161,7 +161,7 @@ class OnnxRuntimeBackend(TensorBackend):
         if self._device[0] == "cpu" and all(_plain_numpy(a) for a in inputs.values()):
             feed = {name: self._host_input(name, a) for name, a in inputs.items()}
             results = self.session.run(output_names, feed)
-            return {name: _from_ort_host(r) for name, r in zip(output_names, results)}
+            return {name: _from_ort_host(r) for name, r in zip(output_names, results, strict=True)}
         return self._run_bound(inputs, output_names)
 
     def _host_input(self, name: str, array: np.ndarray) -> np.ndarray:
@@ -178,7 +178,7 @@ class OnnxRuntimeBackend(TensorBackend):
             binding.bind_output(name, device, device_id)
         self.session.run_with_iobinding(binding)
         values = binding.get_outputs()
-        return {name: _from_ortvalue(v) for name, v in zip(output_names, values)}
+        return {name: _from_ortvalue(v) for name, v in zip(output_names, values, strict=True)}
 
     def _bind_input(self, binding: Any, name: str, array: Any) -> None:
         if isinstance(array, np.ndarray):

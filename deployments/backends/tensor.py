@@ -58,7 +58,7 @@ class TensorBackend(Backend):
             groups.setdefault(checks.batch_key(self.model, request), []).append(index)
         for indexes in groups.values():
             group = [requests[i] for i in indexes]
-            for index, response in zip(indexes, await self._execute_group(group)):
+            for index, response in zip(indexes, await self._execute_group(group), strict=True):
                 responses[index] = response
         return [r for r in responses if r is not None]
 

@@ -104,7 +104,7 @@ async def test_every_data_type_matches_direct_onnxruntime(tmp_path: Path, dataty
     backend.load()
     first, second = _sample(datatype, 2, seed=1), _sample(datatype, 3, seed=2)
     responses = await backend.execute([request("identity", INPUT0=first), request("identity", INPUT0=second)])
-    for sent, response in zip((first, second), responses):
+    for sent, response in zip((first, second), responses, strict=True):
         assert response.error is None
         got = response.outputs["OUTPUT0"]
         assert got.dtype == sent.dtype and got.shape == sent.shape
@@ -123,7 +123,7 @@ async def test_batch_is_joined_and_split_by_rows(tmp_path: Path, datatype: str) 
     sizes = (1, 3, 2)
     sent = [(_sample(datatype, n, 10 + i), _sample(datatype, n, 20 + i)) for i, n in enumerate(sizes)]
     responses = await backend.execute([request("add_sub", INPUT0=a, INPUT1=b) for a, b in sent])
-    for (a, b), response in zip(sent, responses):
+    for (a, b), response in zip(sent, responses, strict=True):
         expected = _direct(backend.model.path, {"INPUT0": a, "INPUT1": b})
         np.testing.assert_array_equal(response.outputs["OUTPUT0"], expected[0])
         np.testing.assert_array_equal(response.outputs["OUTPUT1"], expected[1])

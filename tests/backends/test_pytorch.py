@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List, Tuple
 
 import numpy as np
 import pytest
@@ -39,22 +38,22 @@ class Flip(torch.nn.Module):
 
 
 class AddSub(torch.nn.Module):
-    def forward(self, INPUT0: torch.Tensor, INPUT1: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, INPUT0: torch.Tensor, INPUT1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return INPUT0 + INPUT1, INPUT0 - INPUT1
 
 
 class Positional(torch.nn.Module):
-    def forward(self, a: torch.Tensor, b: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return a - b, a * 2
 
 
 class Named(torch.nn.Module):
-    def forward(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"DOUBLE": x * 2, "NEG": -x}
 
 
 class Upper(torch.nn.Module):
-    def forward(self, text: List[str]) -> List[str]:
+    def forward(self, text: list[str]) -> list[str]:
         return [s.upper() for s in text]
 
 

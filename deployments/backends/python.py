@@ -1,0 +1,353 @@
+"""Python backend: a user's unchanged ``model.py`` (``TritonPythonModel``).
+
+``initialize(args)`` gets Triton's argument keys (``model_config`` as a JSON
+string, ``model_name``, ``model_version``, ``model_repository``,
+``model_instance_kind``, ``model_instance_name``, ``model_instance_device_id``);
+``execute(requests)`` gets the requests of one batch and may be sync or async;
+``finalize()`` runs at unload. A sync ``execute`` runs in one worker thread per
+instance (calls stay serialized, as in Triton, and the event loop keeps
+serving BLS calls); an async one runs on the event loop. Decoupled models
+answer through ``request.get_response_sender()``; :meth:`PythonBackend.stream`
+yields those responses as they are sent.
+
+Anything a model raises becomes an error response with the matching code:
+``TritonError`` keeps its code, other exceptions are INTERNAL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import importlib.util
+import inspect
+import itertools
+import json
+import sys
+from collections.abc import AsyncIterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from deployments.backends import checks
+from deployments.backends.base import Backend, BackendContext
+from deployments.backends.python_requests import (
+    BlsBridge,
+    InferenceRequest,
+    InferenceResponse,
+    ResponseChannel,
+    reset_bridge,
+    set_bridge,
+)
+from deployments.backends.python_utils import TritonError, to_server_error
+from deployments.inference import InferRequest, InferResponse
+from repository_loader import datatypes
+from repository_loader.errors import InternalError, ServerError, Unavailable
+from repository_loader.model import ModelDescription
+
+_counter = itertools.count()
+
+
+def import_model(path: Path, model_name: str) -> ModuleType:
+    """Import ``model.py`` under a private module name; its folder joins ``sys.path`` as in Triton."""
+    if not path.exists():
+        raise Unavailable(f"model '{model_name}': no Python model file at {path}")
+    safe = "".join(c if c.isalnum() else "_" for c in model_name)
+    module_name = f"_triton_python_model_{safe}_{next(_counter)}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise Unavailable(f"model '{model_name}': cannot import {path}")
+    folder = str(path.parent)
+    if folder not in sys.path:
+        sys.path.append(folder)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except (Exception, SystemExit) as error:
+        sys.modules.pop(module_name, None)
+        raise Unavailable(
+            f"model '{model_name}': importing {path} failed: {type(error).__name__}: {error}"
+        ) from None
+    return module
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready copy of a config value (mappings -> dict, tuples -> list)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def config_dict(model: ModelDescription) -> dict[str, Any]:
+    """The model configuration in Triton's JSON form (built from the description if it has none)."""
+    if model.config_json:
+        return _plain(model.config_json)
+
+    def tensor(spec: Any, with_optional: bool) -> dict[str, Any]:
+        entry = {
+            "name": spec.name,
+            "data_type": datatypes.wire_to_config(spec.datatype),
+            "dims": list(spec.dims),
+        }
+        if spec.reshape is not None:
+            entry["reshape"] = {"shape": list(spec.reshape)}
+        if with_optional:
+            entry["optional"] = spec.optional
+        return entry
+
+    return {
+        "name": model.name,
+        "backend": model.backend or "python",
+        "max_batch_size": model.max_batch_size,
+        "input": [tensor(t, True) for t in model.inputs],
+        "output": [tensor(t, False) for t in model.outputs],
+        "parameters": {k: {"string_value": v} for k, v in model.parameters.items()},
+        "model_transaction_policy": {"decoupled": model.decoupled},
+    }
+
+
+def _execute_error(model: str, error: BaseException) -> ServerError:
+    if isinstance(error, TritonError):
+        return to_server_error(error)
+    if isinstance(error, ServerError):
+        return error
+    return InternalError(
+        f"Failed to process the request(s) for model '{model}', message: {type(error).__name__}: {error}"
+    )
+
+
+class PythonBackend(Backend):
+    """One ``TritonPythonModel`` instance."""
+
+    def __init__(self, context: BackendContext) -> None:
+        super().__init__(context)
+        self._output_names = [o.name for o in self.model.outputs]
+        self._bridge = BlsBridge(context.executor)
+        self._pool: ThreadPoolExecutor | None = None
+        self._instance: Any = None
+
+    # --- lifecycle ---------------------------------------------------------------
+
+    def initialize_args(self) -> dict[str, str]:
+        """The ``args`` Triton passes to ``initialize``."""
+        ctx = self.context
+        return {
+            "model_config": json.dumps(config_dict(self.model)),
+            "model_instance_kind": ctx.instance_kind.value.removeprefix("KIND_"),
+            "model_instance_name": ctx.instance_name or f"{self.model.name}_0",
+            "model_instance_device_id": str(ctx.device_id),
+            "model_repository": str(self.model.path),
+            "model_version": str(ctx.version),
+            "model_name": self.model.name,
+        }
+
+    def load(self) -> None:
+        module = import_model(self.model.model_file(self.context.version), self.model.name)
+        self._module_name = module.__name__
+        model_class = getattr(module, "TritonPythonModel", None)
+        if model_class is None:
+            raise Unavailable(f"model '{self.model.name}': model.py defines no class TritonPythonModel")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"python-model-{self.model.name}")
+        try:
+            self._instance = model_class()
+            self._async = inspect.iscoroutinefunction(self._instance.execute)
+            self._lifecycle("initialize", self.initialize_args())
+        except Exception as error:
+            self._pool.shutdown(wait=False)
+            raise Unavailable(
+                f"model '{self.model.name}' failed to initialize: {type(error).__name__}: {error}"
+            ) from None
+
+    def _lifecycle(self, name: str, *args: Any) -> None:
+        """Call ``initialize``/``finalize`` if the model has it (sync or async) with BLS available."""
+        method = getattr(self._instance, name, None)
+        if method is None:
+            return
+        token = set_bridge(self._bridge)
+        try:
+            result = method(*args)
+            if inspect.isawaitable(result):
+                assert self._pool is not None
+                self._pool.submit(asyncio.run, _awaited(result)).result()
+        finally:
+            reset_bridge(token)
+
+    def unload(self) -> None:
+        if self._instance is None:
+            return
+        try:
+            self._lifecycle("finalize")
+        finally:
+            self._instance = None
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+            sys.modules.pop(getattr(self, "_module_name", ""), None)
+
+    # --- execution ---------------------------------------------------------------------
+
+    async def execute(self, requests: Sequence[InferRequest]) -> list[InferResponse]:
+        """One response per request; decoupled models: every response of every request, in order."""
+        loop = asyncio.get_running_loop()
+        results: list[list[InferResponse]] = [[] for _ in requests]
+        accepted: list[int] = []
+        for index, request in enumerate(requests):
+            try:
+                checks.check_request(self.model, request, self._output_names)
+                accepted.append(index)
+            except ServerError as error:
+                results[index] = [self._server_response(request, error=error)]
+        if accepted:
+            channels = [ResponseChannel(loop) for _ in accepted]
+            batch = [requests[i] for i in accepted]
+            collected = await self._execute_batch(batch, channels)
+            for index, responses in zip(accepted, collected, strict=True):
+                results[index] = responses
+        return [response for responses in results for response in responses]
+
+    async def _execute_batch(
+        self, batch: list[InferRequest], channels: list[ResponseChannel]
+    ) -> list[list[InferResponse]]:
+        pb_requests = [
+            InferenceRequest.from_server(r, self._output_names, c)
+            for r, c in zip(batch, channels, strict=True)
+        ]
+        returned, error = await self._invoke(pb_requests)
+        if error is not None:
+            return [[self._server_response(r, error=error)] for r in batch]
+        if returned is not None and not self.model.decoupled:
+            return [[response] for response in self._returned(batch, returned)]
+        if returned is not None:
+            mistake = InternalError(f"decoupled model '{self.model.name}': execute must return None")
+            for channel in channels:
+                channel.fail(mistake)
+        gathered = await asyncio.gather(*(self._drain(r, c) for r, c in zip(batch, channels, strict=True)))
+        if self.model.decoupled:
+            return [_collected(responses) for responses in gathered]
+        return [self._one_response(r, responses) for r, responses in zip(batch, gathered, strict=True)]
+
+    async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """Every response of ``request`` as the model sends it; the last has ``final`` set."""
+        if not self.model.decoupled:
+            for response in await self.execute([request]):
+                yield response
+            return
+        try:
+            checks.check_request(self.model, request, self._output_names)
+        except ServerError as error:
+            yield self._server_response(request, error=error)
+            return
+        channel = ResponseChannel(asyncio.get_running_loop())
+        pb_request = InferenceRequest.from_server(request, self._output_names, channel)
+        task = asyncio.ensure_future(self._run_decoupled(pb_request, channel))
+        finished = False
+        try:
+            async for item in channel.items():
+                finished = item[1]
+                yield self._from_item(request, item)
+        finally:
+            if not finished:
+                channel.cancelled = True
+            await task
+
+    async def _run_decoupled(self, pb_request: InferenceRequest, channel: ResponseChannel) -> None:
+        returned, error = await self._invoke([pb_request])
+        if error is not None:
+            channel.fail(error)
+        elif returned is not None:
+            channel.fail(InternalError(f"decoupled model '{self.model.name}': execute must return None"))
+
+    async def _invoke(self, pb_requests: list[InferenceRequest]) -> tuple[Any, ServerError | None]:
+        """Call the model's ``execute``; return what it returned, or the error it raised."""
+        self._bridge.loop = asyncio.get_running_loop()
+        token = set_bridge(self._bridge)
+        try:
+            if self._async:
+                returned = await self._instance.execute(pb_requests)
+            else:
+                context = contextvars.copy_context()
+                loop = asyncio.get_running_loop()
+                returned = await loop.run_in_executor(
+                    self._pool, context.run, self._instance.execute, pb_requests
+                )
+                if inspect.isawaitable(returned):
+                    returned = await returned
+            return returned, None
+        except Exception as error:
+            return None, _execute_error(self.model.name, error)
+        finally:
+            reset_bridge(token)
+
+    # --- responses -------------------------------------------------------------------------
+
+    def _returned(self, batch: list[InferRequest], returned: Any) -> list[InferResponse]:
+        if not isinstance(returned, (list, tuple)) or len(returned) != len(batch):
+            count = len(returned) if isinstance(returned, (list, tuple)) else type(returned).__name__
+            error = InternalError(
+                f"model '{self.model.name}': execute must return a list of {len(batch)} responses, one per "
+                f"request, got {count}"
+            )
+            return [self._server_response(r, error=error) for r in batch]
+        return [self._convert(request, response) for request, response in zip(batch, returned, strict=True)]
+
+    def _convert(self, request: InferRequest, response: Any, final: bool = True) -> InferResponse:
+        if not isinstance(response, InferenceResponse):
+            error = InternalError(
+                f"model '{self.model.name}': execute returned a {type(response).__name__}, not an InferenceResponse"
+            )
+            return self._server_response(request, error=error)
+        converted = response.to_server(
+            self.model.name, str(self.context.version), request.id, request.output_names(self._output_names)
+        )
+        converted.final = final
+        return converted
+
+    async def _drain(self, request: InferRequest, channel: ResponseChannel) -> list[InferResponse]:
+        return [self._from_item(request, item) async for item in channel.items()]
+
+    def _from_item(self, request: InferRequest, item: tuple[Any, bool, Any]) -> InferResponse:
+        response, final, error = item
+        if error is not None:
+            return self._server_response(request, error=error)
+        if response is None:
+            return self._server_response(request, final=final)
+        return self._convert(request, response, final)
+
+    def _one_response(self, request: InferRequest, responses: list[InferResponse]) -> InferResponse:
+        sent = [r for r in responses if r.outputs or r.error]
+        if len(sent) == 1:
+            sent[0].final = True
+            return sent[0]
+        error = InternalError(
+            f"model '{self.model.name}' is not decoupled and must send exactly one response per request, "
+            f"sent {len(sent)}"
+        )
+        return self._server_response(request, error=error)
+
+    def _server_response(
+        self, request: InferRequest, error: ServerError | None = None, final: bool = True
+    ) -> InferResponse:
+        return InferResponse(
+            error=error,
+            final=final,
+            model_name=self.model.name,
+            model_version=str(self.context.version),
+            id=request.id,
+        )
+
+
+def _collected(responses: list[InferResponse]) -> list[InferResponse]:
+    """A decoupled request's responses without the empty end marker; the last one is final."""
+    sent = [r for r in responses if r.outputs or r.error]
+    if not sent:
+        return responses[-1:]
+    for response in sent:
+        response.final = False
+    sent[-1].final = True
+    return sent
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable

@@ -1,0 +1,70 @@
+"""``triton_python_backend_utils``: the module a Triton Python model imports as ``pb_utils``.
+
+It offers the public API of Triton's Python backend (tensors, requests,
+responses, response senders, errors, type helpers, logging, BLS) so that a
+repository's ``model.py`` runs unchanged.
+"""
+
+from deployments.backends.python_requests import (
+    InferenceRequest,
+    InferenceResponse,
+    InferenceResponseSender,
+)
+from deployments.backends.python_utils import (
+    TRITON_STRING_TO_NUMPY,
+    TRITONSERVER_REQUEST_FLAG_SEQUENCE_END,
+    TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
+    TRITONSERVER_REQUEST_RELEASE_ALL,
+    TRITONSERVER_REQUEST_RELEASE_RESCHEDULE,
+    TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+    Logger,
+    Tensor,
+    TritonError,
+    TritonModelException,
+    deserialize_bytes_tensor,
+    get_input_config_by_name,
+    get_input_tensor_by_name,
+    get_output_config_by_name,
+    get_output_tensor_by_name,
+    numpy_to_triton_type,
+    serialize_byte_tensor,
+    triton_string_to_numpy,
+    triton_to_numpy_type,
+    using_decoupled_model_transaction_policy,
+)
+
+__all__ = [
+    "TRITON_STRING_TO_NUMPY",
+    "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END",
+    "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
+    "TRITONSERVER_REQUEST_RELEASE_ALL",
+    "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
+    "TRITONSERVER_RESPONSE_COMPLETE_FINAL",
+    "InferenceRequest",
+    "InferenceResponse",
+    "InferenceResponseSender",
+    "Logger",
+    "ModelConfig",  # noqa: F822 - provided by __getattr__
+    "Tensor",
+    "TritonError",
+    "TritonModelException",
+    "deserialize_bytes_tensor",
+    "get_input_config_by_name",
+    "get_input_tensor_by_name",
+    "get_output_config_by_name",
+    "get_output_tensor_by_name",
+    "numpy_to_triton_type",
+    "serialize_byte_tensor",
+    "triton_string_to_numpy",
+    "triton_to_numpy_type",
+    "using_decoupled_model_transaction_policy",
+]
+
+
+def __getattr__(name: str):  # noqa: ANN202 - module attribute hook
+    # ModelConfig (the object auto_complete_config receives) lives with the loader.
+    if name == "ModelConfig":
+        from repository_loader.python_autocomplete import AutoCompleteModelConfig
+
+        return AutoCompleteModelConfig
+    raise AttributeError(name)
