@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from deployments.protocol import codec
+from deployments.protocol import codec, compression
 from deployments.protocol.dataplane import DataPlane
 from deployments.protocol.schema import ModelSchema
 from repository_loader.errors import InvalidArgument, NotFound, ServerError
@@ -253,7 +253,7 @@ class _BaseApp:
         body = call.body
         encoding = call.header_text(b"content-encoding")
         if encoding:
-            body = codec.decompress(body, encoding)
+            body = compression.decompress(body, encoding)
         header_length = codec.parse_header_length(call.header(b"inference-header-content-length"), len(body))
         request, binary_output = codec.decode_infer_request(body, header_length, schema, name, version)
         response = await self.dataplane.infer(request)
@@ -274,9 +274,9 @@ class _BaseApp:
             ]
         accept = call.header(b"accept-encoding")
         if accept is not None:
-            chosen = codec.choose_encoding(accept.decode("latin-1"))
+            chosen = compression.choose_encoding(accept.decode("latin-1"))
             if chosen is not None:
-                out = codec.compress(out, chosen)
+                out = compression.compress(out, chosen)
                 headers.append((b"content-encoding", chosen.encode()))
         return 200, headers, out
 

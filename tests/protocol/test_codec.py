@@ -13,7 +13,7 @@ import tritonclient.http as httpclient
 from tritonclient.http._utils import _get_inference_request
 
 from deployments.inference import InferResponse, RequestedOutput
-from deployments.protocol import codec
+from deployments.protocol import codec, compression
 from deployments.protocol.schema import ModelSchema
 from repository_loader.errors import InvalidArgument, Unsupported
 from tests.protocol.fakes import LABELS, add_sub_model, bytes_model, onnx_classifier
@@ -348,15 +348,15 @@ def test_classification_without_labels_or_batching():
 
 def test_request_decompression():
     data = b'{"inputs": []}' * 10
-    assert codec.decompress(gzip.compress(data), "gzip") == data
-    assert codec.decompress(zlib.compress(data), "deflate") == data
+    assert compression.decompress(gzip.compress(data), "gzip") == data
+    assert compression.decompress(zlib.compress(data), "deflate") == data
     raw = zlib.compressobj(wbits=-15)
-    assert codec.decompress(raw.compress(data) + raw.flush(), "deflate") == data
-    assert codec.decompress(data, "identity") is data
+    assert compression.decompress(raw.compress(data) + raw.flush(), "deflate") == data
+    assert compression.decompress(data, "identity") is data
     with pytest.raises(InvalidArgument, match="failed to decompress the gzip"):
-        codec.decompress(b"not gzip", "gzip")
+        compression.decompress(b"not gzip", "gzip")
     with pytest.raises(Unsupported, match="'br'"):
-        codec.decompress(data, "br")
+        compression.decompress(data, "br")
 
 
 @pytest.mark.parametrize(
@@ -372,10 +372,10 @@ def test_request_decompression():
     ],
 )
 def test_choose_encoding(accept, chosen):
-    assert codec.choose_encoding(accept) == chosen
+    assert compression.choose_encoding(accept) == chosen
 
 
 def test_response_compression_roundtrip():
     body = b'{"outputs": []}' * 20
-    assert gzip.decompress(codec.compress(body, "gzip")) == body
-    assert zlib.decompress(codec.compress(body, "deflate")) == body
+    assert gzip.decompress(compression.compress(body, "gzip")) == body
+    assert zlib.decompress(compression.compress(body, "deflate")) == body
