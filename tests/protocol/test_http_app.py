@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from deployments.protocol.dataplane import DataPlane
 from deployments.protocol.http import (
     MODEL_ROUTES,
     SERVER_ROUTES,
@@ -72,6 +73,11 @@ def infer_body(a, b, **extra):
         for n, x in (("INPUT0", a), ("INPUT1", b))
     ]
     return json.dumps({"inputs": inputs, **extra}).encode()
+
+
+def test_the_fake_implements_the_data_plane(dataplane):
+    assert isinstance(dataplane, DataPlane)
+    assert not isinstance(object(), DataPlane)
 
 
 def test_every_route_has_a_handler():
