@@ -9,16 +9,11 @@ dimension.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import numpy as np
 
 from repository_loader import datatypes
-
-# torch.from_numpy warns for read-only arrays (request bodies are read-only views);
-# the server never writes into an input, so sharing the buffer is safe.
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 _DLPACK_CPU = 1  # DLDeviceType kDLCPU
 _DLPACK_CUDA = (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
@@ -77,9 +72,11 @@ def to_torch(array: Any, device: Any = None) -> Any:
         if array.dtype == np.object_:
             raise TypeError("BYTES tensors have no torch form")
         if datatypes.from_numpy_dtype(array.dtype) == "BF16":
-            tensor = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-        else:
+            tensor = to_torch(array.view(np.int16)).view(torch.bfloat16)
+        elif array.flags.writeable:
             tensor = torch.from_numpy(array)
+        else:  # request bodies are read-only views: DLPack shares them without a warning
+            tensor = torch.from_dlpack(array)
     else:
         tensor = torch.from_dlpack(array)
     if device is not None and tensor.device != torch.device(device):

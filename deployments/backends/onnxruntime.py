@@ -87,7 +87,7 @@ def _tensorrt_options(accelerator: Mapping[str, Any], device_id: int) -> dict[st
     elif precision == "INT8":
         options["trt_int8_enable"] = "True"
     for key, value in params.items():
-        options[_TRT_OPTIONS.get(key, key)] = str(value)
+        options[_TRT_OPTIONS.get(str(key), str(key))] = str(value)
     return options
 
 
@@ -171,6 +171,8 @@ class OnnxRuntimeBackend(TensorBackend):
 
     def _run_bound(self, inputs: dict[str, Tensor], output_names: list[str]) -> dict[str, Tensor]:
         binding = self.session.io_binding()
+        if any(arrays.device_of(a)[0] == "cuda" for a in inputs.values()):
+            _wait_for_producers()
         for name, array in inputs.items():
             self._bind_input(binding, name, array)
         device, device_id = self._device
@@ -205,6 +207,13 @@ class OnnxRuntimeBackend(TensorBackend):
             list(tensor.shape),
             tensor.data_ptr(),
         )
+
+
+def _wait_for_producers() -> None:
+    """Device inputs may still be written on torch's streams; ONNX Runtime runs on its own."""
+    import torch
+
+    torch.cuda.synchronize()
 
 
 def _plain_numpy(array: Any) -> bool:

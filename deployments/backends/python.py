@@ -226,7 +226,7 @@ class PythonBackend(Backend):
         gathered = await asyncio.gather(*(self._drain(r, c) for r, c in zip(batch, channels, strict=True)))
         if self.model.decoupled:
             return [_collected(responses) for responses in gathered]
-        return [self._one_response(r, responses) for r, responses in zip(batch, gathered, strict=True)]
+        return [[self._one_response(r, responses)] for r, responses in zip(batch, gathered, strict=True)]
 
     async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         """Every response of ``request`` as the model sends it; the last has ``final`` set."""

@@ -336,3 +336,18 @@ async def test_sync_exec_from_a_worker_thread_reaches_the_loop() -> None:
     with pytest.raises(pb_utils.TritonModelException, match="async_exec"):
         call.exec()  # on the loop thread itself: would block the loop
     bls.unload()
+
+
+async def test_non_decoupled_model_may_answer_through_the_sender() -> None:
+    backend = _python("sender_once", [spec("IN", "INT32", [-1])], [spec("OUT", "INT32", [-1])])
+    first, second = await backend.execute(
+        [
+            request("sender_once", IN=np.array([1, 2], np.int32)),
+            request("sender_once", IN=np.array([5], np.int32)),
+        ]
+    )
+    np.testing.assert_array_equal(first.outputs["OUT"], [2, 3])
+    np.testing.assert_array_equal(second.outputs["OUT"], [6])
+    assert first.final and second.final
+    assert backend._instance.closed_sender_refused
+    backend.unload()

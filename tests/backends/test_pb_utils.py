@@ -1,0 +1,133 @@
+"""The public API of triton_python_backend_utils, checked against Triton's definitions."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import triton_python_backend_utils as pb_utils
+from deployments.backends.registry import backend_class, create_backend
+from repository_loader.errors import ErrorCode, Unavailable, Unsupported
+from tests.backends.helpers import context, describe
+
+
+def test_type_tables_follow_triton_codes() -> None:
+    assert pb_utils.triton_to_numpy_type(11) == np.float32
+    assert pb_utils.triton_to_numpy_type(13) == np.object_
+    assert pb_utils.numpy_to_triton_type(np.int64) == 9
+    assert pb_utils.numpy_to_triton_type(np.object_) == 13
+    assert pb_utils.triton_string_to_numpy("TYPE_FP16") == np.float16
+    assert pb_utils.triton_string_to_numpy("TYPE_STRING") == np.object_
+
+
+def test_bytes_serialization_round_trips() -> None:
+    values = np.array([[b"a", b""], ["é".encode(), b"\x00\xff"]], dtype=object)
+    wire = pb_utils.serialize_byte_tensor(values)
+    assert wire.item()[:5] == b"\x01\x00\x00\x00a"
+    assert list(pb_utils.deserialize_bytes_tensor(wire.item())) == list(values.reshape(-1))
+    assert pb_utils.serialize_byte_tensor(np.array([], dtype=object)) is None
+
+
+def test_tensor_api() -> None:
+    data = np.arange(6, dtype=np.int32).reshape(2, 3)
+    tensor = pb_utils.Tensor("T", data)
+    assert tensor.name() == "T" and tensor.is_cpu() and tensor.shape() == [2, 3]
+    assert tensor.triton_dtype() == 8
+    assert tensor.as_numpy() is data
+    shared = pb_utils.Tensor.from_dlpack("S", tensor.to_dlpack())
+    assert shared.as_numpy().ctypes.data == data.ctypes.data
+    strings = pb_utils.Tensor("S", np.array(["x", "yz"]))
+    assert strings.as_numpy().dtype == np.object_ and list(strings.as_numpy()) == [b"x", b"yz"]
+    with pytest.raises(pb_utils.TritonModelException):
+        strings.to_dlpack()
+
+
+def test_errors_carry_triton_codes() -> None:
+    error = pb_utils.TritonError("nope", pb_utils.TritonError.NOT_FOUND)
+    assert error.message() == "nope" and error.code() == 2
+    assert pb_utils.TritonError("x").code() == pb_utils.TritonError.INTERNAL
+    codes = [
+        getattr(pb_utils.TritonError, n)
+        for n in (
+            "UNKNOWN",
+            "INTERNAL",
+            "NOT_FOUND",
+            "INVALID_ARG",
+            "UNAVAILABLE",
+            "UNSUPPORTED",
+            "ALREADY_EXISTS",
+            "CANCELLED",
+        )
+    ]
+    assert codes == list(range(8))
+    from deployments.backends.python_utils import to_server_error
+
+    assert [to_server_error(pb_utils.TritonError("m", c)).code for c in codes] == list(ErrorCode)
+
+
+def test_request_and_response_objects() -> None:
+    x = pb_utils.Tensor("X", np.ones(2, np.float32))
+    req = pb_utils.InferenceRequest(
+        model_name="m", requested_output_names=["Y"], inputs=[x], parameters={"k": 1}
+    )
+    assert req.model_name() == "m" and req.requested_output_names() == ["Y"]
+    assert (
+        pb_utils.get_input_tensor_by_name(req, "X") is x
+        and pb_utils.get_input_tensor_by_name(req, "Z") is None
+    )
+    assert json.loads(req.parameters()) == {"k": 1}
+    server = req.to_server()
+    assert server.inputs["X"] is x.data() and [o.name for o in server.requested_outputs] == ["Y"]
+    response = pb_utils.InferenceResponse(output_tensors=[x])
+    assert not response.has_error() and pb_utils.get_output_tensor_by_name(response, "X") is x
+    with pytest.raises(pb_utils.TritonModelException):
+        pb_utils.InferenceResponse(output_tensors=(x,))
+    with pytest.raises(pb_utils.TritonModelException, match="response sender"):
+        req.get_response_sender()
+
+
+def test_config_helpers() -> None:
+    config = {
+        "input": [{"name": "A", "data_type": "TYPE_FP32"}],
+        "output": [{"name": "B"}],
+        "model_transaction_policy": {"decoupled": True},
+    }
+    assert pb_utils.get_input_config_by_name(config, "A")["data_type"] == "TYPE_FP32"
+    assert pb_utils.get_output_config_by_name(config, "A") is None
+    assert pb_utils.using_decoupled_model_transaction_policy(config)
+    assert pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL == 1
+
+
+def test_logger(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("DEBUG", logger="triton_python_backend"):
+        pb_utils.Logger.log_info("info line")
+        pb_utils.Logger.log_warn("warn line")
+        pb_utils.Logger.log_error("error line")
+        pb_utils.Logger.log_verbose("verbose line")
+        pb_utils.Logger.log("leveled", pb_utils.Logger.LogLevel.ERROR)
+    levels = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert levels == [
+        ("INFO", "info line"),
+        ("WARNING", "warn line"),
+        ("ERROR", "error line"),
+        ("DEBUG", "verbose line"),
+        ("ERROR", "leveled"),
+    ]
+
+
+def test_registry_errors(tmp_path) -> None:
+    with pytest.raises(Unsupported, match="caffe"):
+        backend_class("caffe2", "m")
+    ensemble = describe("ens", tmp_path, "", [], [])
+    ensemble = type(ensemble)(**{**ensemble.__dict__, "platform": "ensemble"})
+    with pytest.raises(Unsupported, match="ensemble"):
+        create_backend(context(ensemble))
+    assert backend_class("onnxruntime_onnx").__name__ == "OnnxRuntimeBackend"
+    assert backend_class("pytorch_libtorch").__name__ == "PyTorchBackend"
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        with pytest.raises(Unavailable, match="'tensorrt' package"):
+            backend_class("tensorrt_plan", "plan_model")
