@@ -1,0 +1,145 @@
+"""The deployment plan, computed from descriptions alone (no Ray)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from repository_loader.model import DynamicBatching, InstanceGroup, InstanceKind, ModelDescription, TensorSpec
+from repository_loader.plan import (
+    CONTROL_APP_CPUS,
+    MIN_ONGOING_REQUESTS,
+    ClusterResources,
+    cpu_share,
+    plan_deployments,
+)
+
+
+def _model(
+    name: str,
+    groups: tuple[InstanceGroup, ...] = (),
+    *,
+    backend: str = "onnxruntime",
+    platform: str = "onnxruntime_onnx",
+    versions: tuple[int, ...] = (1,),
+    max_batch_size: int = 8,
+) -> ModelDescription:
+    spec = TensorSpec("x", "FP32", (4,))
+    return ModelDescription(
+        name=name,
+        path=Path("/repo") / name,
+        platform=platform,
+        backend=backend,
+        max_batch_size=max_batch_size,
+        inputs=(spec,),
+        outputs=(spec,),
+        versions=versions,
+        instance_groups=groups,
+        dynamic_batching=DynamicBatching(preferred_batch_size=(4,), max_queue_delay_microseconds=100),
+    )
+
+
+def test_gpu_group_spreads_count_over_each_gpu() -> None:
+    model = _model("m", (InstanceGroup("g", InstanceKind.GPU, 2),))
+    (entry,) = plan_deployments({"m": model}, ClusterResources(num_cpus=8, num_gpus=2)).entries
+    assert entry.num_replicas == 4
+    assert entry.resources.num_gpus == 0.5
+    assert entry.replica_gpu_ids == (0, 0, 1, 1)
+    assert entry.kind == "KIND_GPU"
+
+
+def test_gpu_group_on_named_gpus() -> None:
+    model = _model("m", (InstanceGroup("g", InstanceKind.GPU, 1, gpus=(1,)),))
+    (entry,) = plan_deployments({"m": model}, ClusterResources(8, 2)).entries
+    assert entry.num_replicas == 1 and entry.replica_gpu_ids == (1,) and entry.resources.num_gpus == 1.0
+
+
+def test_gpu_group_on_missing_gpu_is_a_problem() -> None:
+    model = _model("m", (InstanceGroup("g", InstanceKind.GPU, 1, gpus=(3,)),))
+    plan = plan_deployments({"m": model}, ClusterResources(8, 2))
+    assert plan.entries == () and "GPU(s) [3] do not exist" in plan.problems["m"][0]
+    plan = plan_deployments({"m": _model("m", (InstanceGroup("g", InstanceKind.GPU, 1),))}, ClusterResources(8, 0))
+    assert "the cluster has none" in plan.problems["m"][0]
+
+
+def test_cpu_group_and_shares_that_fit_two_cores() -> None:
+    models = {
+        "a": _model("a", (InstanceGroup("a_0", InstanceKind.CPU, 3),)),
+        "b": _model("b", (InstanceGroup("b_0", InstanceKind.CPU, 2),)),
+    }
+    plan = plan_deployments(models, ClusterResources(num_cpus=2, num_gpus=0))
+    assert [e.num_replicas for e in plan.entries] == [3, 2]
+    assert all(e.resources.num_gpus == 0 for e in plan.entries)
+    assert plan.total_cpus <= 2 - CONTROL_APP_CPUS
+    assert plan.entries[0].resources.num_cpus == pytest.approx(0.38)
+
+
+def test_cpu_share_is_capped_at_one() -> None:
+    assert cpu_share(64, 3) == 1.0
+    assert cpu_share(2, 100) == 0.01
+
+
+def test_auto_kind_follows_the_cluster() -> None:
+    model = _model("m", (InstanceGroup("g", InstanceKind.AUTO, 1),))
+    assert plan_deployments({"m": model}, ClusterResources(4, 1)).entries[0].kind == "KIND_GPU"
+    assert plan_deployments({"m": model}, ClusterResources(4, 0)).entries[0].kind == "KIND_CPU"
+
+
+def test_default_instances_follow_triton() -> None:
+    onnx = _model("onnx")
+    python = _model("py", backend="python", platform="")
+    on_gpus = plan_deployments({"onnx": onnx}, ClusterResources(8, 2)).entries[0]
+    assert (on_gpus.kind, on_gpus.num_replicas, on_gpus.replica_gpu_ids) == ("KIND_GPU", 2, (0, 1))
+    cpu_only = plan_deployments({"onnx": onnx, "py": python}, ClusterResources(8, 0))
+    assert [(e.model, e.kind, e.num_replicas) for e in cpu_only.entries] == [("onnx", "KIND_CPU", 2), ("py", "KIND_CPU", 1)]
+
+
+def test_model_kind_reserves_no_gpu() -> None:
+    model = _model("m", (InstanceGroup("g", InstanceKind.MODEL, 2),))
+    (entry,) = plan_deployments({"m": model}, ClusterResources(4, 1)).entries
+    assert (entry.kind, entry.num_replicas, entry.resources.num_gpus) == ("KIND_MODEL", 2, 0.0)
+
+
+def test_one_entry_per_version_and_group() -> None:
+    groups = (InstanceGroup("cpu", InstanceKind.CPU, 1), InstanceGroup("gpu", InstanceKind.GPU, 1))
+    model = _model("m", groups, versions=(1, 2))
+    plan = plan_deployments({"m": model}, ClusterResources(8, 1))
+    assert [(e.version, e.group) for e in plan.entries] == [(1, "cpu"), (1, "gpu"), (2, "cpu"), (2, "gpu")]
+    assert len({e.deployment_name for e in plan.entries}) == 4
+    assert {e.route_prefix for e in plan.entries} == {"/v2/models/m"}
+
+
+def test_gpu_fractions_aimed_at_one_gpu_are_scaled_to_fit() -> None:
+    models = {n: _model(n, (InstanceGroup("g", InstanceKind.GPU, 1, gpus=(0,)),)) for n in ("a", "b", "c")}
+    plan = plan_deployments(models, ClusterResources(8, 1))
+    assert sum(e.resources.num_gpus * e.num_replicas for e in plan.entries) <= 1.0
+    assert all(e.resources.num_gpus > 0 for e in plan.entries)
+
+
+def test_tensorrt_needs_a_gpu() -> None:
+    model = _model("t", (InstanceGroup("g", InstanceKind.CPU, 1),), backend="tensorrt", platform="tensorrt_plan")
+    assert "run only on GPUs" in plan_deployments({"t": model}, ClusterResources(4, 1)).problems["t"][0]
+
+
+def test_ensemble_is_its_own_entry_with_batching_and_routes() -> None:
+    ensemble = _model("e", backend="", platform="ensemble")
+    member = _model("m", (InstanceGroup("g", InstanceKind.CPU, 1),), max_batch_size=32)
+    plan = plan_deployments({"e": ensemble, "m": member}, ClusterResources(4, 0))
+    ens = plan.for_model("e")[0]
+    assert ens.kind == "ensemble" and ens.num_replicas == 1 and ens.group == ""
+    entry = plan.for_model("m")[0]
+    assert entry.batching.max_batch_size == 32
+    assert entry.batching.dynamic is not None and entry.batching.dynamic.preferred_batch_size == (4,)
+    assert entry.max_ongoing_requests >= MIN_ONGOING_REQUESTS and entry.max_ongoing_requests >= 8 * 32
+    data = plan.to_dict()
+    assert data["entries"][1]["batching"]["dynamic_batching"]["max_queue_delay_microseconds"] == 100
+    assert data["entries"][1]["route_prefix"] == "/v2/models/m"
+
+
+def test_plan_is_pure_and_frozen() -> None:
+    model = _model("m")
+    first = plan_deployments({"m": model}, ClusterResources(2, 0))
+    assert first == plan_deployments({"m": model}, ClusterResources(2, 0))
+    with pytest.raises(AttributeError):
+        first.entries[0].num_replicas = 9  # type: ignore[misc]
