@@ -11,11 +11,11 @@ import pytest
 
 # A stand-in for the Python backend's utility module, used only when the project's
 # own module cannot be imported, so that user model.py files import.
-_PB_UTILS_STUB = '''
+_PB_UTILS_STUB = """
 class Tensor:
     def __init__(self, name, data):
         self.name, self.data = name, data
-'''
+"""
 
 
 @pytest.fixture

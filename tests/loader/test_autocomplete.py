@@ -19,25 +19,28 @@ BATCHABLE = onnx_model_bytes(
 FIXED = onnx_model_bytes([("in", TensorProto.FLOAT, [2, 3])], [("out", TensorProto.FLOAT, [2, 3])])
 
 
-def test_onnx_without_config_is_completed(repo: Path, write_model) -> None:  # type: ignore[no-untyped-def]
+def test_onnx_without_config_is_completed(repo: Path, write_model) -> None:
     write_model("m", None, {"1/model.onnx": BATCHABLE})
     model = load_model(repo, "m")
     assert (model.platform, model.backend) == ("onnxruntime_onnx", "onnxruntime")
     assert model.max_batch_size == 4
     assert model.dynamic_batching is not None
-    assert [(t.name, t.datatype, t.dims) for t in model.inputs] == [("in", "FP32", (3, 4)), ("ids", "INT64", (-1,))]
+    assert [(t.name, t.datatype, t.dims) for t in model.inputs] == [
+        ("in", "FP32", (3, 4)),
+        ("ids", "INT64", (-1,)),
+    ]
     assert [t.name for t in model.outputs] == ["out", "ids_out"]
     assert model.config_json["max_batch_size"] == 4 and "dynamic_batching" in model.config_json
 
 
-def test_onnx_that_cannot_batch(repo: Path, write_model) -> None:  # type: ignore[no-untyped-def]
+def test_onnx_that_cannot_batch(repo: Path, write_model) -> None:
     write_model("m", 'platform: "onnxruntime_onnx"', {"1/model.onnx": FIXED})
     model = load_model(repo, "m")
     assert model.max_batch_size == 0 and model.dynamic_batching is None
     assert model.inputs[0].dims == (2, 3)
 
 
-def test_onnx_partial_config_keeps_what_it_says(repo: Path, write_model) -> None:  # type: ignore[no-untyped-def]
+def test_onnx_partial_config_keeps_what_it_says(repo: Path, write_model) -> None:
     write_model(
         "m",
         """
@@ -56,17 +59,25 @@ def test_onnx_partial_config_keeps_what_it_says(repo: Path, write_model) -> None
     assert [t.name for t in model.outputs] == ["out", "ids_out"]
 
 
-def test_onnx_config_that_disagrees_with_the_model(repo: Path, write_model) -> None:  # type: ignore[no-untyped-def]
+def test_onnx_config_that_disagrees_with_the_model(repo: Path, write_model) -> None:
     write_model("batch", 'platform: "onnxruntime_onnx"\nmax_batch_size: 8', {"1/model.onnx": FIXED})
-    write_model("dtype", 'platform: "onnxruntime_onnx"\ninput [ { name: "in" data_type: TYPE_INT32 dims: [ 2, 3 ] } ]', {"1/model.onnx": FIXED})
-    write_model("name", 'platform: "onnxruntime_onnx"\ninput [ { name: "nope" data_type: TYPE_FP32 dims: [ 2, 3 ] } ]', {"1/model.onnx": FIXED})
+    write_model(
+        "dtype",
+        'platform: "onnxruntime_onnx"\ninput [ { name: "in" data_type: TYPE_INT32 dims: [ 2, 3 ] } ]',
+        {"1/model.onnx": FIXED},
+    )
+    write_model(
+        "name",
+        'platform: "onnxruntime_onnx"\ninput [ { name: "nope" data_type: TYPE_FP32 dims: [ 2, 3 ] } ]',
+        {"1/model.onnx": FIXED},
+    )
     state = load_repository(repo)
     assert "cannot batch" in state.failed["batch"][0]
     assert "TYPE_INT32 in the config but TYPE_FP32 in the ONNX model" in state.failed["dtype"][0]
     assert "'nope' is not an input of the ONNX model" in state.failed["name"][0]
 
 
-def test_file_that_is_not_onnx(repo: Path, write_model) -> None:  # type: ignore[no-untyped-def]
+def test_file_that_is_not_onnx(repo: Path, write_model) -> None:
     write_model("m", None, {"1/model.onnx": b"this is not a protobuf"})
     state = load_repository(repo)
     (message,) = state.failed["m"]
@@ -74,7 +85,7 @@ def test_file_that_is_not_onnx(repo: Path, write_model) -> None:  # type: ignore
     assert "Traceback" not in message
 
 
-def test_disabled_auto_complete_leaves_the_config_alone(repo: Path, write_model) -> None:  # type: ignore[no-untyped-def]
+def test_disabled_auto_complete_leaves_the_config_alone(repo: Path, write_model) -> None:
     write_model("m", 'platform: "onnxruntime_onnx"', {"1/model.onnx": BATCHABLE})
     write_model("bare", None, {"1/model.onnx": BATCHABLE})
     state = load_repository(repo, auto_complete=False)
@@ -82,7 +93,7 @@ def test_disabled_auto_complete_leaves_the_config_alone(repo: Path, write_model)
     assert any("no config file, and auto-complete is disabled" in e for e in state.failed["bare"])
 
 
-def test_torchscript_needs_a_config(repo: Path, write_model) -> None:  # type: ignore[no-untyped-def]
+def test_torchscript_needs_a_config(repo: Path, write_model) -> None:
     write_model("t", None, {"1/model.pt": b""})
     state = load_repository(repo)
     assert "TorchScript model needs a config.pbtxt" in state.failed["t"][0]
@@ -90,7 +101,7 @@ def test_torchscript_needs_a_config(repo: Path, write_model) -> None:  # type: i
     assert load_repository(repo).models["t"].platform == "pytorch_libtorch"
 
 
-PYTHON_MODEL = '''
+PYTHON_MODEL = """
 import triton_python_backend_utils as pb_utils
 
 
@@ -109,10 +120,10 @@ class TritonPythonModel:
 
     def execute(self, requests):
         return []
-'''
+"""
 
 
-def test_python_auto_complete_config(repo: Path, write_model, pb_utils_importable) -> None:  # type: ignore[no-untyped-def]
+def test_python_auto_complete_config(repo: Path, write_model, pb_utils_importable) -> None:
     write_model("py", 'backend: "python"', {"1/model.py": PYTHON_MODEL})
     model = load_model(repo, "py")
     assert model.max_batch_size == 8 and model.dynamic_batching is not None and model.decoupled
@@ -123,14 +134,16 @@ def test_python_auto_complete_config(repo: Path, write_model, pb_utils_importabl
     assert model.outputs[0].name == "C"
 
 
-def test_python_model_without_config_file(repo: Path, write_model, pb_utils_importable) -> None:  # type: ignore[no-untyped-def]
+def test_python_model_without_config_file(repo: Path, write_model, pb_utils_importable) -> None:
     write_model("py", None, {"1/model.py": PYTHON_MODEL})
     model = load_model(repo, "py")
     assert model.backend == "python" and model.platform == ""
 
 
-def test_python_auto_complete_errors_are_reported(repo: Path, write_model, pb_utils_importable) -> None:  # type: ignore[no-untyped-def]
-    write_model("py", 'backend: "python"\nmax_batch_size: 16', {"1/model.py": PYTHON_MODEL})  # 8 < configured 16
+def test_python_auto_complete_errors_are_reported(repo: Path, write_model, pb_utils_importable) -> None:
+    write_model(
+        "py", 'backend: "python"\nmax_batch_size: 16', {"1/model.py": PYTHON_MODEL}
+    )  # 8 < configured 16
     write_model("broken", 'backend: "python"', {"1/model.py": "import numpy\nraise RuntimeError('boom')\n"})
     write_model("noclass", 'backend: "python"', {"1/model.py": "X = 1\n"})
     state = load_repository(repo)
@@ -141,7 +154,7 @@ def test_python_auto_complete_errors_are_reported(repo: Path, write_model, pb_ut
         load_model(repo, "broken")
 
 
-def test_python_module_is_not_left_behind(repo: Path, write_model, pb_utils_importable) -> None:  # type: ignore[no-untyped-def]
+def test_python_module_is_not_left_behind(repo: Path, write_model, pb_utils_importable) -> None:
     import sys
 
     write_model("py", 'backend: "python"', {"1/model.py": PYTHON_MODEL})
@@ -153,7 +166,9 @@ def test_python_module_is_not_left_behind(repo: Path, write_model, pb_utils_impo
 
 
 def test_auto_complete_object_rules() -> None:
-    config = AutoCompleteModelConfig({"name": "m", "max_batch_size": 4, "input": [{"name": "A", "data_type": "TYPE_FP32", "dims": [2]}]})
+    config = AutoCompleteModelConfig(
+        {"name": "m", "max_batch_size": 4, "input": [{"name": "A", "data_type": "TYPE_FP32", "dims": [2]}]}
+    )
     with pytest.raises(ValueError, match="max_batch_size"):
         config.set_max_batch_size(2)
     with pytest.raises(ValueError, match="data type"):

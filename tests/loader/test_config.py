@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from repository_loader.config import config_from_json, config_to_json, config_to_text, parse_config, parse_labels
+from repository_loader.config import (
+    config_from_json,
+    config_to_json,
+    config_to_text,
+    parse_config,
+    parse_labels,
+)
 from repository_loader.errors import ConfigError
 from repository_loader.proto import model_config_pb2 as pb
 from repository_loader.proto import regenerate
@@ -139,7 +145,9 @@ def test_syntax_error_names_file_line_and_column() -> None:
 
 
 def test_unknown_data_type_is_named() -> None:
-    with pytest.raises(ConfigError, match=r"m/config.pbtxt:1:\d+: syntax error: unknown data type 'TYPE_FLOAT'"):
+    with pytest.raises(
+        ConfigError, match=r"m/config.pbtxt:1:\d+: syntax error: unknown data type 'TYPE_FLOAT'"
+    ):
         parse_config('input [ { name: "x" data_type: TYPE_FLOAT } ]', "m/config.pbtxt")
 
 
@@ -160,7 +168,11 @@ def test_generated_code_matches_the_schema(tmp_path: Path) -> None:
         assert filecmp.cmp(tmp_path / name, regenerate.PROTO_DIR / name, shallow=False), f"{name} drifted"
 
 
-def _walk(ours, theirs, path: str, seen: set[str]) -> list[str]:  # type: ignore[no-untyped-def]
+def _enum_values(field) -> dict[str, int]:
+    return {v.name: v.number for v in field.enum_type.values}
+
+
+def _walk(ours, theirs, path: str, seen: set[str]) -> list[str]:
     problems = []
     for field in theirs.fields:
         mine = ours.fields_by_name.get(field.name)
@@ -170,9 +182,8 @@ def _walk(ours, theirs, path: str, seen: set[str]) -> list[str]:  # type: ignore
             continue
         if (mine.number, mine.type) != (field.number, field.type):
             problems.append(f"{where}: number/type differ")
-        if field.enum_type is not None:
-            if {v.name: v.number for v in mine.enum_type.values} != {v.name: v.number for v in field.enum_type.values}:
-                problems.append(f"{where}: enum values differ")
+        if field.enum_type is not None and _enum_values(mine) != _enum_values(field):
+            problems.append(f"{where}: enum values differ")
         if field.message_type is not None and field.message_type.full_name not in seen:
             seen.add(field.message_type.full_name)
             problems.extend(_walk(mine.message_type, field.message_type, where, seen))

@@ -59,7 +59,9 @@ def test_gpu_group_on_missing_gpu_is_a_problem() -> None:
     model = _model("m", (InstanceGroup("g", InstanceKind.GPU, 1, gpus=(3,)),))
     plan = plan_deployments({"m": model}, ClusterResources(8, 2))
     assert plan.entries == () and "GPU(s) [3] do not exist" in plan.problems["m"][0]
-    plan = plan_deployments({"m": _model("m", (InstanceGroup("g", InstanceKind.GPU, 1),))}, ClusterResources(8, 0))
+    plan = plan_deployments(
+        {"m": _model("m", (InstanceGroup("g", InstanceKind.GPU, 1),))}, ClusterResources(8, 0)
+    )
     assert "the cluster has none" in plan.problems["m"][0]
 
 
@@ -92,7 +94,10 @@ def test_default_instances_follow_triton() -> None:
     on_gpus = plan_deployments({"onnx": onnx}, ClusterResources(8, 2)).entries[0]
     assert (on_gpus.kind, on_gpus.num_replicas, on_gpus.replica_gpu_ids) == ("KIND_GPU", 2, (0, 1))
     cpu_only = plan_deployments({"onnx": onnx, "py": python}, ClusterResources(8, 0))
-    assert [(e.model, e.kind, e.num_replicas) for e in cpu_only.entries] == [("onnx", "KIND_CPU", 2), ("py", "KIND_CPU", 1)]
+    assert [(e.model, e.kind, e.num_replicas) for e in cpu_only.entries] == [
+        ("onnx", "KIND_CPU", 2),
+        ("py", "KIND_CPU", 1),
+    ]
 
 
 def test_model_kind_reserves_no_gpu() -> None:
@@ -118,7 +123,9 @@ def test_gpu_fractions_aimed_at_one_gpu_are_scaled_to_fit() -> None:
 
 
 def test_tensorrt_needs_a_gpu() -> None:
-    model = _model("t", (InstanceGroup("g", InstanceKind.CPU, 1),), backend="tensorrt", platform="tensorrt_plan")
+    model = _model(
+        "t", (InstanceGroup("g", InstanceKind.CPU, 1),), backend="tensorrt", platform="tensorrt_plan"
+    )
     assert "run only on GPUs" in plan_deployments({"t": model}, ClusterResources(4, 1)).problems["t"][0]
 
 

@@ -16,7 +16,7 @@ from repository_loader.versions import parse_version
 from .conftest import TORCH_IO
 
 
-def _versions(repo: Path, write_model, policy: str, present: list[int]) -> tuple[int, ...]:  # type: ignore[no-untyped-def]
+def _versions(repo: Path, write_model, policy: str, present: list[int]) -> tuple[int, ...]:
     write_model("m", TORCH_IO + policy, {f"{v}/model.pt": b"" for v in present})
     return load_model(repo, "m").versions
 
@@ -31,12 +31,18 @@ def _versions(repo: Path, write_model, policy: str, present: list[int]) -> tuple
         ("version_policy { specific { versions: [ 1, 7 ] } }", (1, 7)),
     ],
 )
-def test_version_policy(repo: Path, write_model, policy: str, expected: tuple[int, ...]) -> None:  # type: ignore[no-untyped-def]
+def test_version_policy(repo: Path, write_model, policy: str, expected: tuple[int, ...]) -> None:
     assert _versions(repo, write_model, policy, [1, 3, 7]) == expected
 
 
-def test_non_numeric_and_zero_prefixed_folders_are_ignored_with_a_warning(repo: Path, write_model, caplog) -> None:  # type: ignore[no-untyped-def]
-    write_model("m", TORCH_IO, {"1/model.pt": b"", "01/model.pt": b"", "0/model.pt": b"", "v2/model.pt": b"", "configs/": b""})
+def test_non_numeric_and_zero_prefixed_folders_are_ignored_with_a_warning(
+    repo: Path, write_model, caplog
+) -> None:
+    write_model(
+        "m",
+        TORCH_IO,
+        {"1/model.pt": b"", "01/model.pt": b"", "0/model.pt": b"", "v2/model.pt": b"", "configs/": b""},
+    )
     with caplog.at_level(logging.WARNING, logger="repository_loader"):
         state = load_repository(repo)
     assert state.models["m"].versions == (1,)
@@ -52,8 +58,15 @@ def test_parse_version() -> None:
     assert parse_version("١") is None  # non-ASCII digits are not versions
 
 
-def test_custom_config_name_is_preferred_and_falls_back(repo: Path, write_model) -> None:  # type: ignore[no-untyped-def]
-    write_model("a", TORCH_IO, {"1/model.pt": b"", "configs/h100.pbtxt": TORCH_IO.replace("max_batch_size: 8", "max_batch_size: 32")})
+def test_custom_config_name_is_preferred_and_falls_back(repo: Path, write_model) -> None:
+    write_model(
+        "a",
+        TORCH_IO,
+        {
+            "1/model.pt": b"",
+            "configs/h100.pbtxt": TORCH_IO.replace("max_batch_size: 8", "max_batch_size: 32"),
+        },
+    )
     write_model("b", TORCH_IO, {"1/model.pt": b""})
     state = load_repository(repo, config_name="h100")
     assert state.models["a"].max_batch_size == 32
@@ -61,7 +74,7 @@ def test_custom_config_name_is_preferred_and_falls_back(repo: Path, write_model)
     assert load_repository(repo).models["a"].max_batch_size == 8
 
 
-def test_default_model_filename_and_onnx_folder(repo: Path, write_model) -> None:  # type: ignore[no-untyped-def]
+def test_default_model_filename_and_onnx_folder(repo: Path, write_model) -> None:
     write_model("named", TORCH_IO + 'default_model_filename: "net.pt"', {"1/net.pt": b""})
     onnx_io = TORCH_IO.replace('backend: "pytorch"', 'platform: "onnxruntime_onnx"')
     write_model("folder", onnx_io, {"1/model.onnx/model.onnx": b"", "1/model.onnx/weights.bin": b""})
@@ -73,9 +86,13 @@ def test_default_model_filename_and_onnx_folder(repo: Path, write_model) -> None
     assert state.models["folder"].backend == "onnxruntime"  # filled from the platform
 
 
-def test_one_broken_model_does_not_stop_the_others(repo: Path, write_model) -> None:  # type: ignore[no-untyped-def]
+def test_one_broken_model_does_not_stop_the_others(repo: Path, write_model) -> None:
     write_model("good", TORCH_IO, {"1/model.pt": b""})
-    write_model("bad", TORCH_IO.replace("max_batch_size: 8", "max_batch_size: -3") + "instance_group [ { count: -1 } ]", {"1/model.pt": b""})
+    write_model(
+        "bad",
+        TORCH_IO.replace("max_batch_size: 8", "max_batch_size: -3") + "instance_group [ { count: -1 } ]",
+        {"1/model.pt": b""},
+    )
     state = load_repository(repo)
     assert list(state.models) == ["good"]
     assert len(state.failed["bad"]) == 2  # every problem of the model, not only the first
@@ -85,7 +102,7 @@ def test_one_broken_model_does_not_stop_the_others(repo: Path, write_model) -> N
     assert "max_batch_size" in bad.reason and bad.to_dict()["state"] == "UNAVAILABLE"
 
 
-def test_description_fields(repo: Path, write_model) -> None:  # type: ignore[no-untyped-def]
+def test_description_fields(repo: Path, write_model) -> None:
     write_model(
         "m",
         """
@@ -117,7 +134,7 @@ def test_description_fields(repo: Path, write_model) -> None:  # type: ignore[no
     assert model.config_json["input"][0]["data_type"] == "TYPE_STRING"
 
 
-def test_sequence_description(repo: Path, write_model) -> None:  # type: ignore[no-untyped-def]
+def test_sequence_description(repo: Path, write_model) -> None:
     write_model(
         "s",
         TORCH_IO
@@ -137,7 +154,7 @@ def test_sequence_description(repo: Path, write_model) -> None:  # type: ignore[
     ]
 
 
-def test_ensemble_description(repo: Path, write_model) -> None:  # type: ignore[no-untyped-def]
+def test_ensemble_description(repo: Path, write_model) -> None:
     write_model("m", TORCH_IO, {"1/model.pt": b""})
     write_model(
         "e",
@@ -156,7 +173,7 @@ def test_ensemble_description(repo: Path, write_model) -> None:  # type: ignore[
     assert ensemble.ensemble_steps[0].input_map == {"x": "IN"}
 
 
-def test_load_model_errors(repo: Path, write_model) -> None:  # type: ignore[no-untyped-def]
+def test_load_model_errors(repo: Path, write_model) -> None:
     write_model("bad", TORCH_IO.replace("max_batch_size: 8", "max_batch_size: -1"), {"1/model.pt": b""})
     with pytest.raises(ModelLoadError) as info:
         load_model(repo, "bad")
@@ -173,9 +190,9 @@ def test_missing_repository_is_a_clear_error(tmp_path: Path) -> None:
         load_repository(tmp_path / "file")
 
 
-def test_unreadable_config_is_reported_for_that_model(repo: Path, write_model, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_unreadable_config_is_reported_for_that_model(repo: Path, write_model, monkeypatch) -> None:
     write_model("m", TORCH_IO, {"1/model.pt": b""})
-    write_model("latin", None, {"config.pbtxt": b"name: \"\xff\"", "1/model.pt": b""})
+    write_model("latin", None, {"config.pbtxt": b'name: "\xff"', "1/model.pt": b""})
     real_read = Path.read_bytes
 
     def read_bytes(self: Path) -> bytes:
@@ -189,7 +206,7 @@ def test_unreadable_config_is_reported_for_that_model(repo: Path, write_model, m
     assert "not UTF-8" in state.failed["latin"][0]
 
 
-def test_remote_repository_without_its_filesystem_package(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_remote_repository_without_its_filesystem_package(monkeypatch) -> None:
     import fsspec
 
     def missing(protocol: str, **_: object) -> None:
@@ -200,7 +217,7 @@ def test_remote_repository_without_its_filesystem_package(monkeypatch) -> None: 
         open_storage("s3://bucket/models")
 
 
-def test_remote_repository_through_fsspec(tmp_path: Path, monkeypatch, write_model, repo: Path) -> None:  # type: ignore[no-untyped-def]
+def test_remote_repository_through_fsspec(tmp_path: Path, monkeypatch, write_model, repo: Path) -> None:
     """An fsspec file system stands in for S3: the repository is read through it and models copied locally."""
     import fsspec
     from fsspec.implementations.dirfs import DirFileSystem
