@@ -166,18 +166,18 @@ def _fill_tensors(
             tensor.dims.extend(sig.shape[skip:])
         return
     for tensor in listed:
-        sig = by_name.get(tensor.name)
-        if sig is None:
+        found = by_name.get(tensor.name)
+        if found is None:
             names = ", ".join(sorted(by_name))
             raise ConfigError(
                 f"model '{config.name}': {kind} '{tensor.name}' is not an {kind} of the ONNX model ({kind}s: {names})"
             )
         if tensor.data_type == pb.TYPE_INVALID:
-            tensor.data_type = sig.data_type
-        elif tensor.data_type != sig.data_type:
+            tensor.data_type = found.data_type
+        elif tensor.data_type != found.data_type:
             raise ConfigError(
                 f"model '{config.name}': {kind} '{tensor.name}' is {pb.DataType.Name(tensor.data_type)} in the "
-                f"config but {pb.DataType.Name(sig.data_type)} in the ONNX model"
+                f"config but {pb.DataType.Name(found.data_type)} in the ONNX model"
             )
         if not tensor.dims:
-            tensor.dims.extend(sig.shape[skip:])
+            tensor.dims.extend(found.shape[skip:])

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping, Sequence
+from typing import TypeVar
 
 from repository_loader.datatypes import wire_to_config
 from repository_loader.findings import Findings
@@ -11,6 +12,8 @@ from repository_loader.model import ModelDescription
 from repository_loader.proto import model_config_pb2 as pb
 
 _WHERE = "ensemble_scheduling"
+Node = TypeVar("Node", bound=Hashable)
+Steps = Sequence[pb.ModelEnsembling.Step]
 
 
 def check_ensemble_flow(config: pb.ModelConfig, findings: Findings) -> None:
@@ -45,10 +48,10 @@ def check_ensemble_flow(config: pb.ModelConfig, findings: Findings) -> None:
         findings.add(f"{_WHERE}.step", f"the steps form a cycle through their tensors: {names}")
 
 
-def _producers(steps: object, inputs: set[str], findings: Findings) -> dict[str, int]:
+def _producers(steps: Steps, inputs: set[str], findings: Findings) -> dict[str, int]:
     """Ensemble tensor -> index of the step that writes it."""
     producers: dict[str, int] = {}
-    for index, step in enumerate(steps):  # type: ignore[call-overload]
+    for index, step in enumerate(steps):
         for tensor in step.output_map.values():
             where = f"{_WHERE}.step[{index}] '{step.model_name}'.output_map"
             if tensor in inputs:
@@ -60,25 +63,25 @@ def _producers(steps: object, inputs: set[str], findings: Findings) -> dict[str,
     return producers
 
 
-def _step_cycle(steps: object, producers: Mapping[str, int]) -> list[int]:
+def _step_cycle(steps: Steps, producers: Mapping[str, int]) -> list[int]:
     """Step indices along a cycle of the step graph, or an empty list."""
     edges: dict[int, set[int]] = defaultdict(set)
-    for index, step in enumerate(steps):  # type: ignore[call-overload]
+    for index, step in enumerate(steps):
         for tensor in step.input_map.values():
             if tensor in producers:
                 edges[producers[tensor]].add(index)
     return find_cycle(edges)
 
 
-def find_cycle(edges: Mapping[object, set]) -> list:  # type: ignore[type-arg]
+def find_cycle(edges: Mapping[Node, set[Node]]) -> list[Node]:
     """A cycle of the directed graph ``edges`` (node -> successors) as a node list, or []."""
-    state: dict[object, int] = {}  # 1 = on the current path, 2 = done
-    path: list[object] = []
+    state: dict[Node, int] = {}  # 1 = on the current path, 2 = done
+    path: list[Node] = []
 
-    def visit(node: object) -> list[object]:
+    def visit(node: Node) -> list[Node]:
         state[node] = 1
         path.append(node)
-        for succ in sorted(edges.get(node, ()), key=str):
+        for succ in sorted(edges.get(node, set()), key=str):
             if state.get(succ) == 1:
                 return [*path[path.index(succ) :], succ]
             if succ not in state:

@@ -102,7 +102,7 @@ class DynamicBatching:
     priority_levels: int = 0
     default_priority_level: int = 0
     default_queue_policy: QueuePolicy = QueuePolicy()
-    priority_queue_policy: Mapping[int, QueuePolicy] = field(default_factory=lambda: EMPTY)
+    priority_queue_policy: Mapping[int, QueuePolicy] = field(default_factory=frozen_mapping)
 
 
 @dataclass(frozen=True)
