@@ -108,3 +108,16 @@ def test_bad_input_never_shows_a_traceback(repo: Path, write_model, tmp_path: Pa
     assert (
         missing.returncode == 2 and "Traceback" not in missing.stderr and "does not exist" in missing.stderr
     )
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "model_repository"
+
+
+@pytest.mark.skipif(not EXAMPLES.is_dir(), reason="the example repository is not present")
+def test_example_repository_validates(pb_utils_importable, capsys) -> None:
+    assert main(["validate", str(EXAMPLES), "--cpus", "2", "--gpus", "0", "--json"]) == 0, (
+        capsys.readouterr().out
+    )
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and report["models"]
+    assert report["total_cpus"] <= 2
