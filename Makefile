@@ -1,0 +1,35 @@
+# Set-up and everyday commands. `make serve` and `make test` are the two the README documents.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+SERVE_ENV := RAY_SERVE_ENABLE_HA_PROXY=1 RAY_SERVE_THROUGHPUT_OPTIMIZED=1 HAPROXY_METRICS_ENABLED=0
+
+.PHONY: install serve validate test test-fast lint bench-peers clean
+
+$(BIN)/activate:
+	$(PY) -m venv $(VENV)
+
+install: $(BIN)/activate
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[cpu,dev]"
+
+serve: install
+	$(SERVE_ENV) $(BIN)/serve run serve_config.yaml
+
+validate: install
+	$(BIN)/triton-serve validate examples/model_repository
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not serve"
+
+lint:
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy
+
+bench-peers: install
+	$(BIN)/python -m bench.peers install
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -1,0 +1,47 @@
+"""``triton-serve serve <repository>``: serve a model repository on a local Ray Serve instance."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("serve", help="serve a model repository over the KServe v2 protocol")
+    p.add_argument("repository", help="path of the Triton model repository")
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1", help="address HAProxy binds (0.0.0.0 for every interface)")
+    p.add_argument("--model-control-mode", choices=("none", "explicit", "poll"), default="none")
+    p.add_argument("--load-model", action="append", default=[], help="explicit mode: model to load at start")
+    p.add_argument("--model-config-name", default=None)
+    p.add_argument("--disable-auto-complete-config", action="store_true")
+    p.add_argument("--no-strict-readiness", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from deployments import launch
+
+    app_args = {
+        "model_control_mode": args.model_control_mode,
+        "load_model": args.load_model,
+        "model_config_name": args.model_config_name,
+        "disable_auto_complete_config": args.disable_auto_complete_config,
+        "strict_readiness": not args.no_strict_readiness,
+    }
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        launch.start(args.repository, http_port=args.http_port, host=args.host, app_args=app_args)
+        for row in launch.call_server("index"):
+            reason = f" ({row['reason']})" if row.get("reason") else ""
+            print(f"{row['name']:<24} {row.get('version', '-'):>4}  {row['state']}{reason}", flush=True)
+        print(f"ready: serving on http://{args.host}:{args.http_port}/v2", flush=True)
+        stop.wait()
+        return 0
+    finally:
+        print("shutting down", file=sys.stderr, flush=True)
+        launch.stop()

@@ -1,0 +1,101 @@
+"""Start Ray Serve with this server's request path settings, in this process.
+
+Used by ``triton-serve serve`` and by the test suite. The settings of the
+request path (DESIGN.md) are environment variables that Ray reads when it
+starts, so :func:`configure_environment` runs before Ray is imported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+# Ray Serve direct ingress behind HAProxy: each model replica answers HTTP itself.
+REQUEST_PATH_ENV = {
+    "RAY_SERVE_ENABLE_HA_PROXY": "1",
+    "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+    "HAPROXY_METRICS_ENABLED": "0",
+    "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1",
+}
+
+
+def configure_environment(direct_ingress: bool = True) -> None:
+    """Set the request-path variables (kept where the user already set them)."""
+    if direct_ingress:
+        for key, value in REQUEST_PATH_ENV.items():
+            os.environ.setdefault(key, value)
+    project = str(Path(__file__).resolve().parents[1])
+    path = os.environ.get("PYTHONPATH", "")
+    if project not in path.split(os.pathsep):
+        os.environ["PYTHONPATH"] = project + (os.pathsep + path if path else "")
+
+
+def start(
+    model_repository: str | Path,
+    http_port: int = 8000,
+    host: str = "127.0.0.1",
+    app_args: dict[str, Any] | None = None,
+    ray_init: dict[str, Any] | None = None,
+    wait_s: float = 600.0,
+) -> None:
+    """Start Ray (if needed), Serve and the server application; wait until every model settled."""
+    configure_environment()
+    import ray
+    from ray import serve
+
+    from deployments.names import SERVER_APP, SERVER_ROUTE
+    from deployments.server import build_app
+
+    if not ray.is_initialized():
+        ray.init(**(ray_init or {}))
+    serve.start(http_options={"host": host, "port": http_port})
+    args = {"model_repository": str(Path(model_repository).resolve()), **(app_args or {})}
+    serve.run(build_app(args), name=SERVER_APP, route_prefix=SERVER_ROUTE)
+    deadline = time.monotonic() + wait_s
+    while not call_server("is_started"):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the model repository did not finish loading")
+        time.sleep(0.5)
+
+
+_LOOP: asyncio.AbstractEventLoop | None = None
+
+
+def _driver_loop() -> asyncio.AbstractEventLoop:
+    """One long-lived event loop for handle calls from this (synchronous) driver.
+
+    With the request path settings, handle routers run on the caller's event loop,
+    so the driver keeps one loop alive in a daemon thread for them.
+    """
+    global _LOOP
+    if _LOOP is None:
+        _LOOP = asyncio.new_event_loop()
+        threading.Thread(target=_LOOP.run_forever, name="serve-driver-loop", daemon=True).start()
+    return _LOOP
+
+
+def call_server(method: str, *args: Any, timeout_s: float = 60.0) -> Any:
+    """Call a method of the server deployment from a plain (non-async) driver."""
+    from ray import serve
+
+    from deployments.names import SERVER_APP
+
+    async def call() -> Any:
+        handle = serve.get_deployment_handle("server", app_name=SERVER_APP)
+        return await getattr(handle, method).remote(*args)
+
+    return asyncio.run_coroutine_threadsafe(call(), _driver_loop()).result(timeout_s)
+
+
+def stop() -> None:
+    import ray
+    from ray import serve
+
+    try:
+        serve.shutdown()
+    finally:
+        ray.shutdown()

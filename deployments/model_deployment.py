@@ -1,0 +1,116 @@
+"""The Serve deployment of one model: its replica answers the model's HTTP routes itself."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+from ray import serve
+
+from deployments.handles import HandleExecutor
+from deployments.inference import InferRequest, InferResponse
+from deployments.names import SERVER_APP
+from deployments.replica import ReplicaDataPlane
+from deployments.runtime import ModelRuntime
+from deployments.stats import merge_model_stats
+from repository_loader.errors import Unavailable
+from repository_loader.model import InstanceKind, ModelDescription
+
+logger = logging.getLogger("ray.serve")
+
+STATS_PUSH_INTERVAL_S = 1.0
+
+
+@serve.deployment(name="model")
+@serve.ingress()
+class ModelDeployment:
+    """Loads the model (every selected version, warmup included) before it reports ready."""
+
+    async def __init__(
+        self,
+        model: ModelDescription,
+        instance_kind: str = "KIND_CPU",
+        replicas: int = 1,
+        composing: dict[str, ModelDescription] | None = None,
+    ) -> None:
+        self.model = model
+        self.replicas = replicas
+        kind = InstanceKind(instance_kind)
+        context = serve.get_replica_context()
+        self.replica_id = context.replica_id.unique_id if context else str(os.getpid())
+        self.runtime = ModelRuntime(
+            model,
+            instance_kind=kind,
+            device_id=0,
+            executor=HandleExecutor(),
+            instance_name=self.replica_id,
+            composing=composing,
+        )
+        self.load_error: str | None = None
+        try:
+            await self.runtime.load()
+        except Exception as exc:  # reported to the server, which marks the model UNAVAILABLE
+            self.load_error = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+            logger.error("model '%s' failed to load: %s", model.name, self.load_error)
+        self._server: Any = None
+        self._push_task = asyncio.get_running_loop().create_task(self._push_stats()) if replicas > 1 else None
+
+    def __serve_build_asgi_app__(self) -> Any:
+        from deployments.protocol.http import ModelHTTPApp
+
+        stats = self._cluster_stats if self.replicas > 1 else None
+        return ModelHTTPApp(ReplicaDataPlane(self.runtime, stats), self.model.name)
+
+    def load_status(self) -> dict[str, Any]:
+        return {"ready": self.load_error is None and self.runtime.is_ready(), "error": self.load_error}
+
+    async def infer_internal(self, request: InferRequest) -> InferResponse:
+        if self.load_error is not None:
+            raise Unavailable(f"model '{self.model.name}' is unavailable: {self.load_error}")
+        return await self.runtime.infer(request)
+
+    def stats_snapshot(self) -> list[dict[str, Any]]:
+        return self.runtime.statistics()
+
+    def check_health(self) -> None:
+        if self.load_error is None and not self.runtime.is_ready():
+            raise RuntimeError(f"model '{self.model.name}' is not ready")
+
+    def _server_handle(self) -> Any:
+        if self._server is None:
+            self._server = serve.get_deployment_handle("server", app_name=SERVER_APP)
+        return self._server
+
+    async def _push_stats(self) -> None:
+        while True:
+            await asyncio.sleep(STATS_PUSH_INTERVAL_S)
+            try:
+                await self._server_handle().report_stats.remote(
+                    self.model.name, self.replica_id, self.stats_snapshot()
+                )
+            except Exception as exc:  # the server may be restarting; try again next round
+                logger.debug("stats push failed: %s", exc)
+
+    async def _cluster_stats(self, name: str, version: str) -> dict[str, Any]:
+        own = self.stats_snapshot()
+        merged = await self._server_handle().cluster_stats.remote(name, self.replica_id, own)
+        if version:
+            merged = [s for s in merged if s["version"] == str(version)]
+        return {"model_stats": merged}
+
+    async def __del__(self) -> None:
+        if self._push_task is not None:
+            self._push_task.cancel()
+        await self.runtime.close()
+
+
+def merge_snapshots(snapshots: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Sum per-version statistics from several replicas of one model."""
+    by_version: dict[str, dict[str, Any]] = {}
+    for snapshot in snapshots:
+        for entry in snapshot:
+            v = entry["version"]
+            by_version[v] = merge_model_stats(by_version[v], entry) if v in by_version else entry
+    return [by_version[v] for v in sorted(by_version, key=lambda x: int(x) if x.isdigit() else x)]

@@ -1,0 +1,231 @@
+"""The model data plane of one replica: every served version of one model.
+
+Ray-free: the Serve deployment (``deployments.server``) holds one
+:class:`ModelRuntime` and puts its HTTP app in front of it. A request is checked
+against the model's configuration, queued in the version's scheduler (dynamic
+batcher or one-at-a-time), executed by the backend, and accounted for in
+statistics and metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from deployments.backends.base import Backend, BackendContext
+from deployments.inference import InferRequest, InferResponse, ModelExecutor
+from deployments.metrics import TritonMetrics, tags_for
+from deployments.protocol.schema import ModelSchema
+from deployments.stats import ModelStats
+from deployments.warmup import warmup_requests
+from repository_loader.errors import InternalError, InvalidArgument, NotFound, ServerError, Unavailable
+from repository_loader.model import InstanceKind, ModelDescription
+
+logger = logging.getLogger(__name__)
+
+ExecuteFn = Callable[[Sequence[InferRequest]], Awaitable[list[InferResponse]]]
+
+
+def check_request(schema: ModelSchema, request: InferRequest) -> None:
+    """Triton's request checks, for requests that did not come through a protocol decoder (BLS, ensembles)."""
+    batches: set[int] = set()
+    for name, tensor in request.inputs.items():
+        shape = [int(s) for s in getattr(tensor, "shape", ())]
+        schema.check_input(name, _wire_type(getattr(tensor, "dtype", None)), shape)
+        if schema.batched and shape:
+            batches.add(shape[0])
+    schema.check_complete(list(request.inputs), batches)
+    for out in request.requested_outputs or ():
+        schema.check_output(out.name)
+
+
+class VersionRuntime:
+    """One loaded version: backend, scheduler, statistics."""
+
+    def __init__(
+        self,
+        model: ModelDescription,
+        version: int,
+        backend: Backend,
+        metrics: TritonMetrics,
+        max_concurrent: int = 1,
+    ) -> None:
+        from deployments.batching import make_scheduler
+
+        self.model = model
+        self.version = version
+        self.backend = backend
+        self.stats = ModelStats(model.name, str(version))
+        self._metrics = metrics
+        self._tags = tags_for(model.name, version)
+        self.scheduler = make_scheduler(model, self._execute, max_concurrent_batches=max_concurrent)
+        self.ready = False
+        self.schema = ModelSchema.from_description(model)
+
+    async def _execute(self, requests: Sequence[InferRequest]) -> list[InferResponse]:
+        start = time.monotonic_ns()
+        queue = [start - (r.arrival_ns or start) for r in requests]
+        responses = await self.backend.execute(requests)
+        end = time.monotonic_ns()
+        rows = sum(r.batch_rows() for r in requests) if self.model.max_batch_size > 0 else len(requests)
+        infer_ns = end - start
+        self.stats.record_batch(rows, len(requests), queue, 0, infer_ns, 0)
+        self._metrics.batch(self._tags, rows, sum(queue), 0, infer_ns, 0, len(requests))
+        return responses
+
+    async def infer(self, request: InferRequest, checked: bool = False) -> InferResponse:
+        """Run ``request``; ``checked`` says a protocol decoder already checked it against the model."""
+        arrival = request.arrival_ns = request.arrival_ns or time.monotonic_ns()
+        ok = False
+        try:
+            if not checked:
+                check_request(self.schema, request)
+            response = await self.scheduler.submit(request)
+            ok = response.error is None
+            return response
+        finally:
+            duration = time.monotonic_ns() - arrival
+            self.stats.record_request(ok, duration)
+            self._metrics.request(self._tags, ok, duration)
+
+    async def warmup(self) -> None:
+        for request in warmup_requests(self.model, self.version):
+            response = await self.backend.execute([request])
+            if response and response[0].error is not None:
+                raise Unavailable(
+                    f"model '{self.model.name}' version {self.version}: warmup '{request.id}' failed: "
+                    f"{response[0].error.message}"
+                )
+
+    async def close(self) -> None:
+        self.ready = False
+        try:
+            await self.scheduler.close()
+        finally:
+            self.backend.unload()
+
+
+class ModelRuntime:
+    """Every version of one model that the version policy selected, in one replica."""
+
+    def __init__(
+        self,
+        model: ModelDescription,
+        instance_kind: InstanceKind = InstanceKind.CPU,
+        device_id: int = 0,
+        executor: ModelExecutor | None = None,
+        instance_name: str = "",
+        composing: Mapping[str, ModelDescription] | None = None,
+    ) -> None:
+        self.model = model
+        self.composing = dict(composing or {})
+        self.instance_kind = instance_kind
+        self.device_id = device_id
+        self.executor = executor
+        self.instance_name = instance_name or f"{model.name}_0"
+        self.versions: dict[int, VersionRuntime] = {}
+        self.metrics = TritonMetrics()
+
+    async def load(self) -> None:
+        """Load every version and run its warmup; a version is ready only after both."""
+        from deployments.backends.registry import create_backend
+
+        for version in self.model.versions:
+            context = BackendContext(
+                model=self.model,
+                version=version,
+                instance_kind=self.instance_kind,
+                device_id=self.device_id,
+                instance_name=self.instance_name,
+                executor=self.executor,
+            )
+            concurrency = 1
+            if self.model.is_ensemble:
+                from ensembles.backend import ENSEMBLE_CONCURRENCY, EnsembleBackend
+
+                backend: Backend = EnsembleBackend(context, self.composing)
+                concurrency = ENSEMBLE_CONCURRENCY
+            else:
+                backend = create_backend(context)
+            backend.load()
+            runtime = VersionRuntime(self.model, version, backend, self.metrics, concurrency)
+            await runtime.warmup()
+            runtime.ready = True
+            self.versions[version] = runtime
+            logger.info("model '%s' version %d ready", self.model.name, version)
+
+    def version(self, version: str | int | None) -> VersionRuntime:
+        """The runtime of ``version`` ("" or None = the latest loaded)."""
+        if version in (None, "", -1, "-1"):
+            if not self.versions:
+                raise Unavailable(f"model '{self.model.name}' has no ready version")
+            return self.versions[max(self.versions)]
+        try:
+            number = int(version)
+        except (TypeError, ValueError):
+            raise InvalidArgument(f"model '{self.model.name}': version '{version}' is not a number") from None
+        runtime = self.versions.get(number)
+        if runtime is None:
+            raise NotFound(f"Request for unknown model: '{self.model.name}' version {number} is not found")
+        return runtime
+
+    async def infer(self, request: InferRequest, checked: bool = False) -> InferResponse:
+        runtime = self.version(request.model_version)
+        if not runtime.ready:
+            raise Unavailable(f"model '{self.model.name}' version {runtime.version} is not ready")
+        response = await runtime.infer(request, checked)
+        response.model_name = self.model.name
+        response.model_version = str(runtime.version)
+        response.id = request.id
+        return response
+
+    def is_ready(self, version: str | int | None = None) -> bool:
+        try:
+            return self.version(version).ready
+        except ServerError:
+            return False
+
+    def metadata(self, version: str | int | None = None) -> dict[str, Any]:
+        versions = (
+            [str(v) for v in sorted(self.versions)]
+            if version in (None, "")
+            else [str(self.version(version).version)]
+        )
+        mbs = self.model.max_batch_size
+        return {
+            "name": self.model.name,
+            "versions": versions,
+            "platform": self.model.platform or self.model.backend,
+            "inputs": [
+                {"name": t.name, "datatype": t.datatype, "shape": t.full_shape(mbs)}
+                for t in self.model.inputs
+            ],
+            "outputs": [
+                {"name": t.name, "datatype": t.datatype, "shape": t.full_shape(mbs)}
+                for t in self.model.outputs
+            ],
+        }
+
+    def config(self, version: str | int | None = None) -> dict[str, Any]:
+        if version not in (None, ""):
+            self.version(version)
+        return dict(self.model.config_json)
+
+    def statistics(self, version: str | int | None = None) -> list[dict[str, Any]]:
+        if version in (None, ""):
+            return [self.versions[v].stats.to_json() for v in sorted(self.versions)]
+        return [self.version(version).stats.to_json()]
+
+    async def close(self) -> None:
+        for runtime in list(self.versions.values()):
+            try:
+                await runtime.close()
+            except Exception as exc:  # finalize errors must not stop the others
+                logger.warning("model '%s': unload failed: %s", self.model.name, exc)
+        self.versions.clear()
+
+
+def internal_error(exc: BaseException) -> ServerError:
+    return exc if isinstance(exc, ServerError) else InternalError(str(exc))

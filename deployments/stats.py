@@ -1,0 +1,122 @@
+"""Inference statistics in the form of Triton's statistics extension.
+
+``/v2/models/<m>/stats`` returns, per model version: inference_count (rows),
+execution_count (batches), success/fail/queue/compute_input/compute_infer/
+compute_output as {count, ns}, and batch_stats per executed batch size.
+Snapshots from several replicas add up with :func:`merge_model_stats`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+DURATION_KEYS = (
+    "success",
+    "fail",
+    "queue",
+    "compute_input",
+    "compute_infer",
+    "compute_output",
+    "cache_hit",
+    "cache_miss",
+)
+BATCH_KEYS = ("compute_input", "compute_infer", "compute_output")
+
+
+@dataclass
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+    def to_json(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass
+class ModelStats:
+    """Cumulative statistics of one model version in one replica."""
+
+    name: str
+    version: str
+    last_inference_ms: int = 0
+    inference_count: int = 0
+    execution_count: int = 0
+    durations: dict[str, Duration] = field(default_factory=lambda: {k: Duration() for k in DURATION_KEYS})
+    batches: dict[int, dict[str, Duration]] = field(default_factory=dict)
+
+    def record_batch(
+        self,
+        rows: int,
+        requests: int,
+        queue_ns: list[int],
+        input_ns: int,
+        infer_ns: int,
+        output_ns: int,
+    ) -> None:
+        """One executed batch: every request of it is charged the batch's compute time."""
+        d = self.durations
+        self.execution_count += 1
+        self.inference_count += rows
+        for q in queue_ns:
+            d["queue"].add(q)
+        d["compute_input"].add(input_ns * requests, requests)
+        d["compute_infer"].add(infer_ns * requests, requests)
+        d["compute_output"].add(output_ns * requests, requests)
+        b = self.batches.get(rows)
+        if b is None:
+            b = self.batches[rows] = {k: Duration() for k in BATCH_KEYS}
+        b["compute_input"].add(input_ns)
+        b["compute_infer"].add(infer_ns)
+        b["compute_output"].add(output_ns)
+        self.last_inference_ms = int(time.time() * 1000)
+
+    def record_request(self, ok: bool, duration_ns: int) -> None:
+        self.durations["success" if ok else "fail"].add(duration_ns)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {k: v.to_json() for k, v in self.durations.items()},
+            "response_stats": {},
+            "batch_stats": [
+                {"batch_size": size, **{k: v.to_json() for k, v in ds.items()}}
+                for size, ds in sorted(self.batches.items())
+            ],
+            "memory_usage": [],
+        }
+
+
+def empty_model_stats(name: str, version: str) -> dict[str, Any]:
+    return ModelStats(name, version).to_json()
+
+
+def _add_duration(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    return {"count": a.get("count", 0) + b.get("count", 0), "ns": a.get("ns", 0) + b.get("ns", 0)}
+
+
+def merge_model_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Sum two JSON snapshots of the same model version (from two replicas)."""
+    out = dict(a)
+    out["last_inference"] = max(a.get("last_inference", 0), b.get("last_inference", 0))
+    out["inference_count"] = a.get("inference_count", 0) + b.get("inference_count", 0)
+    out["execution_count"] = a.get("execution_count", 0) + b.get("execution_count", 0)
+    ia, ib = a.get("inference_stats", {}), b.get("inference_stats", {})
+    out["inference_stats"] = {k: _add_duration(ia.get(k, {}), ib.get(k, {})) for k in DURATION_KEYS}
+    batches: dict[int, dict[str, Any]] = {}
+    for entry in [*a.get("batch_stats", []), *b.get("batch_stats", [])]:
+        size = entry["batch_size"]
+        cur = batches.setdefault(size, {"batch_size": size})
+        for k in BATCH_KEYS:
+            cur[k] = _add_duration(cur.get(k, {}), entry.get(k, {}))
+    out["batch_stats"] = [batches[s] for s in sorted(batches)]
+    return out

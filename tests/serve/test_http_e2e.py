@@ -1,0 +1,249 @@
+"""End to end: the real tritonclient against the shared Ray Serve instance."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+import tritonclient.http.aio as aioclient
+from tritonclient.utils import InferenceServerException
+
+pytestmark = pytest.mark.serve
+
+
+@pytest.fixture(scope="module")
+def client(server_url: str) -> httpclient.InferenceServerClient:
+    c = httpclient.InferenceServerClient(server_url, concurrency=8)
+    yield c
+    c.close()
+
+
+def _add_sub_inputs(a: np.ndarray, b: np.ndarray, binary: bool) -> list[httpclient.InferInput]:
+    inputs = []
+    for name, value in (("INPUT0", a), ("INPUT1", b)):
+        i = httpclient.InferInput(name, list(value.shape), "FP32")
+        i.set_data_from_numpy(value, binary_data=binary)
+        inputs.append(i)
+    return inputs
+
+
+def _raw(url: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None):
+    req = urllib.request.Request(f"http://{url}{path}", data=body, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def test_server_health_and_metadata(client: httpclient.InferenceServerClient) -> None:
+    assert client.is_server_live()
+    meta = client.get_server_metadata()
+    assert meta["name"] == "triton"
+    assert "binary_tensor_data" in meta["extensions"]
+
+
+def test_model_metadata_config_ready(client: httpclient.InferenceServerClient) -> None:
+    assert client.is_model_ready("add_sub")
+    meta = client.get_model_metadata("add_sub")
+    assert meta["name"] == "add_sub"
+    assert {i["name"]: i["shape"] for i in meta["inputs"]} == {"INPUT0": [-1, 4], "INPUT1": [-1, 4]}
+    config = client.get_model_config("add_sub")
+    assert config["max_batch_size"] == 8
+    assert config["backend"] == "python"
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_infer_add_sub(client: httpclient.InferenceServerClient, binary: bool) -> None:
+    rng = np.random.default_rng(1)
+    a = rng.random((2, 4), dtype=np.float32)
+    b = rng.random((2, 4), dtype=np.float32)
+    outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("OUTPUT0", "OUTPUT1")]
+    result = client.infer("add_sub", _add_sub_inputs(a, b, binary), outputs=outputs, request_id="req-7")
+    np.testing.assert_allclose(result.as_numpy("OUTPUT0"), a + b, rtol=1e-6)
+    np.testing.assert_allclose(result.as_numpy("OUTPUT1"), a - b, rtol=1e-6)
+    assert result.get_response()["id"] == "req-7"
+
+
+def test_requested_output_only(client: httpclient.InferenceServerClient) -> None:
+    a = np.ones((1, 4), np.float32)
+    result = client.infer(
+        "add_sub", _add_sub_inputs(a, a, True), outputs=[httpclient.InferRequestedOutput("OUTPUT1")]
+    )
+    assert result.as_numpy("OUTPUT0") is None
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), np.zeros((1, 4), np.float32))
+
+
+def test_bytes_tensor(client: httpclient.InferenceServerClient) -> None:
+    words = np.array([b"triton", b"ray serve", "\u00e9t\u00e9".encode()], dtype=object)
+    i = httpclient.InferInput("INPUT0", [3], "BYTES")
+    i.set_data_from_numpy(words)
+    result = client.infer("string_upper", [i])
+    assert [w.decode() for w in result.as_numpy("OUTPUT0")] == ["TRITON", "RAY SERVE", "\u00c9T\u00c9"]
+
+
+def test_versions(client: httpclient.InferenceServerClient) -> None:
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    for version, factor in (("1", 1), ("2", 2), ("", 2)):
+        i = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+        i.set_data_from_numpy(x)
+        result = client.infer("multi_version", [i], model_version=version)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x * factor)
+    assert client.get_model_metadata("multi_version")["versions"] == ["1", "2"]
+    assert client.is_model_ready("multi_version", "1")
+    with pytest.raises(InferenceServerException):
+        client.get_model_metadata("multi_version", "3")
+
+
+def test_statistics_count_rows_and_executions(client: httpclient.InferenceServerClient) -> None:
+    before = client.get_inference_statistics("add_sub")["model_stats"][0]
+    a = np.ones((3, 4), np.float32)
+    client.infer("add_sub", _add_sub_inputs(a, a, True))
+    after = client.get_inference_statistics("add_sub")["model_stats"][0]
+    assert after["inference_count"] - before["inference_count"] == 3
+    assert after["execution_count"] - before["execution_count"] == 1
+    succ = after["inference_stats"]["success"]
+    assert succ["count"] - before["inference_stats"]["success"]["count"] == 1
+    assert succ["ns"] > 0
+    every = client.get_inference_statistics()["model_stats"]
+    assert {"add_sub", "crnn"} <= {s["name"] for s in every}
+
+
+def test_unknown_model_is_404(server_url: str) -> None:
+    status, body = _raw(server_url, "/v2/models/no_such_model")
+    assert status == 404
+    assert "no_such_model" in json.loads(body)["error"]
+    status, _ = _raw(server_url, "/v2/models/no_such_model/infer", b"{}")
+    assert status == 404
+
+
+@pytest.mark.parametrize(
+    "body, fragment",
+    [
+        (b"{not json", "json"),
+        (
+            json.dumps(
+                {
+                    "inputs": [
+                        {"name": "INPUT0", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]},
+                        {"name": "INPUT1", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]},
+                    ]
+                }
+            ).encode(),
+            "INPUT0",
+        ),
+        (
+            json.dumps(
+                {
+                    "inputs": [
+                        {"name": "INPUT0", "shape": [1, 4], "datatype": "INT32", "data": [1, 2, 3, 4]},
+                        {"name": "INPUT1", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]},
+                    ]
+                }
+            ).encode(),
+            "INPUT0",
+        ),
+        (
+            json.dumps(
+                {
+                    "inputs": [
+                        {"name": "INPUT0", "shape": [9, 4], "datatype": "FP32", "data": [0] * 36},
+                        {"name": "INPUT1", "shape": [9, 4], "datatype": "FP32", "data": [0] * 36},
+                    ]
+                }
+            ).encode(),
+            "batch",
+        ),
+    ],
+    ids=["malformed-json", "wrong-shape", "wrong-datatype", "batch-over-max"],
+)
+def test_bad_requests_are_400(server_url: str, body: bytes, fragment: str) -> None:
+    status, reply = _raw(server_url, "/v2/models/add_sub/infer", body, {"Content-Type": "application/json"})
+    assert status == 400
+    assert fragment.lower() in json.loads(reply)["error"].lower()
+
+
+def test_lying_header_length_is_400(server_url: str) -> None:
+    header = json.dumps({"inputs": [{"name": "INPUT0", "shape": [4], "datatype": "BYTES"}]}).encode()
+    status, reply = _raw(
+        server_url,
+        "/v2/models/string_upper/infer",
+        header + b"\x00" * 4,
+        {"Inference-Header-Content-Length": str(len(header) + 100)},
+    )
+    assert status == 400
+    assert "error" in json.loads(reply)
+
+
+def test_gzip_request_and_response(server_url: str) -> None:
+    doc = {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "BYTES", "data": ["zip"]}]}
+    status, reply = _raw(
+        server_url,
+        "/v2/models/string_upper/infer",
+        gzip.compress(json.dumps(doc).encode()),
+        {"Content-Encoding": "gzip", "Accept-Encoding": "gzip"},
+    )
+    assert status == 200
+    assert json.loads(gzip.decompress(reply))["outputs"][0]["data"] == ["ZIP"]
+
+
+def test_broken_models_listed_unavailable_while_others_serve(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    index = {row["name"]: row for row in client.get_model_repository_index()}
+    assert index["add_sub"]["state"] == "READY"
+    assert index["broken_config"]["state"] == "UNAVAILABLE"
+    assert "max_batch_size" in index["broken_config"]["reason"]
+    assert index["failing_init"]["state"] == "UNAVAILABLE"
+    assert "weights file is corrupt" in index["failing_init"]["reason"]
+    assert not client.is_model_ready("failing_init")
+    with pytest.raises(InferenceServerException) as err:
+        client.get_model_metadata("failing_init")
+    assert "failing_init" in str(err.value)
+
+
+def test_thousand_concurrent_requests_get_their_own_rows(server_url: str) -> None:
+    async def run() -> tuple[int, int]:
+        async with aioclient.InferenceServerClient(server_url, conn_limit=64) as c:
+            before = (await c.get_inference_statistics("batched"))["model_stats"][0]
+
+            async def one(k: int) -> None:
+                x = np.full((1, 4), float(k), np.float32)
+                x[0, 1] = -k
+                i = aioclient.InferInput("INPUT0", [1, 4], "FP32")
+                i.set_data_from_numpy(x)
+                r = await c.infer("batched", [i])
+                np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), x)
+
+            await asyncio.gather(*(one(k) for k in range(1000)))
+            after = (await c.get_inference_statistics("batched"))["model_stats"][0]
+            rows = after["inference_count"] - before["inference_count"]
+            execs = after["execution_count"] - before["execution_count"]
+            return rows, execs
+
+    rows, execs = asyncio.run(run())
+    assert rows == 1000
+    assert execs < 1000  # batches of more than one request were formed
+
+
+def test_aio_client_metadata_and_infer(server_url: str) -> None:
+    async def run() -> np.ndarray:
+        async with aioclient.InferenceServerClient(server_url) as c:
+            assert await c.is_server_ready() in (True, False)
+            assert await c.is_model_ready("add_sub")
+            a = np.full((1, 4), 2.0, np.float32)
+            inputs = []
+            for n in ("INPUT0", "INPUT1"):
+                i = aioclient.InferInput(n, [1, 4], "FP32")
+                i.set_data_from_numpy(a)
+                inputs.append(i)
+            r = await c.infer("add_sub", inputs)
+            return r.as_numpy("OUTPUT0")
+
+    np.testing.assert_array_equal(asyncio.run(run()), np.full((1, 4), 4.0, np.float32))
