@@ -8,6 +8,7 @@ model's failure never touches the others.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,10 +116,8 @@ class ModelController:
             entry.state = ModelState.UNAVAILABLE
             entry.reason = exc.message if isinstance(exc, ServerError) else f"{type(exc).__name__}: {exc}"
             logger.error("model '%s' is unavailable: %s", model.name, entry.reason)
-            try:
+            with contextlib.suppress(Exception):  # nothing may have been deployed
                 await self.deployer.delete(model.name)
-            except Exception:  # nothing was deployed
-                pass
 
     async def load(self, name: str) -> None:
         """Repository API load: re-read the model's files and (re)deploy it."""

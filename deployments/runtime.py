@@ -20,6 +20,7 @@ from deployments.metrics import TritonMetrics, tags_for
 from deployments.protocol.schema import ModelSchema
 from deployments.stats import ModelStats
 from deployments.warmup import warmup_requests
+from repository_loader import datatypes
 from repository_loader.errors import InternalError, InvalidArgument, NotFound, ServerError, Unavailable
 from repository_loader.model import InstanceKind, ModelDescription
 
@@ -39,6 +40,18 @@ def check_request(schema: ModelSchema, request: InferRequest) -> None:
     schema.check_complete(list(request.inputs), batches)
     for out in request.requested_outputs or ():
         schema.check_output(out.name)
+
+
+def _wire_type(dtype: Any) -> str:
+    """Wire name of a numpy or torch dtype ("?" when it has none)."""
+    if dtype is None:
+        return "?"
+    for convert in (datatypes.from_numpy_dtype, datatypes.from_torch_dtype):
+        try:
+            return convert(dtype)
+        except (ServerError, TypeError):
+            continue
+    return str(dtype)
 
 
 class VersionRuntime:

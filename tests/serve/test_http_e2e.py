@@ -247,3 +247,38 @@ def test_aio_client_metadata_and_infer(server_url: str) -> None:
             return r.as_numpy("OUTPUT0")
 
     np.testing.assert_array_equal(asyncio.run(run()), np.full((1, 4), 4.0, np.float32))
+
+
+def test_ensemble_equals_its_steps_by_hand(client: httpclient.InferenceServerClient) -> None:
+    rng = np.random.default_rng(3)
+    image = rng.integers(0, 255, size=(1, 32, 100), dtype=np.uint8)
+
+    def call(model: str, name: str, value: np.ndarray, datatype: str) -> httpclient.InferResult:
+        i = httpclient.InferInput(name, list(value.shape), datatype)
+        i.set_data_from_numpy(value)
+        return client.infer(model, [i])
+
+    pre_cfg = client.get_model_config("image_preprocess")
+    post_cfg = client.get_model_config("crnn_postprocess")
+    pre_out = pre_cfg["output"][0]["name"]
+    crnn_in = client.get_model_config("crnn")["input"][0]["name"]
+    crnn_out = client.get_model_config("crnn")["output"][0]["name"]
+    x = call("image_preprocess", pre_cfg["input"][0]["name"], image, "UINT8").as_numpy(pre_out)
+    logits = call("crnn", crnn_in, x, "FP32").as_numpy(crnn_out)
+    text = call("crnn_postprocess", post_cfg["input"][0]["name"], logits, "FP32")
+    expected = text.as_numpy(post_cfg["output"][0]["name"])
+
+    result = call("text_recognition", "IMAGE", image, "UINT8").as_numpy("TEXT")
+    np.testing.assert_array_equal(result, expected)
+    stats = client.get_inference_statistics("text_recognition")["model_stats"][0]
+    assert stats["inference_stats"]["success"]["count"] >= 1
+
+
+def test_ensemble_unknown_output_is_400(server_url: str) -> None:
+    doc = {
+        "inputs": [{"name": "IMAGE", "shape": [1, 2, 2], "datatype": "UINT8", "data": [1, 2, 3, 4]}],
+        "outputs": [{"name": "NOPE"}],
+    }
+    status, reply = _raw(server_url, "/v2/models/text_recognition/infer", json.dumps(doc).encode())
+    assert status == 400
+    assert "NOPE" in json.loads(reply)["error"]
