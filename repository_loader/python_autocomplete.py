@@ -9,6 +9,7 @@ backend passes, offering the same methods.
 from __future__ import annotations
 
 import copy
+import json
 import importlib.util
 import itertools
 import re
@@ -34,7 +35,10 @@ class AutoCompleteModelConfig:
     where Triton's do.
     """
 
-    def __init__(self, model_config: dict[str, Any]) -> None:
+    def __init__(self, model_config: dict[str, Any] | str | bytes) -> None:
+        # Triton's stub hands the configuration over as JSON text; a dict is accepted as well.
+        if isinstance(model_config, (str, bytes)):
+            model_config = json.loads(model_config)
         self._model_config = copy.deepcopy(model_config)
         self._model_config.setdefault("max_batch_size", 0)
         self._model_config.setdefault("input", [])
