@@ -21,7 +21,7 @@ from deployments.protocol.schema import ModelSchema
 from deployments.stats import ModelStats
 from deployments.warmup import warmup_requests
 from repository_loader import datatypes
-from repository_loader.errors import InternalError, InvalidArgument, NotFound, ServerError, Unavailable
+from repository_loader.errors import InvalidArgument, NotFound, ServerError, Unavailable
 from repository_loader.model import InstanceKind, ModelDescription
 
 logger = logging.getLogger(__name__)
@@ -200,27 +200,6 @@ class ModelRuntime:
         except ServerError:
             return False
 
-    def metadata(self, version: str | int | None = None) -> dict[str, Any]:
-        versions = (
-            [str(v) for v in sorted(self.versions)]
-            if version in (None, "")
-            else [str(self.version(version).version)]
-        )
-        mbs = self.model.max_batch_size
-        return {
-            "name": self.model.name,
-            "versions": versions,
-            "platform": self.model.platform or self.model.backend,
-            "inputs": [
-                {"name": t.name, "datatype": t.datatype, "shape": t.full_shape(mbs)}
-                for t in self.model.inputs
-            ],
-            "outputs": [
-                {"name": t.name, "datatype": t.datatype, "shape": t.full_shape(mbs)}
-                for t in self.model.outputs
-            ],
-        }
-
     def config(self, version: str | int | None = None) -> dict[str, Any]:
         if version not in (None, ""):
             self.version(version)
@@ -238,7 +217,3 @@ class ModelRuntime:
             except Exception as exc:  # finalize errors must not stop the others
                 logger.warning("model '%s': unload failed: %s", self.model.name, exc)
         self.versions.clear()
-
-
-def internal_error(exc: BaseException) -> ServerError:
-    return exc if isinstance(exc, ServerError) else InternalError(str(exc))
