@@ -1,11 +1,11 @@
 """``python -m bench``: measure a KServe v2 server, drive perf_analyzer, plot, or run a scenario.
 
-    python -m bench run -u localhost:8000 -m identity_fp32 --concurrency 1,2,4,8 --out bench/results/mine
-    python -m bench run -u localhost:8000 -m crnn -b 2 --request-rate 100,200 --json
-    python -m bench perf-analyzer -u localhost:8000 -m identity_fp32 --concurrency 1:8:1
-    python -m bench plot bench/results/mine/results.json
-    python -m bench scenario overhead
-    python -m bench peers        # install perf_analyzer and tritonserver into .tools/
+python -m bench run -u localhost:8000 -m identity_fp32 --concurrency 1,2,4,8 --out bench/results/mine
+python -m bench run -u localhost:8000 -m crnn -b 2 --request-rate 100,200 --json
+python -m bench perf-analyzer -u localhost:8000 -m identity_fp32 --concurrency 1:8:1
+python -m bench plot bench/results/mine/results.json
+python -m bench scenario overhead
+python -m bench peers        # install perf_analyzer and tritonserver into .tools/
 """
 
 from __future__ import annotations
@@ -73,15 +73,25 @@ def print_table(runs: Sequence[Run]) -> None:
     for run in runs:
         for p in run.points:
             level = p.concurrency if p.concurrency is not None else p.request_rate
-            print(f"{run.label[:32]:32} {level:>7g} {p.infer_per_s:>10,.1f} {p.latency_avg_us:>9,.0f} "
-                  f"{p.p50_us:>9,.0f} {p.p99_us:>9,.0f} {'yes' if p.stable else 'no'}")
+            print(
+                f"{run.label[:32]:32} {level:>7g} {p.infer_per_s:>10,.1f} {p.latency_avg_us:>9,.0f} "
+                f"{p.p50_us:>9,.0f} {p.p99_us:>9,.0f} {'yes' if p.stable else 'no'}"
+            )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     levels, mode = _levels(args)
-    opts = MeasureOptions(window_s=args.window, tolerance=args.tolerance, max_windows=args.max_windows,
-                          batch_size=args.batch_size, binary=not args.json, shapes=args.shape,
-                          processes=args.processes, poisson=args.poisson, warmup_s=args.warmup)
+    opts = MeasureOptions(
+        window_s=args.window,
+        tolerance=args.tolerance,
+        max_windows=args.max_windows,
+        batch_size=args.batch_size,
+        binary=not args.json,
+        shapes=args.shape,
+        processes=args.processes,
+        poisson=args.poisson,
+        warmup_s=args.warmup,
+    )
     runs = [asyncio.run(sweep(args.url, args.model, levels, mode, label=args.label, opts=opts))]
     if args.compare_perf_analyzer:
         runs.append(_pa(args, levels, mode))
@@ -90,9 +100,18 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _pa(args: argparse.Namespace, levels: list[float], mode: str) -> Run:
     label = f"{args.label or args.model} (perf_analyzer)"
-    return run_perf_analyzer(args.url, args.model, levels, mode, label=label, batch_size=args.batch_size,
-                             shapes=args.shape, measurement_interval_ms=int(args.window * 1000),
-                             stability=int(args.tolerance * 100), max_trials=args.max_windows)
+    return run_perf_analyzer(
+        args.url,
+        args.model,
+        levels,
+        mode,
+        label=label,
+        batch_size=args.batch_size,
+        shapes=args.shape,
+        measurement_interval_ms=int(args.window * 1000),
+        stability=int(args.tolerance * 100),
+        max_trials=args.max_windows,
+    )
 
 
 def cmd_perf_analyzer(args: argparse.Namespace) -> int:
@@ -145,7 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     scen.add_argument("--quick", action="store_true", help="fewer levels and shorter windows")
     scen.set_defaults(func=cmd_scenario)
     sub.add_parser("peers", help="install perf_analyzer and tritonserver").set_defaults(
-        func=lambda a: peers.main([]))
+        func=lambda a: peers.main([])
+    )
     args = parser.parse_args(argv)
     return int(args.func(args))
 

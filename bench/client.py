@@ -35,7 +35,9 @@ class Response:
         return json.loads(self.body[: int(size)] if size else self.body)
 
 
-def encode_request(method: str, host: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> bytes:
+def encode_request(
+    method: str, host: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+) -> bytes:
     """The bytes of one HTTP/1.1 request with a keep-alive connection."""
     lines = [f"{method} {path} HTTP/1.1", f"Host: {host}", f"Content-Length: {len(body)}"]
     lines += [f"{k}: {v}" for k, v in (headers or {}).items()]

@@ -63,7 +63,9 @@ def parse_shape_options(options: Sequence[str]) -> dict[str, tuple[int, ...]]:
 
 
 def tensor_specs(
-    metadata: Mapping[str, Any], max_batch_size: int, batch_size: int = 1,
+    metadata: Mapping[str, Any],
+    max_batch_size: int,
+    batch_size: int = 1,
     shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> list[TensorSpec]:
     """The inputs of a model (its ``/v2/models/m`` metadata) with every dimension fixed."""
@@ -138,8 +140,15 @@ def infer_body(
 
 
 def request_pool(
-    url_host: str, model: str, specs: Sequence[TensorSpec], outputs: Sequence[str], *,
-    binary: bool = True, version: str = "", variants: int = 16, seed: int = 0,
+    url_host: str,
+    model: str,
+    specs: Sequence[TensorSpec],
+    outputs: Sequence[str],
+    *,
+    binary: bool = True,
+    version: str = "",
+    variants: int = 16,
+    seed: int = 0,
 ) -> list[bytes]:
     """``variants`` distinct, fully encoded infer requests for ``model``."""
     rng = np.random.default_rng(seed)

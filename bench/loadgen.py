@@ -56,7 +56,12 @@ async def _send_one(conn: Connection, request: bytes, samples: Samples, start: f
 
 
 async def closed_loop(
-    host: str, port: int, pool: Sequence[bytes], concurrency: int, samples: Samples, stop: asyncio.Event,
+    host: str,
+    port: int,
+    pool: Sequence[bytes],
+    concurrency: int,
+    samples: Samples,
+    stop: asyncio.Event,
     offset: int = 0,
 ) -> None:
     """``concurrency`` workers, each sending its next request as soon as the previous one returns."""
@@ -75,8 +80,16 @@ async def closed_loop(
 
 
 async def open_loop(
-    host: str, port: int, pool: Sequence[bytes], rate: float, samples: Samples, stop: asyncio.Event,
-    *, poisson: bool = False, max_outstanding: int = 1024, seed: int = 0,
+    host: str,
+    port: int,
+    pool: Sequence[bytes],
+    rate: float,
+    samples: Samples,
+    stop: asyncio.Event,
+    *,
+    poisson: bool = False,
+    max_outstanding: int = 1024,
+    seed: int = 0,
 ) -> None:
     """Send ``rate`` requests per second on a schedule (constant gaps, or Poisson arrivals).
 
@@ -139,7 +152,9 @@ class LoadSource:
         if self.mode == "concurrency":
             coro = closed_loop(self.host, self.port, self.pool, int(level), self._samples, self._stop)
         else:
-            coro = open_loop(self.host, self.port, self.pool, level, self._samples, self._stop, poisson=self.poisson)
+            coro = open_loop(
+                self.host, self.port, self.pool, level, self._samples, self._stop, poisson=self.poisson
+            )
         self._task = asyncio.ensure_future(coro)
         await asyncio.sleep(0)
 

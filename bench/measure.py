@@ -103,14 +103,16 @@ async def _snapshot(url: str, model: str) -> dict[str, server_stats.ModelCounter
 
 async def measure_level(
     source: Source, url: str, model: str, level: float, opts: MeasureOptions, progress: Progress
-) -> tuple[list[WindowStats], dict[str, server_stats.ServerBreakdown]]:
-    """Windows at one load level until stable; returns the windows and the server breakdown of the last ones."""
+) -> tuple[list[WindowStats], dict[str, server_stats.ServerBreakdown], float]:
+    """Windows at one load level until stable: the windows, the server breakdown of the last ones,
+    and the CPU cores this client process used meanwhile (in-process load only)."""
     records = _Records()
     await source.start(level)
     try:
         await asyncio.sleep(opts.warmup_s)
         records.add(await source.collect(time.perf_counter()))
         t0, snaps = time.perf_counter(), [await _snapshot(url, model)]
+        cpu0, wall0 = time.process_time(), t0
         windows: list[WindowStats] = []
         while len(windows) < opts.max_windows:
             await asyncio.sleep(max(0.0, t0 + opts.window_s - time.perf_counter()))
@@ -119,18 +121,26 @@ async def measure_level(
             records.add(await source.collect(t1))
             windows.append(records.window(t0, t1, opts.batch_size))
             w = windows[-1]
-            progress.update(f"level {level:g}: window {len(windows)} {w.infer_per_s:,.0f} infer/s, {w.latency_avg_us:,.0f} us")
+            progress.update(
+                f"level {level:g}: window {len(windows)} {w.infer_per_s:,.0f} infer/s, {w.latency_avg_us:,.0f} us"
+            )
             t0 = t1
             if is_stable(windows, opts.stable_windows, opts.tolerance):
                 break
+        client_cores = (time.process_time() - cpu0) / max(1e-9, time.perf_counter() - wall0)
     finally:
         await source.stop()
     n = min(opts.stable_windows, len(windows))
-    return windows, server_stats.breakdowns(snaps[-n - 1], snaps[-1])
+    return windows, server_stats.breakdowns(snaps[-n - 1], snaps[-1]), client_cores
 
 
-def point_from(level: float, mode: str, windows: list[WindowStats],
-               server: dict[str, server_stats.ServerBreakdown], opts: MeasureOptions) -> Point:
+def point_from(
+    level: float,
+    mode: str,
+    windows: list[WindowStats],
+    server: dict[str, server_stats.ServerBreakdown],
+    opts: MeasureOptions,
+) -> Point:
     """The reported point: the last ``stable_windows`` windows merged."""
     stable = is_stable(windows, opts.stable_windows, opts.tolerance)
     s = summarize(windows[-opts.stable_windows :])
@@ -157,16 +167,32 @@ async def build_pool(url: str, model: str, opts: MeasureOptions) -> list[bytes]:
     vpath = f"/versions/{opts.version}" if opts.version else ""
     metadata = await get_json(url, f"/v2/models/{model}{vpath}")
     config = await get_json(url, f"/v2/models/{model}{vpath}/config")
-    specs = tensor_specs(metadata, int(config.get("max_batch_size", 0)), opts.batch_size,
-                         parse_shape_options(opts.shapes))
+    specs = tensor_specs(
+        metadata, int(config.get("max_batch_size", 0)), opts.batch_size, parse_shape_options(opts.shapes)
+    )
     outputs = opts.outputs if opts.outputs is not None else [o["name"] for o in metadata.get("outputs", [])]
     host, port = split_url(url)
-    return request_pool(f"{host}:{port}", model, specs, outputs, binary=opts.binary,
-                        version=opts.version, variants=opts.variants)
+    return request_pool(
+        f"{host}:{port}",
+        model,
+        specs,
+        outputs,
+        binary=opts.binary,
+        version=opts.version,
+        variants=opts.variants,
+    )
 
 
-async def sweep(url: str, model: str, levels: Sequence[float], mode: str = "concurrency", *,
-                label: str = "", opts: MeasureOptions | None = None, show_progress: bool = True) -> Run:
+async def sweep(
+    url: str,
+    model: str,
+    levels: Sequence[float],
+    mode: str = "concurrency",
+    *,
+    label: str = "",
+    opts: MeasureOptions | None = None,
+    show_progress: bool = True,
+) -> Run:
     """Measure ``model`` at each load level (concurrencies, or request rates when ``mode`` is ``request_rate``)."""
     opts = opts or MeasureOptions()
     pool = await build_pool(url, model, opts)
@@ -179,17 +205,30 @@ async def sweep(url: str, model: str, levels: Sequence[float], mode: str = "conc
     run = Run(label or model, "bench", model, url, mode, _options_dict(opts))
     progress = Progress(run.label, show_progress)
     for level in levels:
-        windows, server = await measure_level(source, url, model, level, opts, progress)
+        windows, server, cores = await measure_level(source, url, model, level, opts, progress)
         point = point_from(level, mode, windows, server, opts)
+        point.client_cores = cores if opts.processes <= 1 else None
         run.points.append(point)
         flag = "" if point.stable else " (unstable)"
-        progress.update(f"level {level:g}: {point.infer_per_s:,.0f} infer/s, p50 {point.p50_us:,.0f} us, "
-                        f"p99 {point.p99_us:,.0f} us{flag}", final=True)
+        progress.update(
+            f"level {level:g}: {point.infer_per_s:,.0f} infer/s, p50 {point.p50_us:,.0f} us, "
+            f"p99 {point.p99_us:,.0f} us{flag}",
+            final=True,
+        )
     return run
 
 
 def _options_dict(opts: MeasureOptions) -> dict[str, Any]:
     """The options worth recording next to the results."""
-    keys = ("window_s", "tolerance", "stable_windows", "max_windows", "warmup_s", "batch_size",
-            "binary", "processes", "poisson")
+    keys = (
+        "window_s",
+        "tolerance",
+        "stable_windows",
+        "max_windows",
+        "warmup_s",
+        "batch_size",
+        "binary",
+        "processes",
+        "poisson",
+    )
     return {k: getattr(opts, k) for k in keys} | {"shapes": list(opts.shapes)}

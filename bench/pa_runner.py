@@ -8,9 +8,11 @@ statistics are snapshotted around each invocation, which gives the batch sizes t
 from __future__ import annotations
 
 import json
+import resource
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,36 +31,70 @@ def _snapshot(url: str) -> dict[str, server_stats.ModelCounters]:
         return {}
 
 
+def _children_cpu() -> float:
+    """CPU seconds used so far by finished child processes (perf_analyzer runs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _run_once(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
     """Run perf_analyzer, returning its output even when it fails."""
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
-def run_level(url: str, model: str, level: float, mode: str, *, batch_size: int = 1,
-              shapes: Sequence[str] = (), measurement_interval_ms: int = 2000, stability: int = 10,
-              max_trials: int = 10, timeout: float = 300.0, extra: Sequence[str] = ()) -> Point | None:
+def run_level(
+    url: str,
+    model: str,
+    level: float,
+    mode: str,
+    *,
+    batch_size: int = 1,
+    shapes: Sequence[str] = (),
+    measurement_interval_ms: int = 2000,
+    stability: int = 10,
+    max_trials: int = 10,
+    timeout: float = 300.0,
+    extra: Sequence[str] = (),
+) -> Point | None:
     """One load level measured by perf_analyzer (None if it produced no result at all)."""
     with tempfile.TemporaryDirectory() as tmp:
         csv_path = Path(tmp) / "pa.csv"
-        kwargs = dict(csv_path=csv_path, measurement_interval_ms=measurement_interval_ms,
-                      shapes=shapes, batch_size=batch_size, max_trials=max_trials, extra=extra)
+        kwargs = dict(
+            csv_path=csv_path,
+            measurement_interval_ms=measurement_interval_ms,
+            shapes=shapes,
+            batch_size=batch_size,
+            max_trials=max_trials,
+            extra=extra,
+        )
         conc = [int(level)] if mode == "concurrency" else None
         rate = [level] if mode != "concurrency" else None
         before = _snapshot(url)
-        proc = _run_once(peers.perf_analyzer_cmd(model, url, conc, request_rate=rate,
-                                                 stability_percentage=stability, **kwargs), timeout)  # type: ignore[arg-type]
+        cpu0, wall0 = _children_cpu(), time.perf_counter()
+        proc = _run_once(
+            peers.perf_analyzer_cmd(
+                model, url, conc, request_rate=rate, stability_percentage=stability, **kwargs
+            ),
+            timeout,
+        )  # type: ignore[arg-type]
         points = read_perf_analyzer_csv(csv_path, model, batch_size)
         stable = bool(points)
         if not points:
-            proc = _run_once(peers.perf_analyzer_cmd(model, url, conc, request_rate=rate,
-                                                     stability_percentage=1000, **kwargs), timeout)  # type: ignore[arg-type]
+            proc = _run_once(
+                peers.perf_analyzer_cmd(
+                    model, url, conc, request_rate=rate, stability_percentage=1000, **kwargs
+                ),
+                timeout,
+            )  # type: ignore[arg-type]
             points = read_perf_analyzer_csv(csv_path, model, batch_size)
         after = _snapshot(url)
+        cores = (_children_cpu() - cpu0) / max(1e-9, time.perf_counter() - wall0)
     if not points:
         print(f"perf_analyzer failed at {level:g}: {(proc.stdout + proc.stderr)[-800:]}", file=sys.stderr)
         return None
     point = points[-1]
     point.stable = stable
+    point.client_cores = cores
     for name, b in server_stats.breakdowns(before, after).items():
         entry = point.server.setdefault(name, {})
         entry["batch_sizes"] = {str(k): v for k, v in b.batch_sizes.items()}
@@ -66,25 +102,53 @@ def run_level(url: str, model: str, level: float, mode: str, *, batch_size: int 
     return point
 
 
-def run_perf_analyzer(url: str, model: str, levels: Sequence[float], mode: str = "concurrency", *,
-                      label: str = "", batch_size: int = 1, shapes: Sequence[str] = (),
-                      measurement_interval_ms: int = 2000, stability: int = 10, max_trials: int = 10,
-                      extra: Sequence[str] = (), show_progress: bool = True) -> Run:
+def run_perf_analyzer(
+    url: str,
+    model: str,
+    levels: Sequence[float],
+    mode: str = "concurrency",
+    *,
+    label: str = "",
+    batch_size: int = 1,
+    shapes: Sequence[str] = (),
+    measurement_interval_ms: int = 2000,
+    stability: int = 10,
+    max_trials: int = 10,
+    extra: Sequence[str] = (),
+    show_progress: bool = True,
+) -> Run:
     """A sweep of ``levels`` with perf_analyzer; installs it first if needed."""
     if not peers.perf_analyzer_path().exists():
         peers.install_perf_analyzer()
-    options = {"batch_size": batch_size, "shapes": list(shapes), "stability": stability,
-               "measurement_interval_ms": measurement_interval_ms, "max_trials": max_trials}
+    options = {
+        "batch_size": batch_size,
+        "shapes": list(shapes),
+        "stability": stability,
+        "measurement_interval_ms": measurement_interval_ms,
+        "max_trials": max_trials,
+    }
     run = Run(label or f"{model} (perf_analyzer)", "perf_analyzer", model, url, mode, options)
     for level in levels:
-        point = run_level(url, model, level, mode, batch_size=batch_size, shapes=shapes,
-                          measurement_interval_ms=measurement_interval_ms, stability=stability,
-                          max_trials=max_trials, extra=extra)
+        point = run_level(
+            url,
+            model,
+            level,
+            mode,
+            batch_size=batch_size,
+            shapes=shapes,
+            measurement_interval_ms=measurement_interval_ms,
+            stability=stability,
+            max_trials=max_trials,
+            extra=extra,
+        )
         if point is None:
             continue
         run.points.append(point)
         if show_progress:
             flag = "" if point.stable else " (unstable)"
-            print(f"[{run.label}] level {level:g}: {point.infer_per_s:,.0f} infer/s, "
-                  f"p50 {point.p50_us:,.0f} us, p99 {point.p99_us:,.0f} us{flag}", file=sys.stderr)
+            print(
+                f"[{run.label}] level {level:g}: {point.infer_per_s:,.0f} infer/s, "
+                f"p50 {point.p50_us:,.0f} us, p99 {point.p99_us:,.0f} us{flag}",
+                file=sys.stderr,
+            )
     return run

@@ -229,6 +229,8 @@ def install_tritonserver() -> Path:
         tritonserver_path(),
         f'export LD_LIBRARY_PATH="{libs}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"\n'
         f'export PATH="{venv_bin}:$PATH"\n'
+        # the stub's own triton_python_backend_utils must win over any module of that name on sys.path
+        f'export PYTHONPATH="{backends / "python"}${{PYTHONPATH:+:$PYTHONPATH}}"\n'
         f'exec "{server}" --backend-directory "{backends}" "$@"\n',
     )
     return tritonserver_path()
@@ -251,7 +253,7 @@ class ServerHandle:
         return f"localhost:{self.http_port}"
 
     def stop(self, timeout: float = 30.0) -> int:
-        """Send SIGTERM, wait up to ``timeout`` seconds (then SIGKILL); returns the exit code."""
+        """SIGTERM the server, wait up to ``timeout`` s (then SIGKILL), then end what it left in its group."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -259,6 +261,7 @@ class ServerHandle:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        _end_group(self.process.pid)
         if self._log is not None:
             self._log.close()  # type: ignore[attr-defined]
         return self.process.returncode
@@ -268,6 +271,26 @@ class ServerHandle:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _end_group(pgid: int, grace: float = 5.0) -> None:
+    """Stop processes left in the server's own process group (helpers it started), TERM then KILL."""
+    if not _group_alive(pgid):
+        return
+    os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and _group_alive(pgid):
+        time.sleep(0.1)
+    if _group_alive(pgid):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def wait_ready(handle: ServerHandle, timeout: float = 120.0) -> None:
@@ -300,11 +323,12 @@ def launch(
     log_path: Path | None,
     grpc_port: int | None = None,
     env: dict[str, str] | None = None,
+    cwd: Path = REPO_ROOT,
 ) -> ServerHandle:
-    """Start ``cmd`` in its own process group with output to ``log_path`` (or discarded)."""
+    """Start ``cmd`` in its own process group (in ``cwd``) with output to ``log_path`` (or discarded)."""
     log = open(log_path, "wb") if log_path is not None else subprocess.DEVNULL  # noqa: SIM115
     process = subprocess.Popen(
-        list(cmd), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=REPO_ROOT
+        list(cmd), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=cwd
     )
     handle = ServerHandle(process, http_port, grpc_port, log_path, name)
     handle._log = log if log_path is not None else None
@@ -334,7 +358,7 @@ def start_tritonserver(
         "--log-verbose=0",
         *extra,
     ]
-    handle = launch(cmd, http_port, name="tritonserver", log_path=log_path, grpc_port=grpc_port)
+    handle = launch(cmd, http_port, name="tritonserver", log_path=log_path, grpc_port=grpc_port, cwd=TS_DIR)
     wait_ready(handle, timeout)
     return handle
 

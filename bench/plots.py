@@ -21,7 +21,9 @@ _PERCENTILES = (("p50_us", "p50", "-"), ("p90_us", "p90", "--"), ("p99_us", "p99
 
 def _x(run: Run, p: Point) -> float:
     """The load level of a point: its concurrency, or its request rate."""
-    return float(p.concurrency if run.mode == "concurrency" and p.concurrency is not None else p.request_rate or 0)
+    return float(
+        p.concurrency if run.mode == "concurrency" and p.concurrency is not None else p.request_rate or 0
+    )
 
 
 def _xlabel(runs: Sequence[Run]) -> str:
@@ -54,8 +56,14 @@ def plot_latency(runs: Sequence[Run], path: str | Path, title: str = "") -> Path
             ys = [getattr(p, key) / 1000.0 for p in pts]
             if all(math.isnan(y) for y in ys):
                 continue
-            ax.plot([_x(run, p) for p in pts], ys, linestyle=style, marker=".",
-                    color=colors[i % len(colors)], label=f"{_name(run)} {name}")
+            ax.plot(
+                [_x(run, p) for p in pts],
+                ys,
+                linestyle=style,
+                marker=".",
+                color=colors[i % len(colors)],
+                label=f"{_name(run)} {name}",
+            )
     ax.set_xlabel(_xlabel(runs))
     ax.set_ylabel("latency (ms)")
     ax.set_ylim(bottom=0)

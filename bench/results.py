@@ -41,6 +41,7 @@ CSV_COLUMNS: tuple[str, ...] = (
     "server_compute_output_us",
     "avg_batch_size",
     "batch_sizes",
+    "client_cores",
 )
 
 
@@ -62,6 +63,7 @@ class Point:
     stable: bool = True
     windows: int = 0
     server: dict[str, dict[str, Any]] = field(default_factory=dict)
+    client_cores: float | None = None
 
     def main_server(self, model: str) -> dict[str, Any]:
         """The server breakdown of ``model`` (or of the only model seen), empty if none."""
@@ -123,7 +125,8 @@ def report_from_dict(data: dict[str, Any]) -> Report:
         for p in r.get("points", []):
             floats = {k: _nan(p.get(k)) for k in ("infer_per_s", "requests_per_s", "latency_avg_us")}
             floats |= {k: _nan(p.get(k)) for k in ("p50_us", "p90_us", "p95_us", "p99_us")}
-            rest = {k: p[k] for k in ("requests", "errors", "stable", "windows", "server") if k in p}
+            keys = ("requests", "errors", "stable", "windows", "server", "client_cores")
+            rest = {k: p[k] for k in keys if k in p}
             points.append(Point(p.get("concurrency"), p.get("request_rate"), **floats, **rest))
         fields = {k: r[k] for k in ("label", "tool", "model", "url", "mode", "options") if k in r}
         runs.append(Run(**fields, points=points))
@@ -174,6 +177,7 @@ def csv_rows(runs: Iterable[Run]) -> list[dict[str, Any]]:
                     "server_compute_output_us": _fmt(srv.get("compute_output_us")),
                     "avg_batch_size": _fmt(srv.get("avg_batch_size")),
                     "batch_sizes": ";".join(f"{k}:{v}" for k, v in sizes.items()),
+                    "client_cores": _fmt(p.client_cores),
                 }
             )
     return rows

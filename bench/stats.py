@@ -70,7 +70,11 @@ class WindowStats:
 
 
 def window_from_samples(
-    start_s: float, end_s: float, end_times_s: np.ndarray, latencies_us: np.ndarray, errors: int = 0,
+    start_s: float,
+    end_s: float,
+    end_times_s: np.ndarray,
+    latencies_us: np.ndarray,
+    errors: int = 0,
     rows_per_request: int = 1,
 ) -> WindowStats:
     """The window ``[start_s, end_s)`` built from completion records (end time, latency) of a run."""

@@ -18,14 +18,30 @@ from bench.loadgen import Samples, closed_loop, open_loop, split_level
 _FLUSH_S = 0.1
 
 
-def _worker_main(pipe: Pipe, host: str, port: int, pool: Sequence[bytes], mode: str, level: float,
-                 poisson: bool, offset: int) -> None:
+def _worker_main(
+    pipe: Pipe,
+    host: str,
+    port: int,
+    pool: Sequence[bytes],
+    mode: str,
+    level: float,
+    poisson: bool,
+    offset: int,
+) -> None:
     """Entry point of a worker process: run the loop until the parent says stop."""
     asyncio.run(_worker(pipe, host, port, pool, mode, level, poisson, offset))
 
 
-async def _worker(pipe: Pipe, host: str, port: int, pool: Sequence[bytes], mode: str, level: float,
-                  poisson: bool, offset: int) -> None:
+async def _worker(
+    pipe: Pipe,
+    host: str,
+    port: int,
+    pool: Sequence[bytes],
+    mode: str,
+    level: float,
+    poisson: bool,
+    offset: int,
+) -> None:
     samples, stop = Samples(), asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -37,7 +53,9 @@ async def _worker(pipe: Pipe, host: str, port: int, pool: Sequence[bytes], mode:
     if mode == "concurrency":
         task = asyncio.ensure_future(closed_loop(host, port, pool, int(level), samples, stop, offset))
     else:
-        task = asyncio.ensure_future(open_loop(host, port, pool, level, samples, stop, poisson=poisson, seed=offset))
+        task = asyncio.ensure_future(
+            open_loop(host, port, pool, level, samples, stop, poisson=poisson, seed=offset)
+        )
     pipe.send(("ready", time.perf_counter(), None))
     while not stop.is_set():
         await asyncio.sleep(_FLUSH_S)
@@ -50,8 +68,9 @@ async def _worker(pipe: Pipe, host: str, port: int, pool: Sequence[bytes], mode:
 class MultiProcessSource:
     """``LoadSource``'s interface with the load split over ``processes`` worker processes."""
 
-    def __init__(self, host: str, port: int, pool: Sequence[bytes], mode: str, processes: int, *,
-                 poisson: bool = False) -> None:
+    def __init__(
+        self, host: str, port: int, pool: Sequence[bytes], mode: str, processes: int, *, poisson: bool = False
+    ) -> None:
         self.host, self.port, self.pool, self.mode = host, port, list(pool), mode
         self.processes, self.poisson = processes, poisson
         self._ctx = mp.get_context("spawn")

@@ -1,0 +1,198 @@
+"""What the scenarios share: starting this server, variant model repositories, and saving results.
+
+``start_this_server`` is the one place that knows how this project's server is launched; the real
+Triton peer is started by ``bench.peers.start_tritonserver``. Variant repositories are copies of the
+example models with their ``config.pbtxt`` rewritten through the model-config protobuf schema.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import text_format
+
+from bench.env import REPO_ROOT, environment
+from bench.measure import MeasureOptions, sweep
+from bench.pa_runner import run_perf_analyzer
+from bench.peers import ServerHandle, launch, wait_ready
+from bench.plots import plot_report
+from bench.results import Report, Run, write_csv, write_json
+from repository_loader.proto import model_config_pb2
+
+EXAMPLES = REPO_ROOT / "examples" / "model_repository"
+BENCH_MODELS = Path(__file__).resolve().parent / "models"
+RESULTS = REPO_ROOT / "bench" / "results"
+WORK = REPO_ROOT / "bench" / ".work"
+
+ConfigEdit = Callable[[model_config_pb2.ModelConfig], None]
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def this_server_cmd(repo: Path, http_port: int, grpc_port: int | None = None) -> list[str]:
+    """The command that serves ``repo`` with this project's server."""
+    cmd = [sys.executable, "-m", "repository_loader", "serve", str(repo), "--http-port", str(http_port)]
+    if grpc_port is not None:
+        cmd += ["--grpc-port", str(grpc_port)]
+    return cmd
+
+
+def start_this_server(
+    repo: Path,
+    http_port: int,
+    *,
+    grpc_port: int | None = None,
+    log_path: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 300.0,
+) -> ServerHandle:
+    """Start this project's server on ``repo`` and wait until ``/v2/health/ready`` answers 200."""
+    full_env = {**os.environ, **(env or {})}
+    handle = launch(
+        this_server_cmd(repo, http_port, grpc_port),
+        http_port,
+        name="this server",
+        log_path=log_path,
+        grpc_port=grpc_port,
+        env=full_env,
+    )
+    wait_ready(handle, timeout)
+    return handle
+
+
+def read_config(path: Path) -> model_config_pb2.ModelConfig:
+    """A ``config.pbtxt`` parsed into the model-config message."""
+    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
+def write_config(config: model_config_pb2.ModelConfig, path: Path) -> None:
+    """Write a model-config message as ``config.pbtxt``."""
+    path.write_text(text_format.MessageToString(config))
+
+
+def make_repository(dest: Path, models: Iterable[tuple[Path, str, ConfigEdit | None]]) -> Path:
+    """A fresh repository at ``dest``: each ``(source model dir, name, edit)`` is copied under ``name``
+    and its config rewritten by ``edit`` (which may change anything but the name)."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for src, name, edit in models:
+        target = dest / name
+        shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__"))
+        cfg_path = target / "config.pbtxt"
+        if cfg_path.exists() and (edit is not None or name != src.name):
+            config = read_config(cfg_path)
+            config.name = name
+            if edit is not None:
+                edit(config)
+            write_config(config, cfg_path)
+    return dest
+
+
+def set_instances(count: int) -> ConfigEdit:
+    """An edit giving the model ``count`` CPU instances."""
+
+    def edit(config: model_config_pb2.ModelConfig) -> None:
+        del config.instance_group[:]
+        group = config.instance_group.add()
+        group.count = count
+        group.kind = model_config_pb2.ModelInstanceGroup.KIND_CPU
+
+    return edit
+
+
+def set_dynamic_batching(enabled: bool, delay_us: int = 0, preferred: Iterable[int] = ()) -> ConfigEdit:
+    """An edit turning dynamic batching on (with this queue delay and preferred sizes) or off."""
+
+    def edit(config: model_config_pb2.ModelConfig) -> None:
+        config.ClearField("dynamic_batching")
+        if enabled:
+            config.dynamic_batching.max_queue_delay_microseconds = delay_us
+            config.dynamic_batching.preferred_batch_size.extend(preferred)
+
+    return edit
+
+
+def chain(*edits: ConfigEdit) -> ConfigEdit:
+    """Several edits applied in order."""
+
+    def edit(config: model_config_pb2.ModelConfig) -> None:
+        for e in edits:
+            e(config)
+
+    return edit
+
+
+def work_dir(scenario: str) -> Path:
+    """A scratch folder for a scenario's repositories and logs (git-ignored)."""
+    path = WORK / scenario
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def save_report(report: Report, title: str = "") -> Path:
+    """Write a scenario's JSON, CSV and plots into ``bench/results/<name>/``; returns the folder."""
+    out = RESULTS / report.name
+    write_json(report, out / "results.json")
+    write_csv(report.runs, out / "results.csv")
+    if any(r.points for r in report.runs):
+        plot_report(report.runs, out, title or report.name)
+    return out
+
+
+def new_report(name: str, **extra: Any) -> Report:
+    """An empty report for scenario ``name`` with the environment filled in."""
+    return Report(name, environment(**extra))
+
+
+def log(message: str) -> None:
+    """A scenario progress message on stderr."""
+    print(f"== {message}", file=sys.stderr, flush=True)
+
+
+def measure(
+    url: str,
+    model: str,
+    levels: list[float],
+    label: str,
+    *,
+    tools: Iterable[str] = ("bench",),
+    batch_size: int = 1,
+    shapes: tuple[str, ...] = (),
+    window_s: float = 2.0,
+    max_windows: int = 10,
+) -> list[Run]:
+    """Sweep ``levels`` on ``model`` with each of ``tools`` (``bench`` and/or ``perf_analyzer``)."""
+    runs = []
+    for tool in tools:
+        if tool == "perf_analyzer":
+            runs.append(
+                run_perf_analyzer(
+                    url,
+                    model,
+                    levels,
+                    label=f"{label} (perf_analyzer)",
+                    batch_size=batch_size,
+                    shapes=shapes,
+                    measurement_interval_ms=int(window_s * 1000),
+                    max_trials=max_windows,
+                )
+            )
+        else:
+            opts = MeasureOptions(
+                window_s=window_s, max_windows=max_windows, batch_size=batch_size, shapes=shapes
+            )
+            runs.append(asyncio.run(sweep(url, model, levels, label=f"{label} (bench)", opts=opts)))
+    return runs
