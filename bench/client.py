@@ -94,7 +94,7 @@ class Connection:
 
 async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
     """The body of a chunked response."""
-    parts = []
+    parts: list[bytes] = []
     while True:
         size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
         if size == 0:

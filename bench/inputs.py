@@ -90,7 +90,7 @@ def random_tensor(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
     """Random data for one input: floats in [0, 1), small integers, random booleans or strings."""
     if spec.datatype == "BYTES":
         n = int(np.prod(spec.shape))
-        words = [rng.integers(0, 1 << 30).to_bytes(4, "little").hex().encode() for _ in range(n)]
+        words = [int(rng.integers(0, 1 << 30)).to_bytes(4, "little").hex().encode() for _ in range(n)]
         return np.array(words, dtype=np.object_).reshape(spec.shape)
     if spec.datatype not in _NUMPY:
         raise InputSpecError(f"input '{spec.name}': unsupported data type {spec.datatype}")

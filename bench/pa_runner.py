@@ -57,35 +57,33 @@ def run_level(
     extra: Sequence[str] = (),
 ) -> Point | None:
     """One load level measured by perf_analyzer (None if it produced no result at all)."""
+    conc = [int(level)] if mode == "concurrency" else None
+    rate = [level] if mode != "concurrency" else None
     with tempfile.TemporaryDirectory() as tmp:
         csv_path = Path(tmp) / "pa.csv"
-        kwargs = dict(
-            csv_path=csv_path,
-            measurement_interval_ms=measurement_interval_ms,
-            shapes=shapes,
-            batch_size=batch_size,
-            max_trials=max_trials,
-            extra=extra,
-        )
-        conc = [int(level)] if mode == "concurrency" else None
-        rate = [level] if mode != "concurrency" else None
+
+        def cmd(stability_percentage: int) -> list[str]:
+            return peers.perf_analyzer_cmd(
+                model,
+                url,
+                conc,
+                request_rate=rate,
+                csv_path=csv_path,
+                stability_percentage=stability_percentage,
+                measurement_interval_ms=measurement_interval_ms,
+                shapes=shapes,
+                batch_size=batch_size,
+                max_trials=max_trials,
+                extra=extra,
+            )
+
         before = _snapshot(url)
         cpu0, wall0 = _children_cpu(), time.perf_counter()
-        proc = _run_once(
-            peers.perf_analyzer_cmd(
-                model, url, conc, request_rate=rate, stability_percentage=stability, **kwargs
-            ),
-            timeout,
-        )  # type: ignore[arg-type]
+        proc = _run_once(cmd(stability), timeout)
         points = read_perf_analyzer_csv(csv_path, model, batch_size)
         stable = bool(points)
         if not points:
-            proc = _run_once(
-                peers.perf_analyzer_cmd(
-                    model, url, conc, request_rate=rate, stability_percentage=1000, **kwargs
-                ),
-                timeout,
-            )  # type: ignore[arg-type]
+            proc = _run_once(cmd(1000), timeout)
             points = read_perf_analyzer_csv(csv_path, model, batch_size)
         after = _snapshot(url)
         cores = (_children_cpu() - cpu0) / max(1e-9, time.perf_counter() - wall0)

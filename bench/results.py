@@ -127,7 +127,7 @@ def report_from_dict(data: dict[str, Any]) -> Report:
             floats |= {k: _nan(p.get(k)) for k in ("p50_us", "p90_us", "p95_us", "p99_us")}
             keys = ("requests", "errors", "stable", "windows", "server", "client_cores")
             rest = {k: p[k] for k in keys if k in p}
-            points.append(Point(p.get("concurrency"), p.get("request_rate"), **floats, **rest))
+            points.append(Point(p.get("concurrency"), p.get("request_rate"), **floats, **rest))  # type: ignore[arg-type]
         fields = {k: r[k] for k in ("label", "tool", "model", "url", "mode", "options") if k in r}
         runs.append(Run(**fields, points=points))
     return Report(data["name"], data.get("environment", {}), runs, data.get("notes", {}))
