@@ -29,7 +29,7 @@ lint:
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy
 
 bench-peers: install
-	$(BIN)/python -m bench.peers install
+	$(BIN)/python -m bench peers
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
