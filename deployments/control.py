@@ -58,7 +58,6 @@ class ControllerOptions:
     config_name: str | None = None
     auto_complete: bool = True
     strict_readiness: bool = True
-    poll_interval_s: float = 15.0
 
 
 @dataclass

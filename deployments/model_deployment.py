@@ -14,7 +14,6 @@ from deployments.inference import InferRequest, InferResponse
 from deployments.names import SERVER_APP
 from deployments.replica import ReplicaDataPlane
 from deployments.runtime import ModelRuntime
-from deployments.stats import merge_model_stats
 from repository_loader.errors import Unavailable
 from repository_loader.model import InstanceKind, ModelDescription
 
@@ -104,13 +103,3 @@ class ModelDeployment:
         if self._push_task is not None:
             self._push_task.cancel()
         await self.runtime.close()
-
-
-def merge_snapshots(snapshots: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Sum per-version statistics from several replicas of one model."""
-    by_version: dict[str, dict[str, Any]] = {}
-    for snapshot in snapshots:
-        for entry in snapshot:
-            v = entry["version"]
-            by_version[v] = merge_model_stats(by_version[v], entry) if v in by_version else entry
-    return [by_version[v] for v in sorted(by_version, key=lambda x: int(x) if x.isdigit() else x)]

@@ -20,9 +20,10 @@ from ray import serve
 
 from deployments.control import ControllerOptions, ModelController
 from deployments.inference import InferRequest, InferResponse
-from deployments.model_deployment import ModelDeployment, merge_snapshots
+from deployments.model_deployment import ModelDeployment
 from deployments.names import MODEL_DEPLOYMENT, SERVER_APP, model_app_name, model_route
 from deployments.protocol.dataplane import server_metadata_document
+from deployments.stats import merge_snapshots
 from repository_loader.errors import InvalidArgument, ServerError, Unavailable
 from repository_loader.model import ModelDescription, ModelState
 from repository_loader.plan import ClusterResources, DeploymentEntry, DeploymentPlan, plan_deployments

@@ -3,7 +3,7 @@
 ``/v2/models/<m>/stats`` returns, per model version: inference_count (rows),
 execution_count (batches), success/fail/queue/compute_input/compute_infer/
 compute_output as {count, ns}, and batch_stats per executed batch size.
-Snapshots from several replicas add up with :func:`merge_model_stats`.
+Snapshots from several replicas add up with :func:`merge_snapshots`.
 """
 
 from __future__ import annotations
@@ -96,10 +96,6 @@ class ModelStats:
         }
 
 
-def empty_model_stats(name: str, version: str) -> dict[str, Any]:
-    return ModelStats(name, version).to_json()
-
-
 def _add_duration(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
     return {"count": a.get("count", 0) + b.get("count", 0), "ns": a.get("ns", 0) + b.get("ns", 0)}
 
@@ -120,3 +116,13 @@ def merge_model_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
             cur[k] = _add_duration(cur.get(k, {}), entry.get(k, {}))
     out["batch_stats"] = [batches[s] for s in sorted(batches)]
     return out
+
+
+def merge_snapshots(snapshots: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Sum per-version statistics from several replicas of one model."""
+    by_version: dict[str, dict[str, Any]] = {}
+    for snapshot in snapshots:
+        for entry in snapshot:
+            v = entry["version"]
+            by_version[v] = merge_model_stats(by_version[v], entry) if v in by_version else entry
+    return [by_version[v] for v in sorted(by_version, key=lambda x: int(x) if x.isdigit() else x)]

@@ -117,26 +117,6 @@ def _tensor_metadata(spec: TensorSpec, max_batch_size: int) -> dict[str, Any]:
 
 def empty_model_statistics(name: str, version: str) -> dict[str, Any]:
     """One entry of ``model_stats`` with every counter at zero, in Triton's layout."""
-    zero = {"count": 0, "ns": 0}
-    return {
-        "name": name,
-        "version": version,
-        "last_inference": 0,
-        "inference_count": 0,
-        "execution_count": 0,
-        "inference_stats": {
-            key: dict(zero)
-            for key in (
-                "success",
-                "fail",
-                "queue",
-                "compute_input",
-                "compute_infer",
-                "compute_output",
-                "cache_hit",
-                "cache_miss",
-            )
-        },
-        "batch_stats": [],
-        "memory_usage": [],
-    }
+    from deployments.stats import ModelStats
+
+    return ModelStats(name, version).to_json()

@@ -235,7 +235,8 @@ def test_thousand_concurrent_requests_get_their_own_rows(server_url: str) -> Non
 def test_aio_client_metadata_and_infer(server_url: str) -> None:
     async def run() -> np.ndarray:
         async with aioclient.InferenceServerClient(server_url) as c:
-            assert await c.is_server_ready() in (True, False)
+            # strict readiness: the test repository holds two models that failed to load
+            assert not await c.is_server_ready()
             assert await c.is_model_ready("add_sub")
             a = np.full((1, 4), 2.0, np.float32)
             inputs = []
