@@ -18,6 +18,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model-config-name", default=None)
     p.add_argument("--disable-auto-complete-config", action="store_true")
     p.add_argument("--no-strict-readiness", action="store_true")
+    p.add_argument("--access-log", action="store_true", help="log every model request (costs throughput)")
     p.set_defaults(func=run)
 
 
@@ -30,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
         "model_config_name": args.model_config_name,
         "disable_auto_complete_config": args.disable_auto_complete_config,
         "strict_readiness": not args.no_strict_readiness,
+        "access_log": args.access_log,
     }
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

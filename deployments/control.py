@@ -58,6 +58,7 @@ class ControllerOptions:
     config_name: str | None = None
     auto_complete: bool = True
     strict_readiness: bool = True
+    access_log: bool = False  # one Serve access-log line per request (Triton logs none by default)
 
 
 @dataclass

@@ -217,3 +217,4 @@ class ModelRuntime:
             except Exception as exc:  # finalize errors must not stop the others
                 logger.warning("model '%s': unload failed: %s", self.model.name, exc)
         self.versions.clear()
+        self.metrics.flush()

@@ -42,6 +42,7 @@ class BlsBridge:
 
     executor: ModelExecutor | None
     loop: asyncio.AbstractEventLoop | None = None
+    inline: bool = False  # execute() is running on the loop thread itself
 
     def _executor(self) -> ModelExecutor:
         if self.executor is None:
@@ -53,6 +54,8 @@ class BlsBridge:
         executor = self._executor()
         running = _running_loop()
         if running is not None and running is self.loop:
+            if self.inline:
+                raise NeedsWorkerThread()
             raise TritonModelException(
                 "exec() cannot block the server's event loop: use 'await request.async_exec()' in an async execute"
             )
@@ -69,6 +72,13 @@ class BlsBridge:
             return await executor.infer(request)
         future = asyncio.run_coroutine_threadsafe(executor.infer(request), self.loop)
         return await asyncio.wrap_future(future)
+
+
+class NeedsWorkerThread(BaseException):
+    """A sync ``exec()`` from an ``execute`` run on the loop thread: the batch must run in the worker thread.
+
+    A ``BaseException`` so that a model's own ``except Exception`` does not swallow it.
+    """
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
