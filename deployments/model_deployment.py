@@ -12,6 +12,7 @@ from ray import serve
 from deployments.handles import HandleExecutor
 from deployments.inference import InferRequest, InferResponse
 from deployments.names import SERVER_APP
+from deployments.protocol.response_writes import coalesce_response_writes
 from deployments.replica import ReplicaDataPlane
 from deployments.runtime import ModelRuntime
 from repository_loader.errors import Unavailable
@@ -34,6 +35,7 @@ class ModelDeployment:
         replicas: int = 1,
         composing: dict[str, ModelDescription] | None = None,
     ) -> None:
+        coalesce_response_writes()
         self.model = model
         self.replicas = replicas
         kind = InstanceKind(instance_kind)

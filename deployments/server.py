@@ -213,6 +213,9 @@ class ServerDeployment:
     def __init__(self, options: ControllerOptions) -> None:
         import ray
 
+        from deployments.protocol.response_writes import coalesce_response_writes
+
+        coalesce_response_writes()
         resources = ray.cluster_resources()
         deployer = RayDeployer(
             float(resources.get("CPU", 1)), int(resources.get("GPU", 0)), access_log=options.access_log

@@ -9,9 +9,9 @@ backend passes, offering the same methods.
 from __future__ import annotations
 
 import copy
-import json
 import importlib.util
 import itertools
+import json
 import re
 import sys
 from pathlib import Path

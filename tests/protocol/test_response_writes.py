@@ -1,0 +1,118 @@
+"""uvicorn's httptools protocol with the coalescing send: same bytes, fewer writes."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+uvicorn = pytest.importorskip("uvicorn")
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # noqa: E402
+from uvicorn.server import ServerState  # noqa: E402
+
+from deployments.protocol.response_writes import coalesce_response_writes  # noqa: E402
+
+
+class Transport(asyncio.Transport):
+    """Records every write; enough of a socket transport for uvicorn's protocol."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: Any) -> None:
+        self.writes.append(bytes(data))
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 5000), "sockname": ("127.0.0.1", 8000)}.get(name, default)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def set_protocol(self, protocol: Any) -> None:
+        pass
+
+
+async def _serve(app: Any, raw: bytes) -> Transport:
+    config = uvicorn.Config(app, http="httptools", lifespan="off", log_config=None, access_log=False)
+    config.load()
+    protocol = HttpToolsProtocol(config=config, server_state=ServerState(), app_state={})
+    transport = Transport()
+    protocol.connection_made(transport)
+    protocol.data_received(raw)
+    for _ in range(50):
+        await asyncio.sleep(0)
+    protocol.connection_lost(None)
+    return transport
+
+
+async def plain(scope: Any, receive: Any, send: Any) -> None:
+    await receive()
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"5")]})
+    await send({"type": "http.response.body", "body": b"hello"})
+
+
+async def chunked(scope: Any, receive: Any, send: Any) -> None:
+    await receive()
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ab", "more_body": True})
+    await send({"type": "http.response.body", "body": b"cd"})
+
+
+async def fails_after_start(scope: Any, receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"5")]})
+    raise RuntimeError("the app broke mid-response")
+
+
+GET = b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n"
+
+
+@pytest.fixture(scope="module")
+def installed() -> bool:
+    return coalesce_response_writes()
+
+
+async def test_head_and_body_leave_in_one_write(installed: bool) -> None:
+    assert installed
+    transport = await _serve(plain, GET)
+    assert len(transport.writes) == 1
+    head, _, body = transport.writes[0].partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK") and b"content-length: 5" in head and body == b"hello"
+
+
+async def test_chunked_response_keeps_every_byte(installed: bool) -> None:
+    transport = await _serve(chunked, GET)
+    data = b"".join(transport.writes)
+    assert data.startswith(b"HTTP/1.1 200 OK") and b"transfer-encoding: chunked" in data
+    assert data.endswith(b"\r\n\r\n2\r\nab\r\n2\r\ncd\r\n0\r\n\r\n")
+    assert len(transport.writes) == 2  # head + first chunk, then the rest
+
+
+async def test_head_request_gets_its_head(installed: bool) -> None:
+    transport = await _serve(plain, b"HEAD /x HTTP/1.1\r\nhost: t\r\n\r\n")
+    assert len(transport.writes) == 1 and transport.writes[0].startswith(b"HTTP/1.1 200 OK")
+    assert transport.writes[0].endswith(b"\r\n\r\n")
+
+
+async def test_app_failing_after_start_closes_the_connection(installed: bool) -> None:
+    transport = await _serve(fails_after_start, GET)
+    assert transport.closed  # as uvicorn does: the response is incomplete, the connection ends
+
+
+def test_installing_twice_wraps_once(installed: bool) -> None:
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+    assert coalesce_response_writes()
+    wrapped = RequestResponseCycle.send
+    assert not hasattr(wrapped.__wrapped__, "__wrapped__")
