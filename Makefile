@@ -2,7 +2,8 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-SERVE_ENV := RAY_SERVE_ENABLE_HA_PROXY=1 RAY_SERVE_THROUGHPUT_OPTIMIZED=1 HAPROXY_METRICS_ENABLED=0
+# The request-path variables (deployments/launch.py holds the one list), read after install.
+SERVE_ENV = $(shell $(BIN)/python -m deployments.launch env)
 
 .PHONY: install serve validate test test-fast lint bench-peers clean
 

@@ -10,9 +10,15 @@ import pytest
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
+from deployments.launch import REQUEST_PATH_ENV
 from tests.examples.conftest import ROOT
 
-SERVE_ENV = ("RAY_SERVE_ENABLE_HA_PROXY=1", "RAY_SERVE_THROUGHPUT_OPTIMIZED=1", "HAPROXY_METRICS_ENABLED=0")
+# Every request-path variable the local launcher sets, except those sized for one machine.
+SERVE_ENV = tuple(
+    f"{key}={value}"
+    for key, value in REQUEST_PATH_ENV.items()
+    if key not in ("RAY_SERVE_HAPROXY_NBTHREAD", "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S")
+)
 
 
 @pytest.fixture(scope="module")
