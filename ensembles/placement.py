@@ -1,22 +1,34 @@
 """Where the steps of an ensemble run, and how tensors travel between them.
 
 By default (``colocate``) the composing models that run on the same device
-share a group: one replica loads them all and hands tensors on in process.
-``separate`` gives every model its own group. The ensemble's ``parameters``
-choose, as Triton config parameters::
+share a group. ``separate`` gives every model its own group. The ensemble's
+``parameters`` choose, as Triton config parameters::
 
     parameters { key: "placement" value: { string_value: "separate" } }
     parameters { key: "placement.postprocess" value: { string_value: "host_side" } }
 
 ``placement.<model>`` puts one model into a named group, whatever the mode.
 Nested ensembles are flattened: their composing models are placed like the
-outer ones. :func:`describe_placement` prints the result for ``validate``.
+outer ones.
+
+When serving, the ensemble's own replica hosts one group
+(:attr:`EnsemblePlacement.hosted`): it loads those models in process and hands
+tensors between them on as the same objects (DLPack views where frameworks
+differ). The hosted group is the one with the most tensors passing inside it
+(ties: the most steps). A group is never hosted when no tensor passes inside
+it, when a model of it places itself (``KIND_MODEL``), when it needs a GPU the
+ensemble's replica lacks (``gpu_available``), or, under ``separate``, when
+it is a model's own group rather than one that a ``placement.<model>``
+parameter names. Steps outside the hosted group run on their models' own
+deployments, so only tensors inside the hosted group are reported in process.
+:func:`describe_placement` prints the result for ``validate``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ensembles.graph import EnsembleGraph, StepNode
 from ensembles.handoff import Route
@@ -64,6 +76,7 @@ class EnsemblePlacement:
     mode: str
     steps: tuple[PlacedStep, ...]
     edges: tuple[Edge, ...]
+    hosted: str | None = None  # the group the ensemble's replica loads in process; None: none
 
     def groups(self) -> dict[str, list[PlacedStep]]:
         """Group name -> its steps, in step order."""
@@ -74,6 +87,35 @@ class EnsemblePlacement:
 
     def group_of(self, model_name: str) -> str:
         return next(s.group for s in self.steps if s.model_name == model_name)
+
+    def hosted_models(self) -> dict[str, str]:
+        """Model name -> device, for the models the ensemble's replica loads (each model once)."""
+        return {
+            s.model_name: s.device for s in self.steps if self.hosted is not None and s.group == self.hosted
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form, for ``validate --json``."""
+        return {
+            "mode": self.mode,
+            "hosted_group": self.hosted,
+            "groups": [
+                {
+                    "name": group,
+                    "devices": sorted({s.device for s in steps}),
+                    "hosted": group == self.hosted,
+                    "steps": [
+                        {"model": s.model_name, "version": s.version, "device": s.device, "path": s.path}
+                        for s in steps
+                    ],
+                }
+                for group, steps in self.groups().items()
+            ],
+            "edges": [
+                {"tensor": e.tensor, "producer": e.producer, "consumer": e.consumer, "route": e.route.value}
+                for e in self.edges
+            ],
+        }
 
 
 def model_device(model: ModelDescription, gpu_available: bool = False) -> str:
@@ -92,7 +134,12 @@ def choose_placement(
     devices: Mapping[str, str] | None = None,
     gpu_available: bool = False,
 ) -> EnsemblePlacement:
-    """Place the steps of ``graph``; ``devices`` (model -> device) overrides what instance groups say."""
+    """Place the steps of ``graph`` and choose the group the ensemble's replica hosts.
+
+    ``devices`` (model -> device) overrides what instance groups say;
+    ``gpu_available``: the ensemble's replica has a GPU (models of kind AUTO
+    then run on it, and a group on a GPU can be hosted).
+    """
     mode, overrides = _read_parameters(graph)
     flat = list(_flatten(graph, {}, graph.name))
     steps = []
@@ -100,8 +147,11 @@ def choose_placement(
         device = (devices or {}).get(step.model_name) or model_device(step.model, gpu_available)
         group = overrides.get(step.model_name) or _default_group(mode, step.model_name, device)
         steps.append(PlacedStep(step.model_name, step.version, device, group, path))
-    edges = _edges(flat, steps)
-    return EnsemblePlacement(graph.name, mode, tuple(steps), tuple(edges))
+    pairs = _pairs(flat)
+    named = set(overrides.values()) if mode == SEPARATE else None
+    hosted = _hosted_group(steps, pairs, gpu_available, named)
+    edges = [_edge(tensor, steps[i], steps[j], hosted) for tensor, i, j in pairs]
+    return EnsemblePlacement(graph.name, mode, tuple(steps), tuple(edges), hosted)
 
 
 def _read_parameters(graph: EnsembleGraph) -> tuple[str, dict[str, str]]:
@@ -162,18 +212,46 @@ def _flatten(graph: EnsembleGraph, alias: Mapping[str, str], path: str) -> Itera
             yield step, reads, writes, path
 
 
-def _edges(flat: list[Flat], placed: list[PlacedStep]) -> list[Edge]:
+def _pairs(flat: list[Flat]) -> list[tuple[str, int, int]]:
+    """Every tensor passed between steps: (tensor, producing step, consuming step), as flat indices."""
     writer = {t: i for i, (_, _, writes, _) in enumerate(flat) for t in writes}
-    edges = []
+    pairs = []
     for j, (_, reads, _, _) in enumerate(flat):
         for tensor in sorted(reads):
             if tensor in writer:
-                edges.append(_edge(tensor, placed[writer[tensor]], placed[j]))
-    return edges
+                pairs.append((tensor, writer[tensor], j))
+    return pairs
 
 
-def _edge(tensor: str, producer: PlacedStep, consumer: PlacedStep) -> Edge:
-    if producer.group == consumer.group:
+def _hosted_group(
+    steps: list[PlacedStep],
+    pairs: list[tuple[str, int, int]],
+    gpu_available: bool,
+    named: set[str] | None,
+) -> str | None:
+    """The group with the most tensors passing inside it (ties: most steps, then the first); see the module doc."""
+    best: tuple[int, int] | None = None
+    chosen = None
+    for group in dict.fromkeys(s.group for s in steps):
+        members = [s for s in steps if s.group == group]
+        if not _hostable(members, gpu_available) or (named is not None and group not in named):
+            continue
+        inside = sum(1 for _, i, j in pairs if steps[i].group == group == steps[j].group)
+        score = (inside, len(members))
+        if inside and (best is None or score > best):
+            best, chosen = score, group
+    return chosen
+
+
+def _hostable(members: list[PlacedStep], gpu_available: bool) -> bool:
+    devices = {s.device for s in members}
+    if "model" in devices:
+        return False
+    return gpu_available or not any(d.startswith("gpu") for d in devices)
+
+
+def _edge(tensor: str, producer: PlacedStep, consumer: PlacedStep, hosted: str | None) -> Edge:
+    if hosted is not None and producer.group == consumer.group == hosted:
         route = Route.IN_PROCESS
     elif producer.device.startswith("gpu") and consumer.device.startswith("gpu"):
         route = Route.CUDA_IPC
@@ -189,6 +267,13 @@ def describe_placement(placement: EnsemblePlacement) -> list[str]:
         members = ", ".join(f"{s.model_name} v{s.version}" for s in steps)
         devices = ",".join(sorted({s.device for s in steps}))
         lines.append(f"  group '{group}' on {devices}: {members}")
+    if placement.hosted is None:
+        lines.append("  the ensemble's replica hosts no group: every step runs on its model's deployment")
+    else:
+        lines.append(
+            f"  the ensemble's replica hosts group '{placement.hosted}'; "
+            "other steps run on their models' deployments"
+        )
     for edge in placement.edges:
         lines.append(f"  {edge.producer} -> {edge.consumer}: '{edge.tensor}' {_ROUTE_WORDS[edge.route]}")
     return lines
