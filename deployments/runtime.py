@@ -54,6 +54,14 @@ def _wire_type(dtype: Any) -> str:
     return str(dtype)
 
 
+async def release_backend(backend: Backend) -> None:
+    """``stop`` then ``unload``; ``unload`` runs even when ``stop`` fails."""
+    try:
+        await backend.stop()
+    finally:
+        backend.unload()
+
+
 class VersionRuntime:
     """One loaded version: backend, scheduler, statistics."""
 
@@ -117,7 +125,7 @@ class VersionRuntime:
         try:
             await self.scheduler.close()
         finally:
-            self.backend.unload()
+            await release_backend(self.backend)
 
 
 class ModelRuntime:
@@ -163,8 +171,16 @@ class ModelRuntime:
             else:
                 backend = create_backend(context)
             backend.load()
-            runtime = VersionRuntime(self.model, version, backend, self.metrics, concurrency)
-            await runtime.warmup()
+            try:
+                await backend.start()
+                runtime = VersionRuntime(self.model, version, backend, self.metrics, concurrency)
+                await runtime.warmup()
+            except BaseException:
+                try:
+                    await release_backend(backend)
+                except Exception as exc:  # the load error is the one to report
+                    logger.warning("model '%s' version %d: unload failed: %s", self.model.name, version, exc)
+                raise
             runtime.ready = True
             self.versions[version] = runtime
             logger.info("model '%s' version %d ready", self.model.name, version)

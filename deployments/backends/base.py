@@ -1,4 +1,8 @@
-"""The one interface every backend implements: load, execute a batch, unload, describe."""
+"""The one interface every backend implements: load, execute a batch, unload, describe.
+
+The serving layer calls ``load`` then ``await start()``, and ``await stop()`` then
+``unload``; the two async hooks are optional.
+"""
 
 from __future__ import annotations
 
@@ -47,6 +51,12 @@ class Backend(abc.ABC):
         """Decoupled models: every response of one request, the last with ``final``."""
         for response in await self.execute([request]):
             yield response
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """After ``load``, on the serving event loop: load what needs the loop (an ensemble's hosted models)."""
+
+    async def stop(self) -> None:  # noqa: B027 - optional hook
+        """Before ``unload``, on the serving event loop: close what ``start`` opened."""
 
     def unload(self) -> None:  # noqa: B027 - optional hook
         """Release the model (``finalize`` for Python models)."""
