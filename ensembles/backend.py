@@ -1,32 +1,167 @@
-"""An ensemble served like any model: its steps run on the composing models' deployments."""
+"""An ensemble served like any model, with the co-located placement.
+
+On ``load`` the ensemble's replica chooses its placement
+(:func:`ensembles.placement.choose_placement`; a GPU group only when the
+replica itself is ``KIND_GPU``); on ``start`` it loads every model of the
+hosted group in process, each as a :class:`deployments.runtime.ModelRuntime`
+of its own (its scheduler, dynamic batcher and statistics, on the device of its
+group). :class:`PlacedExecutor` then sends a step to that runtime when its model
+is hosted, and to the serving layer's executor (the model's own deployment,
+through a deployment handle) otherwise.
+
+Tensors between hosted steps are handed on as the producer's objects, never
+copied: a step whose backend works in another framework (PyTorch, TensorRT:
+torch; ONNX Runtime on the host: numpy) gets a DLPack view of the same memory
+(:func:`ensembles.handoff.as_framework`); Python models get the objects as they
+are. With ``placement: separate`` (and no group named by a ``placement.<model>``
+parameter) nothing is hosted and every step goes to the serving layer's
+executor. :meth:`EnsembleBackend.hosted_statistics` reports the hosted models'
+own statistics.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
 
 from deployments.backends.base import Backend, BackendContext
-from deployments.inference import InferRequest, InferResponse
-from ensembles.graph import build_graph
+from deployments.inference import InferRequest, InferResponse, ModelExecutor
+from deployments.runtime import ModelRuntime
+from ensembles.graph import StepNode, build_graph
+from ensembles.handoff import Tensor, as_framework, device_of
+from ensembles.placement import EnsemblePlacement, choose_placement
 from ensembles.scheduler import EnsembleScheduler
 from repository_loader.errors import Unavailable
-from repository_loader.model import ModelDescription
+from repository_loader.model import InstanceKind, ModelDescription
+
+logger = logging.getLogger(__name__)
 
 # Ensembles queue nothing themselves: every request runs its steps at once.
 ENSEMBLE_CONCURRENCY = 4096
 
+# The array type a backend works with; Python models take what they are given.
+_FRAMEWORKS = {"pytorch": "torch", "tensorrt": "torch", "onnxruntime": "numpy"}
+
+
+def consumer_framework(model: ModelDescription, tensor: Tensor) -> str | None:
+    """The framework ``model`` wants ``tensor`` in, where a zero-copy view can give it (None: as it is)."""
+    framework = _FRAMEWORKS.get(model.kind)
+    if isinstance(tensor, np.ndarray) and tensor.dtype == np.object_:
+        return None  # BYTES exist only as numpy arrays
+    if framework == "numpy" and device_of(tensor) != "cpu":
+        return None  # ONNX Runtime binds device tensors itself
+    return framework
+
+
+def hand_on(model: ModelDescription, tensor: Tensor) -> Tensor:
+    """``tensor`` for an in-process step of ``model``: the same memory, in the framework it wants.
+
+    Arrays DLPack cannot describe (read-only numpy views on old numpy, exotic
+    dtypes) are passed as they are; every backend converts its inputs itself.
+    """
+    try:
+        return as_framework(tensor, consumer_framework(model, tensor))
+    except (BufferError, TypeError, RuntimeError, ValueError):
+        return tensor
+
+
+class PlacedExecutor:
+    """A ``ModelExecutor``: hosted models run in this process, the others through ``outer``."""
+
+    def __init__(self, hosted: Mapping[str, ModelRuntime], outer: ModelExecutor) -> None:
+        self.hosted = hosted
+        self.outer = outer
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        runtime = self.hosted.get(request.model_name)
+        if runtime is None:
+            return await self.outer.infer(request)
+        return await runtime.infer(request)
+
+
+def _instance_kind(device: str) -> InstanceKind:
+    return InstanceKind.GPU if device.startswith("gpu") else InstanceKind.CPU
+
 
 class EnsembleBackend(Backend):
+    """Runs ensemble requests with an :class:`EnsembleScheduler`; hosts one placement group in process."""
+
     def __init__(self, context: BackendContext, composing: Mapping[str, ModelDescription]) -> None:
         super().__init__(context)
         self._composing = dict(composing)
         self._scheduler: EnsembleScheduler | None = None
+        self._hosted: dict[str, ModelRuntime] = {}
+        self.placement: EnsemblePlacement | None = None
 
     def load(self) -> None:
         if self.context.executor is None:
             raise Unavailable(f"ensemble '{self.model.name}' has no executor for its steps")
         graph = build_graph(self.model, self._composing)
-        self._scheduler = EnsembleScheduler(graph, self.context.executor)
+        gpu = self.context.instance_kind == InstanceKind.GPU
+        self.placement = choose_placement(graph, gpu_available=gpu)
+        self._scheduler = EnsembleScheduler(
+            graph,
+            PlacedExecutor(self._hosted, self.context.executor),
+            handoff=self._hand_on,
+            inline_nested=self.placement.hosted is not None,
+        )
+
+    async def start(self) -> None:
+        """Load the hosted group's models in this process; on failure, close those already loaded."""
+        assert self.placement is not None, "load() first"
+        try:
+            for name, device in self.placement.hosted_models().items():
+                runtime = ModelRuntime(
+                    self._composing[name],
+                    instance_kind=_instance_kind(device),
+                    device_id=self.context.device_id,
+                    executor=self.context.executor,
+                    composing=self._composing,
+                )
+                self._hosted[name] = runtime
+                await runtime.load()
+        except BaseException:
+            await self.stop()
+            raise
+        if self._hosted:
+            logger.info("ensemble '%s' hosts %s in process", self.model.name, ", ".join(self._hosted))
+
+    async def stop(self) -> None:
+        """Close the hosted models (their queues drain first)."""
+        hosted = list(self._hosted.values())
+        self._hosted.clear()
+        for runtime in hosted:
+            await runtime.close()
+
+    def unload(self) -> None:
+        """Release hosted models that ``stop`` did not close: their backends only, as no loop is at hand."""
+        for runtime in self._hosted.values():
+            for version in runtime.versions.values():
+                version.ready = False
+                try:
+                    version.backend.unload()
+                except Exception as exc:  # one failing unload must not keep the others loaded
+                    logger.warning("model '%s': unload failed: %s", runtime.model.name, exc)
+            runtime.versions.clear()
+        self._hosted.clear()
+
+    @property
+    def hosted(self) -> Mapping[str, ModelRuntime]:
+        """The composing models loaded in this replica, by name."""
+        return self._hosted
+
+    def hosted_statistics(self) -> list[dict[str, Any]]:
+        """Statistics of the hosted models, as :meth:`ModelRuntime.statistics` gives them (by model name)."""
+        return [entry for name in sorted(self._hosted) for entry in self._hosted[name].statistics()]
+
+    def _hand_on(self, step: StepNode, name: str, tensor: Tensor) -> Tensor:
+        if step.model_name not in self._hosted:
+            return tensor
+        return hand_on(step.model, tensor)
 
     async def execute(self, requests: Sequence[InferRequest]) -> list[InferResponse]:
         assert self._scheduler is not None, "load() first"

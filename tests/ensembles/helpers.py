@@ -144,3 +144,9 @@ class BackendExecutor:
         self.calls.append((request.model_name, version))
         (response,) = await backend.execute([request])
         return response
+
+    def close(self) -> None:
+        """Unload every backend (Python models: ``finalize`` and their worker threads)."""
+        for backend in self.backends.values():
+            backend.unload()
+        self.backends.clear()
