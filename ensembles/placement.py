@@ -269,10 +269,12 @@ def describe_placement(placement: EnsemblePlacement) -> list[str]:
         lines.append(f"  group '{group}' on {devices}: {members}")
     if placement.hosted is None:
         lines.append("  the ensemble's replica hosts no group: every step runs on its model's deployment")
+    elif len(placement.groups()) == 1:
+        lines.append(f"  the ensemble's replica hosts group '{placement.hosted}': every step runs in it")
     else:
         lines.append(
             f"  the ensemble's replica hosts group '{placement.hosted}'; "
-            "other steps run on their models' deployments"
+            "the other steps run on their models' deployments"
         )
     for edge in placement.edges:
         lines.append(f"  {edge.producer} -> {edge.consumer}: '{edge.tensor}' {_ROUTE_WORDS[edge.route]}")

@@ -1,8 +1,10 @@
 """The ``triton-serve`` command.
 
 ``triton-serve validate <repo>`` loads a model repository and prints, per model
-and version, OK with its deployment plan or every error found; the exit status
-is non-zero when any model fails. Other subcommands (``serve``) register
+and version, OK with its deployment plan or every error found; for an
+ensemble, also its placement (which steps its replica hosts in process and how
+each tensor travels), bad placement parameters failing that ensemble alone. The
+exit status is non-zero when any model fails. Other subcommands (``serve``) register
 themselves through ``add_parser(subparsers)`` in their own modules.
 """
 
@@ -15,11 +17,14 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 from repository_loader.errors import ServerError
 from repository_loader.plan import ClusterResources, DeploymentPlan, plan_deployments
 from repository_loader.repository import RepositoryState, load_repository
+
+if TYPE_CHECKING:
+    from ensembles.placement import EnsemblePlacement
 
 EXIT_OK = 0
 EXIT_MODEL_ERRORS = 1
@@ -85,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_validate(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    """``validate``: load, plan, print; non-zero when a model fails or cannot be placed."""
+    """``validate``: load, plan, place ensembles, print; non-zero when a model fails or cannot be placed."""
     out = out or sys.stdout
     state = load_repository(
         args.repository,
@@ -94,31 +99,65 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None) -> int:
     )
     gpus = detected_gpus() if args.gpus is None else args.gpus
     plan = plan_deployments(state.models, ClusterResources(num_cpus=args.cpus, num_gpus=gpus))
+    placements = place_ensembles(state, plan)
     if args.json:
-        json.dump(validation_report(state, plan), out, indent=2)
+        json.dump(validation_report(state, plan, placements), out, indent=2)
         out.write("\n")
     else:
-        out.write(format_report(state, plan))
-    return EXIT_MODEL_ERRORS if state.failed or plan.problems else EXIT_OK
+        out.write(format_report(state, plan, placements))
+    return EXIT_MODEL_ERRORS if state.failed or plan.problems or placements.errors else EXIT_OK
 
 
-def validation_report(state: RepositoryState, plan: DeploymentPlan) -> dict[str, Any]:
-    """The JSON form of a validation: per model its state, versions, plan entries or errors."""
+class Placements(NamedTuple):
+    """The placement of every ensemble that loaded and was planned, and the errors of those it fails."""
+
+    placed: dict[str, EnsemblePlacement]
+    errors: dict[str, list[str]]
+
+
+def place_ensembles(state: RepositoryState, plan: DeploymentPlan) -> Placements:
+    """Place each ensemble as its replica will: a GPU group is hosted only where the plan gives it a GPU."""
+    from ensembles.graph import build_graph
+    from ensembles.placement import choose_placement
+
+    result = Placements({}, {})
+    for name, model in sorted(state.models.items()):
+        if not model.is_ensemble or name in plan.problems:
+            continue
+        gpu = any(entry.resources.num_gpus > 0 for entry in plan.for_model(name))
+        try:
+            result.placed[name] = choose_placement(build_graph(model, state.models), gpu_available=gpu)
+        except ServerError as exc:
+            result.errors[name] = [exc.message]
+    return result
+
+
+def _errors(state: RepositoryState, plan: DeploymentPlan, placements: Placements, name: str) -> list[str]:
+    return state.failed.get(name) or [*plan.problems.get(name, ()), *placements.errors.get(name, ())]
+
+
+def validation_report(
+    state: RepositoryState, plan: DeploymentPlan, placements: Placements | None = None
+) -> dict[str, Any]:
+    """The JSON form of a validation: per model its state, versions, plan entries (and placement) or errors."""
+    placements = placements or place_ensembles(state, plan)
     models: dict[str, Any] = {}
     for name in sorted({*state.models, *state.failed}):
         if name in state.failed:
             models[name] = {"state": "UNAVAILABLE", "errors": state.failed[name]}
             continue
-        problems = list(plan.problems.get(name, ()))
+        problems = _errors(state, plan, placements, name)
         models[name] = {
             "state": "UNAVAILABLE" if problems else "READY",
             "versions": list(state.models[name].versions),
             "plan": [entry.to_dict() for entry in plan.for_model(name)],
             "errors": problems,
         }
+        if name in placements.placed:
+            models[name]["placement"] = placements.placed[name].to_dict()
     return {
         "repository": state.root,
-        "ok": not state.failed and not plan.problems,
+        "ok": not state.failed and not plan.problems and not placements.errors,
         "models": models,
         "resources": plan.to_dict()["resources"],
         "total_cpus": plan.total_cpus,
@@ -127,15 +166,18 @@ def validation_report(state: RepositoryState, plan: DeploymentPlan) -> dict[str,
     }
 
 
-def format_report(state: RepositoryState, plan: DeploymentPlan) -> str:
+def format_report(state: RepositoryState, plan: DeploymentPlan, placements: Placements | None = None) -> str:
     """The human-readable form of a validation."""
+    from ensembles.placement import describe_placement
+
+    placements = placements or place_ensembles(state, plan)
     res = plan.resources
     lines = [f"repository {state.root}  (cluster: {res.num_cpus:g} CPUs, {res.num_gpus} GPUs)"]
     for warning in state.warnings:
         lines.append(f"warning: {warning}")
     failed = 0
     for name in sorted({*state.models, *state.failed}):
-        errors = state.failed.get(name) or list(plan.problems.get(name, ()))
+        errors = _errors(state, plan, placements, name)
         if errors:
             failed += 1
             lines.append(f"FAIL  {name}")
@@ -147,7 +189,9 @@ def format_report(state: RepositoryState, plan: DeploymentPlan) -> str:
                 f"OK    {name}  version {version}  [{model.kind}, max_batch_size {model.max_batch_size}]"
             )
             lines.extend(_entry_lines(plan, name, version))
-    ready = len(state.models) - sum(1 for name in state.models if name in plan.problems)
+        if name in placements.placed:
+            lines.extend(f"      {line}" for line in describe_placement(placements.placed[name]))
+    ready = sum(1 for name in state.models if name not in plan.problems and name not in placements.errors)
     lines.append(
         f"{ready} model(s) OK, {failed} failed; plan uses {plan.total_cpus:g} CPUs, {plan.total_gpus:g} GPUs"
     )

@@ -205,7 +205,10 @@ def test_description_names_groups_and_routes() -> None:
     assert "  group 'cpu' on cpu: pre v1, label v1" in lines
     assert "  net -> post: 'b' in process (DLPack, zero copy)" in lines
     assert "  pre -> net: 'a' object store (host memory)" in lines
-    assert "  the ensemble's replica hosts group 'gpu'; other steps run on their models' deployments" in lines
+    assert (
+        "  the ensemble's replica hosts group 'gpu'; the other steps run on their models' deployments"
+        in lines
+    )
     alone = describe_placement(choose_placement(pipeline({"placement": "separate"})))
     assert "  the ensemble's replica hosts no group: every step runs on its model's deployment" in alone
 

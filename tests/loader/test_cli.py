@@ -121,3 +121,87 @@ def test_example_repository_validates(pb_utils_importable, capsys) -> None:
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] and report["models"]
     assert report["total_cpus"] <= 2
+    assert report["models"]["text_recognition"]["placement"]["hosted_group"] == "cpu"
+
+
+def _ensemble(steps: list[tuple[str, str, str]], parameters: dict[str, str] | None = None) -> str:
+    """An ensemble over models with input x and output y: steps are (model, reads, writes)."""
+    step_text = ",\n".join(
+        f'{{ model_name: "{m}" model_version: -1 input_map {{ key: "x" value: "{src}" }} '
+        f'output_map {{ key: "y" value: "{dst}" }} }}'
+        for m, src, dst in steps
+    )
+    params = "".join(
+        f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n'
+        for k, v in (parameters or {}).items()
+    )
+    return f"""
+        platform: "ensemble"
+        max_batch_size: 8
+        input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+        output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+        ensemble_scheduling {{ step [ {step_text} ] }}
+        {params}
+    """
+
+
+@pytest.fixture
+def chain_repo(repo: Path, write_model) -> Path:
+    """a -> b on the CPU, c on a GPU; ensembles over them are added by each test."""
+    for name in ("a", "b"):
+        write_model(name, TORCH_IO + "instance_group [ { kind: KIND_CPU } ]", {"1/model.pt": b""})
+    write_model("c", TORCH_IO + "instance_group [ { kind: KIND_GPU } ]", {"1/model.pt": b""})
+    return repo
+
+
+def test_ensemble_placement_is_printed_under_its_plan(chain_repo: Path, write_model, capsys) -> None:
+    write_model("e", _ensemble([("a", "IN", "mid"), ("b", "mid", "OUT")]), {"1/": b""})
+    assert main(["validate", str(chain_repo), "--cpus", "4", "--gpus", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    first = lines.index("OK    e  version 1  [ensemble, max_batch_size 8]")
+    assert lines[first + 1].startswith("      ensemble: ensemble x1")
+    assert lines[first + 2 : first + 6] == [
+        "      ensemble 'e': placement colocate",
+        "        group 'cpu' on cpu: a v1, b v1",
+        "        the ensemble's replica hosts group 'cpu': every step runs in it",
+        "        a -> b: 'mid' in process (DLPack, zero copy)",
+    ]
+
+
+def test_ensemble_placement_in_json(chain_repo: Path, write_model, capsys) -> None:
+    write_model("e", _ensemble([("a", "IN", "mid"), ("c", "mid", "OUT")]), {"1/": b""})
+    write_model(
+        "apart", _ensemble([("a", "IN", "mid"), ("b", "mid", "OUT")], {"placement": "separate"}), {"1/": b""}
+    )
+    assert main(["validate", str(chain_repo), "--json", "--cpus", "4", "--gpus", "1"]) == 0
+    models = json.loads(capsys.readouterr().out)["models"]
+    placement = models["e"]["placement"]
+    assert placement["mode"] == "colocate" and placement["hosted_group"] is None
+    assert [(g["name"], g["hosted"]) for g in placement["groups"]] == [("cpu", False), ("gpu", False)]
+    assert placement["edges"] == [
+        {"tensor": "mid", "producer": "a", "consumer": "c", "route": "object_store"}
+    ]
+    assert models["apart"]["placement"]["hosted_group"] is None
+    assert {g["name"] for g in models["apart"]["placement"]["groups"]} == {"a", "b"}
+    assert "placement" not in models["a"]
+
+
+def test_bad_placement_parameters_fail_that_ensemble_alone(chain_repo: Path, write_model, capsys) -> None:
+    write_model("spread", _ensemble([("a", "IN", "OUT")], {"placement": "spread"}), {"1/": b""})
+    write_model("ghost", _ensemble([("a", "IN", "OUT")], {"placement.z": "g"}), {"1/": b""})
+    write_model("fine", _ensemble([("a", "IN", "mid"), ("b", "mid", "OUT")]), {"1/": b""})
+    assert main(["validate", str(chain_repo), "--cpus", "4", "--gpus", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  spread" in out and "FAIL  ghost" in out and "OK    fine  version 1" in out
+    assert (
+        "in ensemble 'spread', parameter 'placement' is 'spread'; expected one of colocate, separate" in out
+    )
+    assert "in ensemble 'ghost', parameter 'placement.z' names model 'z', which is not a step" in out
+    assert "4 model(s) OK, 2 failed" in out
+    assert main(["validate", str(chain_repo), "--json", "--cpus", "4", "--gpus", "1"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is False
+    assert (
+        report["models"]["ghost"]["state"] == "UNAVAILABLE" and "placement" not in report["models"]["ghost"]
+    )
+    assert report["models"]["fine"]["state"] == "READY"
