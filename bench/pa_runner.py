@@ -53,10 +53,12 @@ def run_level(
     measurement_interval_ms: int = 2000,
     stability: int = 10,
     max_trials: int = 10,
-    timeout: float = 300.0,
+    timeout: float | None = None,
     extra: Sequence[str] = (),
 ) -> Point | None:
     """One load level measured by perf_analyzer (None if it produced no result at all)."""
+    if timeout is None:  # every trial's window, plus start-up: a hung run must not eat the scenario
+        timeout = 30.0 + 3 * max_trials * measurement_interval_ms / 1000
     conc = [int(level)] if mode == "concurrency" else None
     rate = [level] if mode != "concurrency" else None
     with tempfile.TemporaryDirectory() as tmp:

@@ -17,8 +17,11 @@ from typing import Any
 # Ray Serve direct ingress behind HAProxy: each model replica answers HTTP itself.
 # HAProxy's metrics make it log every request to a Ray actor that parses the lines
 # (a fifth of a core on a trivial model at 2,000 requests/s); Serve's replica
-# metrics and this server's Triton metrics stay on.
+# metrics and this server's Triton metrics stay on. Ray starts its workers at nice 15,
+# so on a shared node every other process (a load generator, an agent) took the
+# CPU from the replicas answering requests; Triton runs at normal priority, so do they.
 REQUEST_PATH_ENV = {
+    "RAY_worker_niceness": "0",
     "RAY_SERVE_ENABLE_HA_PROXY": "1",
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
     "RAY_SERVE_HAPROXY_METRICS_ENABLED": "0",

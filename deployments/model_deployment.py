@@ -9,6 +9,7 @@ from typing import Any
 
 from ray import serve
 
+from deployments.devices import pin_replica_gpu
 from deployments.handles import HandleExecutor
 from deployments.inference import InferRequest, InferResponse
 from deployments.names import SERVER_APP
@@ -34,12 +35,14 @@ class ModelDeployment:
         instance_kind: str = "KIND_CPU",
         replicas: int = 1,
         composing: dict[str, ModelDescription] | None = None,
+        gpu_ids: list[int] | None = None,
     ) -> None:
         coalesce_response_writes()
         self.model = model
         self.replicas = replicas
         kind = InstanceKind(instance_kind)
         context = serve.get_replica_context()
+        self.visible_gpus = pin_replica_gpu(gpu_ids or [], context) if kind == InstanceKind.GPU else None
         self.replica_id = context.replica_id.unique_id if context else str(os.getpid())
         self.runtime = ModelRuntime(
             model,

@@ -49,7 +49,11 @@ def deployment_options(entries: tuple[DeploymentEntry, ...]) -> dict[str, Any]:
         "num_replicas": replicas,
         "max_ongoing_requests": first.max_ongoing_requests,
         "ray_actor_options": {"num_cpus": first.resources.num_cpus, "num_gpus": first.resources.num_gpus},
-        "init_kwargs": {"instance_kind": _kind(first.kind), "replicas": replicas},
+        "init_kwargs": {
+            "instance_kind": _kind(first.kind),
+            "replicas": replicas,
+            "gpu_ids": [gpu for e in groups for gpu in e.replica_gpu_ids],
+        },
     }
 
 

@@ -1,0 +1,124 @@
+"""Serves a repository on a Ray instance that declares 2 (fake) GPUs; prints what each replica saw.
+
+Run by ``test_fake_gpu_placement.py`` in its own process (one Ray instance per
+process). Prints one JSON object: model -> sorted distinct
+``CUDA_VISIBLE_DEVICES`` values its replicas answered with, plus the instance
+kinds Triton's ``initialize`` arguments named.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+MODEL_PY = textwrap.dedent(
+    """
+    import os
+
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            self.kind = args["model_instance_kind"]
+
+        def execute(self, requests):
+            seen = f"{os.environ.get('CUDA_VISIBLE_DEVICES', '')}|{self.kind}|{os.getpid()}"
+            out = np.array([seen.encode()], dtype=np.object_)
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("SEEN", out)]) for _ in requests]
+    """
+)
+
+
+def config(name: str, group: str) -> str:
+    return textwrap.dedent(
+        f"""
+        name: "{name}"
+        backend: "python"
+        input [ {{ name: "IN" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+        output [ {{ name: "SEEN" data_type: TYPE_STRING dims: [ 1 ] }} ]
+        instance_group [ {group} ]
+        """
+    )
+
+
+MODELS = {
+    # one instance on each of GPU 0 and GPU 1: two replicas, one per GPU
+    "on_both_gpus": "{ count: 1 kind: KIND_GPU gpus: [ 0, 1 ] }",
+    # one instance on GPU 1 only: Ray alone could put it on GPU 0
+    "on_gpu_1": "{ count: 1 kind: KIND_GPU gpus: [ 1 ] }",
+    # a CPU model on the same cluster reserves no GPU
+    "on_cpu": "{ count: 1 kind: KIND_CPU }",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def build(root: Path) -> Path:
+    for name, group in MODELS.items():
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "1" / "model.py").write_text(MODEL_PY)
+        (root / name / "config.pbtxt").write_text(config(name, group))
+    return root
+
+
+def main(workdir: str) -> int:
+    import numpy as np
+    import tritonclient.http as http
+
+    from deployments import launch
+
+    work = Path(workdir)
+    repo = build(work / "repo")
+    ray_tmp = str(work / "ray")
+    os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(free_port())
+    os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(free_port())
+    port = free_port()
+    haproxy_dirs = Path("/tmp/haproxy-serve")
+    before = set(haproxy_dirs.glob("*")) if haproxy_dirs.exists() else set()
+    try:
+        launch.start(
+            repo,
+            http_port=port,
+            ray_init={
+                "num_cpus": 2,
+                "num_gpus": 2,
+                "include_dashboard": False,
+                "_temp_dir": ray_tmp,
+                "log_to_driver": False,
+            },
+        )
+        client = http.InferenceServerClient(f"127.0.0.1:{port}")
+        seen: dict[str, list[str]] = {}
+        for name in MODELS:
+            values = set()
+            for _ in range(40):
+                x = http.InferInput("IN", [1], "INT32")
+                x.set_data_from_numpy(np.array([1], np.int32))
+                result = client.infer(name, [x])
+                values.add(result.as_numpy("SEEN")[0].decode())
+            seen[name] = sorted(values)
+        print("RESULT " + json.dumps(seen), flush=True)
+        return 0
+    finally:
+        launch.stop()
+        subprocess.run(["pkill", "-f", ray_tmp], check=False)
+        ours = (set(haproxy_dirs.glob("*")) if haproxy_dirs.exists() else set()) - before
+        for folder in ours:  # only this instance's HAProxy: another server may be running
+            subprocess.run(["pkill", "-f", f"haproxy .*{folder}"], check=False)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
