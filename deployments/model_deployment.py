@@ -12,7 +12,7 @@ from ray import serve
 from deployments.devices import pin_replica_gpu
 from deployments.handles import HandleExecutor
 from deployments.inference import InferRequest, InferResponse
-from deployments.names import SERVER_APP
+from deployments.names import SERVER_APP, hosted_key
 from deployments.protocol.response_writes import coalesce_response_writes
 from deployments.replica import ReplicaDataPlane
 from deployments.runtime import ModelRuntime
@@ -59,13 +59,13 @@ class ModelDeployment:
             self.load_error = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
             logger.error("model '%s' failed to load: %s", model.name, self.load_error)
         self._server: Any = None
-        self._push_task = asyncio.get_running_loop().create_task(self._push_stats()) if replicas > 1 else None
+        pushes = replicas > 1 or bool(self.runtime.hosted_statistics())
+        self._push_task = asyncio.get_running_loop().create_task(self._push_stats()) if pushes else None
 
     def __serve_build_asgi_app__(self) -> Any:
         from deployments.protocol.http import ModelHTTPApp
 
-        stats = self._cluster_stats if self.replicas > 1 else None
-        return ModelHTTPApp(ReplicaDataPlane(self.runtime, stats), self.model.name)
+        return ModelHTTPApp(ReplicaDataPlane(self.runtime, self._cluster_stats), self.model.name)
 
     def load_status(self) -> dict[str, Any]:
         return {"ready": self.load_error is None and self.runtime.is_ready(), "error": self.load_error}
@@ -88,18 +88,32 @@ class ModelDeployment:
         return self._server
 
     async def _push_stats(self) -> None:
+        """Every second: this replica's statistics (when the model has several replicas), and those of
+        the models an ensemble hosts in this replica, which count toward those models' own."""
         while True:
             await asyncio.sleep(STATS_PUSH_INTERVAL_S)
             try:
-                await self._server_handle().report_stats.remote(
-                    self.model.name, self.replica_id, self.stats_snapshot()
-                )
+                server = self._server_handle()
+                if self.replicas > 1:
+                    await server.report_stats.remote(self.model.name, self.replica_id, self.stats_snapshot())
+                for name, snapshot in self.runtime.hosted_statistics().items():
+                    await server.report_stats.remote(
+                        name, hosted_key(self.replica_id, self.model.name), snapshot
+                    )
             except Exception as exc:  # the server may be restarting; try again next round
                 logger.debug("stats push failed: %s", exc)
 
     async def _cluster_stats(self, name: str, version: str) -> dict[str, Any]:
+        """This replica's statistics summed with what the server holds for the model (other replicas,
+        copies hosted by ensembles); this replica's alone where the server does not answer."""
         own = self.stats_snapshot()
-        merged = await self._server_handle().cluster_stats.remote(name, self.replica_id, own)
+        try:
+            merged = await self._server_handle().cluster_stats.remote(
+                name, self.replica_id, own, remember=self.replicas > 1
+            )
+        except Exception as exc:
+            logger.warning("statistics of other replicas unavailable: %s", exc)
+            merged = own
         if version:
             merged = [s for s in merged if s["version"] == str(version)]
         return {"model_stats": merged}

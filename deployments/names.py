@@ -21,3 +21,15 @@ def model_app_name(model: str) -> str:
 
 def model_route(model: str) -> str:
     return f"{SERVER_ROUTE}/models/{model}"
+
+
+HOSTED_MARK = "#hosted-by:"
+
+
+def hosted_key(replica_id: str, ensemble: str) -> str:
+    """Key of statistics pushed for a model that ``ensemble`` hosts in replica ``replica_id``."""
+    return f"{replica_id}{HOSTED_MARK}{ensemble}"
+
+
+def is_hosted_key(key: str) -> bool:
+    return HOSTED_MARK in key

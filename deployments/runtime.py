@@ -226,6 +226,15 @@ class ModelRuntime:
             return [self.versions[v].stats.to_json() for v in sorted(self.versions)]
         return [self.version(version).stats.to_json()]
 
+    def hosted_statistics(self) -> dict[str, list[dict[str, Any]]]:
+        """Statistics of the models an ensemble hosts in this replica, by model name (empty otherwise)."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        for runtime in self.versions.values():
+            hosted = getattr(runtime.backend, "hosted_statistics", None)
+            for entry in hosted() if hosted is not None else ():
+                out.setdefault(entry["name"], []).append(entry)
+        return out
+
     async def close(self) -> None:
         for runtime in list(self.versions.values()):
             try:

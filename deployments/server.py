@@ -21,7 +21,7 @@ from ray import serve
 from deployments.control import ControllerOptions, ModelController
 from deployments.inference import InferRequest, InferResponse
 from deployments.model_deployment import ModelDeployment
-from deployments.names import MODEL_DEPLOYMENT, SERVER_APP, model_app_name, model_route
+from deployments.names import MODEL_DEPLOYMENT, SERVER_APP, is_hosted_key, model_app_name, model_route
 from deployments.protocol.dataplane import server_metadata_document
 from deployments.stats import merge_snapshots
 from repository_loader.errors import InvalidArgument, ServerError, Unavailable
@@ -189,11 +189,14 @@ class ServerDataPlane:
         return {"model_stats": out}
 
     async def _model_stats(self, name: str) -> list[dict[str, Any]]:
-        pushed = self._stats.get(name)
-        if pushed:
-            return merge_snapshots(list(pushed.values()))
-        handle = serve.get_deployment_handle(MODEL_DEPLOYMENT, app_name=model_app_name(name))
-        return await handle.stats_snapshot.remote()
+        """The model's replicas (pushed when it has several, else asked) plus copies hosted by ensembles."""
+        pushed = self._stats.get(name, {})
+        own = [s for key, s in pushed.items() if not is_hosted_key(key)]
+        hosted = [s for key, s in pushed.items() if is_hosted_key(key)]
+        if not own:
+            handle = serve.get_deployment_handle(MODEL_DEPLOYMENT, app_name=model_app_name(name))
+            own = [await handle.stats_snapshot.remote()]
+        return merge_snapshots(own + hosted)
 
     async def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         return self.controller.index(ready_only)
@@ -244,9 +247,15 @@ class ServerDeployment:
     def report_stats(self, model: str, replica: str, snapshot: list[dict[str, Any]]) -> None:
         self._stats.setdefault(model, {})[replica] = snapshot
 
-    def cluster_stats(self, model: str, replica: str, snapshot: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        self.report_stats(model, replica, snapshot)
-        return merge_snapshots(list(self._stats[model].values()))
+    def cluster_stats(
+        self, model: str, replica: str, snapshot: list[dict[str, Any]], remember: bool = True
+    ) -> list[dict[str, Any]]:
+        """``snapshot`` summed with everything else held for ``model``; ``remember`` keeps it (replicas
+        that push every second), a single replica's is used for this answer only."""
+        if remember:
+            self.report_stats(model, replica, snapshot)
+        others = [s for key, s in self._stats.get(model, {}).items() if key != replica]
+        return merge_snapshots([snapshot, *others])
 
     def index(self) -> list[dict[str, Any]]:
         return self.controller.index()

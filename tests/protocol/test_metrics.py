@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from deployments import metrics as metrics_module
 from deployments.metrics import COUNTERS, TritonMetrics, tags_for
 
 
@@ -68,7 +71,8 @@ def test_without_a_loop_each_update_is_exported_at_once() -> None:
     assert made["nv_inference_request_success"].calls == [(1, {"model": "m", "version": "3"})]
 
 
-def test_without_ray_metrics_are_off() -> None:
+def test_without_ray_metrics_are_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics_module, "ray_counters", lambda: None)  # as where Ray is not running
     metrics = TritonMetrics()
     assert not metrics.enabled
     metrics.request(tags_for("m", 1), True, 1)  # a no-op, no error
