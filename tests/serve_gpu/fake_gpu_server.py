@@ -15,7 +15,9 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
+from typing import Any
 
 MODEL_PY = textwrap.dedent(
     """
@@ -73,6 +75,16 @@ def build(root: Path) -> Path:
     return root
 
 
+def wait_routed(client: Any, names: list[str], timeout_s: float = 120.0) -> None:
+    """Wait until HAProxy routes each model to its own replica (its route table lags readiness)."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(names)
+    while pending and time.monotonic() < deadline:
+        pending = [name for name in pending if not client.is_model_ready(name)]
+        if pending:
+            time.sleep(0.5)
+
+
 def main(workdir: str) -> int:
     import numpy as np
     import tritonclient.http as http
@@ -84,6 +96,15 @@ def main(workdir: str) -> int:
     ray_tmp = str(work / "ray")
     os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(free_port())
     os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(free_port())
+    # Replica ports of its own: the test session's Serve instance holds the default range, and a port
+    # that failed to bind here could otherwise be routed to that instance's replica.
+    for key, value in {
+        "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": "31000",
+        "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": "32000",
+        "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": "41000",
+        "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": "42000",
+    }.items():
+        os.environ[key] = value
     port = free_port()
     haproxy_dirs = Path("/tmp/haproxy-serve")
     before = set(haproxy_dirs.glob("*")) if haproxy_dirs.exists() else set()
@@ -100,6 +121,7 @@ def main(workdir: str) -> int:
             },
         )
         client = http.InferenceServerClient(f"127.0.0.1:{port}")
+        wait_routed(client, list(MODELS))
         seen: dict[str, list[str]] = {}
         for name in MODELS:
             values = set()
