@@ -6,7 +6,9 @@ them and the installed ONNX Runtime has them. Session options follow Triton's
 ONNX Runtime backend: ``parameters`` ``intra_op_thread_count``,
 ``inter_op_thread_count``, ``execution_mode``, ``enable_mem_arena``,
 ``enable_mem_pattern``, and ``optimization.graph.level`` (-1 basic,
-1 extended, 2 disabled, otherwise all).
+1 extended, 2 disabled, otherwise all). Parameters named after ONNX Runtime's
+own session configuration keys (``session.*``, e.g.
+``session.intra_op.allow_spinning``) are passed to the session as they are.
 
 Host numpy inputs on a CPU session take ``session.run`` (the fast path). Any
 other input (torch tensors, device arrays, BF16) is bound in place through
@@ -45,6 +47,7 @@ _TRT_OPTIONS = {
     "int8_use_native_calibration_table": "trt_int8_use_native_calibration_table",
 }
 DEFAULT_CPU_THREADS = 1
+SESSION_CONFIG_PREFIX = "session."
 
 
 def _int_param(params: Mapping[str, str], key: str, default: int) -> int:
@@ -57,17 +60,42 @@ def _int_param(params: Mapping[str, str], key: str, default: int) -> int:
         raise InvalidArgument(f"parameter '{key}' must be an integer, got '{value}'") from None
 
 
-def session_options(params: Mapping[str, str], optimization: Mapping[str, Any]) -> ort.SessionOptions:
-    """ONNX Runtime session options from Triton's model ``parameters`` and ``optimization``."""
+def default_intra_op_threads(instances: int) -> int:
+    """Threads of one session when the config names none: this machine's cores shared by the instances.
+
+    Triton leaves the choice to ONNX Runtime (every core, in every instance), which
+    oversubscribes the cores as soon as a model has several instances; one thread per
+    session left half of a 2-core machine idle with one instance (bench/results/limit).
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, instances))
+
+
+def session_options(
+    params: Mapping[str, str], optimization: Mapping[str, Any], instances: int = 1
+) -> ort.SessionOptions:
+    """ONNX Runtime session options from Triton's model ``parameters`` and ``optimization``.
+
+    ``instances`` is how many instances of the model share this machine's cores.
+    """
     options = ort.SessionOptions()
-    cores = os.cpu_count() or 1
-    default_threads = min(DEFAULT_CPU_THREADS, cores)
-    options.intra_op_num_threads = _int_param(params, "intra_op_thread_count", default_threads)
-    options.inter_op_num_threads = _int_param(params, "inter_op_thread_count", default_threads)
+    options.intra_op_num_threads = _int_param(
+        params, "intra_op_thread_count", default_intra_op_threads(instances)
+    )
+    options.inter_op_num_threads = _int_param(params, "inter_op_thread_count", DEFAULT_CPU_THREADS)
     if _int_param(params, "execution_mode", 0) == 1:
         options.execution_mode = ort.ExecutionMode.ORT_PARALLEL
     options.enable_cpu_mem_arena = _int_param(params, "enable_mem_arena", 1) != 0
     options.enable_mem_pattern = _int_param(params, "enable_mem_pattern", 1) != 0
+    for key, value in params.items():
+        if key.startswith(SESSION_CONFIG_PREFIX):
+            try:
+                options.add_session_config_entry(key, str(value))
+            except Exception as error:
+                raise InvalidArgument(f"parameter '{key}': ONNX Runtime refused it: {error}") from None
     level = int((optimization.get("graph") or {}).get("level", 0) or 0)
     options.graph_optimization_level = _GRAPH_LEVELS.get(level, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
     return options
@@ -138,7 +166,9 @@ class OnnxRuntimeBackend(TensorBackend):
         try:
             self.session = ort.InferenceSession(
                 str(path),
-                sess_options=session_options(self.model.parameters, self.model.optimization),
+                sess_options=session_options(
+                    self.model.parameters, self.model.optimization, _cpu_instances(self.model)
+                ),
                 providers=providers(
                     self.context.instance_kind,
                     self.context.device_id,
@@ -207,6 +237,12 @@ class OnnxRuntimeBackend(TensorBackend):
             list(tensor.shape),
             tensor.data_ptr(),
         )
+
+
+def _cpu_instances(model: Any) -> int:
+    """Instances of ``model`` that run on CPU (each a replica with its own session)."""
+    groups = [g for g in model.instance_groups if g.kind != InstanceKind.GPU]
+    return sum(g.count for g in groups) or 1
 
 
 def _wait_for_producers() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -229,6 +230,19 @@ def test_session_options_follow_triton_parameters() -> None:
     assert default.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     with pytest.raises(InvalidArgument, match="intra_op_thread_count"):
         session_options({"intra_op_thread_count": "many"}, {})
+
+
+def test_default_threads_share_the_cores_between_instances() -> None:
+    cores = len(os.sched_getaffinity(0))
+    assert session_options({}, {}).intra_op_num_threads == cores
+    assert session_options({}, {}, instances=cores).intra_op_num_threads == 1
+    assert session_options({}, {}, instances=4 * cores).intra_op_num_threads == 1
+    assert session_options({"intra_op_thread_count": "3"}, {}, instances=8).intra_op_num_threads == 3
+
+
+def test_session_config_parameters_reach_onnxruntime() -> None:
+    options = session_options({"session.intra_op.allow_spinning": "0"}, {})
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
 
 
 def test_providers_from_instance_kind_and_accelerators() -> None:
