@@ -13,6 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "model_repository"
+BLS_MODELS = ROOT / "tests" / "backends" / "python_models"
 RAY_TMP = "/tmp/ray_trs_tests"
 
 IDENTITY_PY = textwrap.dedent(
@@ -90,7 +91,35 @@ def build_test_repository(root: Path) -> Path:
     (failing / "1").mkdir(parents=True)
     (failing / "1" / "model.py").write_text(FAILING_PY)
     (failing / "config.pbtxt").write_text(_config("failing_init", 0))
+    # BLS from a sync and an async execute, calling add_sub's deployment through Serve
+    for name, outputs, extra in (
+        (
+            "bls",
+            ("OUTPUT0", "OUTPUT1"),
+            'parameters { key: "MODEL_NAME" value: { string_value: "add_sub" } }\n',
+        ),
+        ("bls_async", ("OUTPUT0",), ""),
+        (
+            "bls_missing",
+            ("OUTPUT0", "OUTPUT1"),
+            'parameters { key: "MODEL_NAME" value: { string_value: "no_such_model" } }\n',
+        ),
+    ):
+        (repo / name / "1").mkdir(parents=True)
+        source = "bls" if name == "bls_missing" else name
+        shutil.copy(BLS_MODELS / source / "1" / "model.py", repo / name / "1" / "model.py")
+        (repo / name / "config.pbtxt").write_text(_bls_config(name, outputs) + extra)
     return repo
+
+
+def _bls_config(name: str, outputs: tuple[str, ...]) -> str:
+    tensor = '{{ name: "{}" data_type: TYPE_FP32 dims: [ 4 ] }}'
+    return (
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: 8\n'
+        f"input [ {tensor.format('INPUT0')}, {tensor.format('INPUT1')} ]\n"
+        f"output [ {', '.join(tensor.format(o) for o in outputs)} ]\n"
+        "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
+    )
 
 
 def _free_port() -> int:

@@ -294,3 +294,29 @@ def test_ensemble_unknown_output_is_400(server_url: str) -> None:
     status, reply = _raw(server_url, "/v2/models/text_recognition/infer", json.dumps(doc).encode())
     assert status == 400
     assert "NOPE" in json.loads(reply)["error"]
+
+
+def test_bls_sync_calls_the_target_models_deployment(client: httpclient.InferenceServerClient) -> None:
+    a = np.arange(8, dtype=np.float32).reshape(2, 4)
+    b = np.full((2, 4), 3, dtype=np.float32)
+    before = client.get_inference_statistics("add_sub")["model_stats"][0]["inference_count"]
+    result = client.infer("bls", _add_sub_inputs(a, b, binary=True))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+    after = client.get_inference_statistics("add_sub")["model_stats"][0]["inference_count"]
+    assert after - before == 2  # the two rows reached add_sub's own replica
+
+
+def test_bls_async_runs_two_calls_concurrently(client: httpclient.InferenceServerClient) -> None:
+    a = np.array([[5, 1, 2, 9]], dtype=np.float32)
+    b = np.array([[1, 4, 2, 3]], dtype=np.float32)
+    result = client.infer("bls_async", _add_sub_inputs(a, b, binary=False))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), 2 * np.abs(a - b))
+
+
+def test_bls_error_of_the_target_fails_only_that_request(client: httpclient.InferenceServerClient) -> None:
+    a = np.ones((1, 4), dtype=np.float32)
+    with pytest.raises(InferenceServerException, match="no_such_model"):
+        client.infer("bls_missing", _add_sub_inputs(a, a, binary=True))
+    result = client.infer("bls", _add_sub_inputs(a, a, binary=True))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), 2 * a)
