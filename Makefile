@@ -30,6 +30,7 @@ lint:
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy
 
 bench-peers: install
+	$(BIN)/pip install -q "nvidia-cuda-runtime-cu12==12.*"
 	$(BIN)/python -m bench peers
 
 clean:

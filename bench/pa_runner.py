@@ -38,8 +38,16 @@ def _children_cpu() -> float:
 
 
 def _run_once(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run perf_analyzer, returning its output even when it fails."""
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    """Run perf_analyzer, returning its output even when it fails or runs past ``timeout`` (killed)."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as expired:
+
+        def text(value: bytes | str | None) -> str:
+            return value.decode(errors="replace") if isinstance(value, bytes) else value or ""
+
+        output = text(expired.stdout) + f"\nperf_analyzer killed after {timeout:.0f}s\n"
+        return subprocess.CompletedProcess(cmd, -9, output, text(expired.stderr))
 
 
 def run_level(

@@ -12,7 +12,7 @@ import os
 import shutil
 import socket
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +41,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def this_server_cmd(repo: Path, http_port: int, grpc_port: int | None = None) -> list[str]:
-    """The command that serves ``repo`` with this project's server."""
+def this_server_cmd(
+    repo: Path, http_port: int, grpc_port: int | None = None, extra_args: Sequence[str] = ()
+) -> list[str]:
+    """The command that serves ``repo`` with this project's server (``extra_args``: more serve options)."""
     cmd = [sys.executable, "-m", "repository_loader", "serve", str(repo), "--http-port", str(http_port)]
     if grpc_port is not None:
         cmd += ["--grpc-port", str(grpc_port)]
-    return cmd
+    return cmd + list(extra_args)
 
 
 def start_this_server(
@@ -57,11 +59,12 @@ def start_this_server(
     log_path: Path | None = None,
     env: Mapping[str, str] | None = None,
     timeout: float = 300.0,
+    extra_args: Sequence[str] = (),
 ) -> ServerHandle:
     """Start this project's server on ``repo`` and wait until ``/v2/health/ready`` answers 200."""
     full_env = {**os.environ, **(env or {})}
     handle = launch(
-        this_server_cmd(repo, http_port, grpc_port),
+        this_server_cmd(repo, http_port, grpc_port, extra_args),
         http_port,
         name="this server",
         log_path=log_path,
@@ -154,7 +157,8 @@ def save_report(report: Report, title: str = "") -> Path:
 
 def new_report(name: str, **extra: Any) -> Report:
     """An empty report for scenario ``name`` with the environment filled in."""
-    return Report(name, environment(**extra))
+    command = "python -m bench " + " ".join(sys.argv[1:]) if sys.argv[1:] else f"bench scenario {name}"
+    return Report(name, environment(command=command, **extra))
 
 
 def log(message: str) -> None:

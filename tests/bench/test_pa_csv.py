@@ -42,3 +42,10 @@ def test_not_a_perf_analyzer_csv(tmp_path):
         parse_perf_analyzer_csv("a,b\n1,2\n", "m")
     assert parse_perf_analyzer_csv("", "m") == []
     assert read_perf_analyzer_csv(tmp_path / "absent.csv", "m") == []
+
+
+def test_a_run_past_its_time_is_killed_and_reported_not_raised():
+    from bench.pa_runner import _run_once
+
+    done = _run_once(["sleep", "5"], timeout=0.2)
+    assert done.returncode == -9 and "killed after 0s" in done.stdout

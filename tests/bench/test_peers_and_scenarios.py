@@ -37,7 +37,7 @@ def test_ratios_only_where_both_have_the_level():
 
 @pytest.mark.skipif(not (EXAMPLES / "crnn").exists(), reason="example CRNN model not present")
 def test_batching_variants_rewrite_the_example_config(tmp_path):
-    models = [(EXAMPLES / "crnn", f"crnn_{i}", edit) for i, (_, edit) in enumerate(CONFIGS)]
+    models = [(EXAMPLES / "crnn", f"crnn_{i}", edit) for i, (_, edit, _) in enumerate(CONFIGS)]
     repo = make_repository(tmp_path / "repo", models)
     configs = [read_config(repo / f"crnn_{i}" / "config.pbtxt") for i in range(4)]
     assert [c.name for c in configs] == ["crnn_0", "crnn_1", "crnn_2", "crnn_3"]
@@ -46,3 +46,15 @@ def test_batching_variants_rewrite_the_example_config(tmp_path):
     assert [c.instance_group[0].count for c in configs] == [1, 1, 2, 2]
     assert configs[3].dynamic_batching.max_queue_delay_microseconds == 10
     assert (repo / "crnn_0" / "1" / "model.onnx").exists()
+
+
+@pytest.mark.skipif(not (EXAMPLES / "crnn").exists(), reason="example CRNN model not present")
+def test_the_configuration_without_dynamic_batching_is_served_without_it(tmp_path):
+    from repository_loader.repository import load_repository
+
+    label, edit, server_args = CONFIGS[0]
+    repo = make_repository(tmp_path / "repo", [(EXAMPLES / "crnn", "crnn", edit)])
+    served = load_repository(str(repo), auto_complete="--disable-auto-complete-config" not in server_args)
+    completed = load_repository(str(repo), auto_complete=True)
+    assert served.models["crnn"].dynamic_batching is None, label
+    assert completed.models["crnn"].dynamic_batching is not None  # why the option is needed
