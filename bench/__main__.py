@@ -5,6 +5,7 @@ python -m bench run -u localhost:8000 -m crnn -b 2 --request-rate 100,200 --json
 python -m bench perf-analyzer -u localhost:8000 -m identity_fp32 --concurrency 1:8:1
 python -m bench plot bench/results/mine/results.json
 python -m bench scenario overhead
+python -m bench summary      # bench/results/SUMMARY.md and the README's tables from the saved results
 python -m bench peers        # install perf_analyzer and tritonserver into .tools/
 """
 
@@ -16,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench import peers
+from bench import peers, summary
 from bench.env import environment
 from bench.measure import MeasureOptions, sweep
 from bench.pa_runner import run_perf_analyzer
@@ -163,6 +164,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     scen.add_argument("name")
     scen.add_argument("--quick", action="store_true", help="fewer levels and shorter windows")
     scen.set_defaults(func=cmd_scenario)
+    sub.add_parser(
+        "summary", help="ratio tables of the saved scenario results: bench/results/SUMMARY.md and the README"
+    ).set_defaults(func=lambda a: summary.main())
     sub.add_parser("peers", help="install perf_analyzer and tritonserver").set_defaults(
         func=lambda a: peers.main([])
     )
