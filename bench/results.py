@@ -84,6 +84,10 @@ class Run:
     options: dict[str, Any] = field(default_factory=dict)
     points: list[Point] = field(default_factory=list)
 
+    def throughput_by_level(self) -> dict[float, float]:
+        """Inferences per second at each load level (concurrency, or request rate in open-loop runs)."""
+        return {float(p.concurrency or p.request_rate or 0): p.infer_per_s for p in self.points}
+
 
 @dataclass
 class Report:

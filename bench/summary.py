@@ -35,9 +35,7 @@ def _table(header: Iterable[str], rows: Iterable[Iterable[str]]) -> list[str]:
 
 
 def _by_level(run: Run | None) -> dict[float, float]:
-    if run is None:
-        return {}
-    return {float(p.concurrency or p.request_rate or 0): p.infer_per_s for p in run.points}
+    return {} if run is None else run.throughput_by_level()
 
 
 def _run(report: Report, label: str) -> Run | None:
@@ -45,7 +43,7 @@ def _run(report: Report, label: str) -> Run | None:
 
 
 def _levels(runs: Iterable[Run]) -> list[float]:
-    return sorted({float(p.concurrency or p.request_rate or 0) for r in runs for p in r.points})
+    return sorted({level for r in runs for level in r.throughput_by_level()})
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -57,7 +55,9 @@ def provenance(report: Report) -> str:
     env = report.environment
     commit = str(env.get("git_commit") or "unknown")[:10]
     dirty = " (with local changes)" if env.get("git_dirty") else ""
-    command = env.get("command") or f"python -m bench scenario {report.name}"
+    command = (
+        env.get("command") or f"python -m bench scenario {report.name}"
+    )  # results saved before it was recorded
     return (
         f"`{command}` at commit `{commit}`{dirty}, {env.get('time_utc', '?')}, "
         f"{env.get('cpu_count', '?')} CPUs, Ray {env.get('packages', {}).get('ray', '?')}"

@@ -24,7 +24,7 @@ from bench.scenarios.common import (
     save_report,
     work_dir,
 )
-from bench.scenarios.overhead import MODEL, PEER, THIS, _servers, summarize
+from bench.scenarios.overhead import MODEL, _servers, summarize
 
 NAME = "agreement"
 LEVELS = [1.0, 4, 16]
@@ -80,4 +80,4 @@ def agreement(ratios: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["THIS", "PEER", "agreement", "run", "split_cpus"]
+__all__ = ["agreement", "run", "split_cpus"]

@@ -157,7 +157,8 @@ def save_report(report: Report, title: str = "") -> Path:
 
 def new_report(name: str, **extra: Any) -> Report:
     """An empty report for scenario ``name`` with the environment filled in."""
-    command = "python -m bench " + " ".join(sys.argv[1:]) if sys.argv[1:] else f"bench scenario {name}"
+    args = sys.argv[1:] if sys.argv[1:2] == ["scenario"] else ["scenario", name]
+    command = "python -m bench " + " ".join(args)
     return Report(name, environment(command=command, **extra))
 
 

@@ -71,7 +71,7 @@ def run(quick: bool = False, servers: tuple[str, ...] = (PEER, THIS)) -> Report:
 
 def _by_level(run: Run | None) -> dict[float, float]:
     """Throughput per concurrency of a run."""
-    return {} if run is None else {float(p.concurrency or 0): p.infer_per_s for p in run.points}
+    return {} if run is None else run.throughput_by_level()
 
 
 def _find(runs: list[Run], label: str, tool: str) -> Run | None:

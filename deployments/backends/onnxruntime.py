@@ -65,7 +65,8 @@ def default_intra_op_threads(instances: int) -> int:
 
     Triton leaves the choice to ONNX Runtime (every core, in every instance), which
     oversubscribes the cores as soon as a model has several instances; one thread per
-    session left half of a 2-core machine idle with one instance (bench/results/limit).
+    session left a core of a 2-core machine idle with one instance (CRNN at concurrency 16:
+    1,451 infer/s with one thread, 2,154 with two).
     """
     try:
         cores = len(os.sched_getaffinity(0))

@@ -17,7 +17,6 @@ from typing import Any
 from starlette.middleware import Middleware
 
 DISCONNECT_DISABLED = (b"x-request-disconnect-disabled", b"?1")
-CALLBACK_IMPORT_PATH = "deployments.protocol.ingress:middlewares"
 
 Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]

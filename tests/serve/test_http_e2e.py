@@ -307,7 +307,7 @@ def test_bls_sync_calls_the_target_models_deployment(client: httpclient.Inferenc
     assert after - before == 2  # the two rows reached add_sub's own replica
 
 
-def test_bls_async_runs_two_calls_concurrently(client: httpclient.InferenceServerClient) -> None:
+def test_bls_async_exec_answers_through_the_target(client: httpclient.InferenceServerClient) -> None:
     a = np.array([[5, 1, 2, 9]], dtype=np.float32)
     b = np.array([[1, 4, 2, 3]], dtype=np.float32)
     result = client.infer("bls_async", _add_sub_inputs(a, b, binary=False))
