@@ -12,7 +12,9 @@ from ray import serve
 from deployments.devices import pin_replica_gpu
 from deployments.handles import HandleExecutor
 from deployments.inference import InferRequest, InferResponse
-from deployments.names import SERVER_APP, hosted_key
+from deployments.names import SERVER_APP, hosted_key, model_route
+from deployments.protocol import ingress
+from deployments.protocol.http import ModelHTTPApp
 from deployments.protocol.response_writes import coalesce_response_writes
 from deployments.replica import ReplicaDataPlane
 from deployments.runtime import ModelRuntime
@@ -61,11 +63,11 @@ class ModelDeployment:
         self._server: Any = None
         pushes = replicas > 1 or bool(self.runtime.hosted_statistics())
         self._push_task = asyncio.get_running_loop().create_task(self._push_stats()) if pushes else None
+        self._app = ModelHTTPApp(ReplicaDataPlane(self.runtime, self._cluster_stats), model.name)
+        ingress.serve_directly(model_route(model.name), self._app)
 
     def __serve_build_asgi_app__(self) -> Any:
-        from deployments.protocol.http import ModelHTTPApp
-
-        return ModelHTTPApp(ReplicaDataPlane(self.runtime, self._cluster_stats), self.model.name)
+        return self._app
 
     def load_status(self) -> dict[str, Any]:
         return {"ready": self.load_error is None and self.runtime.is_ready(), "error": self.load_error}
@@ -119,6 +121,7 @@ class ModelDeployment:
         return {"model_stats": merged}
 
     async def __del__(self) -> None:
+        ingress.withdraw(model_route(self.model.name))
         if self._push_task is not None:
             self._push_task.cancel()
         await self.runtime.close()

@@ -1,35 +1,111 @@
-"""What every replica's HTTP server does before Serve sees a request: inference runs to completion.
+"""What every replica's HTTP server does before Serve sees a request.
 
-Serve's direct ingress watches each request for a client disconnect, to cancel it:
-a receive task per request and an ``asyncio.wait`` over it and the request. Triton
-does not cancel an HTTP inference whose client went away (the response is
-dropped), and neither does this server: :func:`middlewares` (named by
-``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH``, see ``deployments.launch``) marks
-every request with Serve's "disconnect disabled" header, which lets Serve await
-the application directly.
+Serve's direct ingress starts an HTTP server (uvicorn) in each ingress replica and
+hands every request to its own ASGI wrapper, which builds request metadata, takes
+a slot of ``max_ongoing_requests``, records Serve's request metrics and, unless
+told otherwise, watches the client for a disconnect (a receive task and an
+``asyncio.wait`` per request) before it calls the application. On a 2-core
+machine that wrapper cost more replica time per request than decoding, batching
+and encoding a CRNN request together.
+
+:func:`middlewares` (named by ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH``, see
+``deployments.launch``) wraps Serve's handler in that server:
+
+* **The direct lane.** A replica whose application registered itself with
+  :func:`serve_directly` answers the requests under its route prefix by calling
+  its application here, without Serve's per-request wrapper. Serve's own routes
+  (``/-/healthz``, ``/-/routes``) and every path outside the prefix still go to
+  Serve. What the lane gives up, and why this server does not need it: Serve's
+  request metrics (the Triton metrics and statistics are recorded by the model
+  itself), the ``max_ongoing_requests`` slot (admission is the model's own queue
+  policy, ``max_queue_size``, as in Triton) and Serve's ongoing-request count
+  (no Serve autoscaling: replicas come from ``instance_group``). Shutdown stays
+  graceful: Serve stops the HTTP server, which lets in-flight requests finish,
+  before it calls the deployment's destructor.
+* **Run to completion.** Everything else carries Serve's "disconnect disabled"
+  header, which lets Serve await the application directly. Triton does not
+  cancel an HTTP inference whose client went away (the response is dropped), and
+  neither does this server, on either path.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from starlette.middleware import Middleware
 
 DISCONNECT_DISABLED = (b"x-request-disconnect-disabled", b"?1")
+SERVE_ROUTES = ("/-/",)
 
 Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
 
+# The applications of this process (one replica per Ray actor process), by route prefix, each with
+# the event loop its deployment runs on.
+_direct: dict[str, tuple[ASGIApp, asyncio.AbstractEventLoop]] = {}
 
-class RunToCompletion:
-    """ASGI middleware: HTTP requests carry Serve's header that turns disconnect watching off."""
+
+def serve_directly(route_prefix: str, app: ASGIApp) -> bool:
+    """Answer requests under ``route_prefix`` in this process with ``app``, bypassing Serve's wrapper.
+
+    Called from the deployment's constructor, on the loop its code runs on. Requests are answered
+    directly only when the HTTP server runs on that same loop (Serve's throughput-optimized mode,
+    which ``deployments.launch`` sets); where Serve runs user code on a thread of its own, they keep
+    going through Serve, which moves them onto that loop. False (nothing registered) where no
+    loop is running.
+    """
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    _direct[route_prefix.rstrip("/") or "/"] = (app, loop)
+    return True
+
+
+def withdraw(route_prefix: str) -> None:
+    """Stop answering ``route_prefix`` directly (its requests go through Serve again)."""
+    _direct.pop(route_prefix.rstrip("/") or "/", None)
+
+
+def direct_app(path: str, loop: asyncio.AbstractEventLoop | None = None) -> ASGIApp | None:
+    """The registered application whose route prefix holds ``path`` and that runs on ``loop`` (the
+    running loop by default), if any; the longest prefix wins."""
+    if path.startswith(SERVE_ROUTES):
+        return None
+    loop = loop or asyncio.get_running_loop()
+    found: ASGIApp | None = None
+    longest = -1
+    for prefix, (app, app_loop) in _direct.items():
+        if app_loop is not loop:
+            continue
+        if prefix == "/":
+            matches = True
+        else:
+            matches = path.startswith(prefix) and (len(path) == len(prefix) or path[len(prefix)] == "/")
+        if matches and len(prefix) > longest:
+            found, longest = app, len(prefix)
+    return found
+
+
+class ReplicaIngress:
+    """ASGI middleware in front of Serve's direct-ingress handler (see the module's description)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
+            if _direct:
+                path: str = scope.get("path") or "/"
+                root: str = scope.get("root_path") or ""
+                if root and path.startswith(root):
+                    path = path[len(root) :] or "/"
+                target = direct_app(path)
+                if target is not None:
+                    await target(scope, receive, send)
+                    return
             headers = scope["headers"]
             if isinstance(headers, list):
                 headers.append(DISCONNECT_DISABLED)
@@ -40,4 +116,4 @@ class RunToCompletion:
 
 def middlewares() -> list[Middleware]:
     """The replica HTTP servers' extra middleware (Serve's HTTP proxy callback)."""
-    return [Middleware(RunToCompletion)]
+    return [Middleware(ReplicaIngress)]
