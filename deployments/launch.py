@@ -27,8 +27,9 @@ REQUEST_PATH_ENV = {
     "RAY_SERVE_HAPROXY_METRICS_ENABLED": "0",
     "RAY_SERVE_HAPROXY_NBTHREAD": str(max(1, min(4, os.cpu_count() or 1))),
     "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1",
-    # Inference runs to completion when a client disconnects, as in Triton; Serve then skips
-    # its per-request disconnect watch (deployments/protocol/ingress.py).
+    # A model's replica answers its own routes without Serve's per-request wrapper, and
+    # inference runs to completion when a client disconnects, as in Triton
+    # (deployments/protocol/ingress.py).
     "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "deployments.protocol.ingress:middlewares",
 }
 

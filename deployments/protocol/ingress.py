@@ -31,12 +31,15 @@ and encoding a CRNN request together.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from starlette.middleware import Middleware
 
 DISCONNECT_DISABLED = (b"x-request-disconnect-disabled", b"?1")
+# "0" sends every request through Serve's wrapper (Serve's request metrics, ``max_ongoing_requests``).
+DIRECT_ROUTES_ENV = "TRITON_SERVE_DIRECT_ROUTES"
 SERVE_ROUTES = ("/-/",)
 
 Scope = MutableMapping[str, Any]
@@ -54,8 +57,10 @@ def serve_directly(route_prefix: str, app: ASGIApp) -> bool:
     directly only when the HTTP server runs on that same loop (Serve's throughput-optimized mode,
     which ``deployments.launch`` sets); where Serve runs user code on a thread of its own, they keep
     going through Serve, which moves them onto that loop. False (nothing registered) where no
-    loop is running.
+    loop is running or ``TRITON_SERVE_DIRECT_ROUTES=0``.
     """
+    if os.environ.get(DIRECT_ROUTES_ENV, "1") == "0":
+        return False
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:

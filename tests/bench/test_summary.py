@@ -38,14 +38,19 @@ def test_overhead_rows_hold_each_tools_ratio_per_concurrency(tmp_path):
 
 
 def test_limit_fraction_and_missing_scenarios_are_skipped(tmp_path):
-    notes = {
+    one = {
         "direct": {"infer_per_s": 2000.0},
-        "served_infer_per_s": {"served (bench)": 1500.0},
+        "served_infer_per_s": {"bench": 1500.0, "perf_analyzer": 1000.0},
         "batch_sizes_formed": {"8": 10},
     }
+    two = {"direct": {"infer_per_s": 4000.0}, "served_infer_per_s": {"bench": 1000.0}, "batch_sizes_formed": {}}
+    notes = {"configurations": {"1 instance": one, "2 instances": two}}
     write_json(Report("limit", {"git_commit": "abc"}, [], notes), tmp_path / "limit" / "results.json")
     text = "\n".join(summary_lines(tmp_path))
-    assert "| (bench) | 1,500 | 2,000 | 0.75 |" in text and "8×10" in text
+    assert "| 1 instance | bench | 1,500 | 2,000 | 0.75 |" in text
+    assert "| 1 instance | perf_analyzer | 1,000 | 2,000 | 0.50 |" in text
+    assert "| 2 instances | bench | 1,000 | 4,000 | 0.25 |" in text
+    assert "1 instance: 8×10; 2 instances: none reported" in text
     assert "Serving overhead" not in text
 
 

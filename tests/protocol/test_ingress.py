@@ -100,6 +100,12 @@ def test_registration_needs_a_running_loop() -> None:
     assert ingress._direct == {}
 
 
+async def test_the_direct_lane_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ingress.DIRECT_ROUTES_ENV, "0")
+    serve, model, _ = await call("/v2/models/crnn/infer")
+    assert model.scopes == [] and len(serve.scopes) == 1
+
+
 async def test_the_longest_prefix_wins() -> None:
     short, long = Recorder(), Recorder()
     ingress.serve_directly("/v2", short)
