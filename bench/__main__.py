@@ -12,13 +12,13 @@ python -m bench peers        # install perf_analyzer and tritonserver into .tool
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from bench import peers, summary
 from bench.env import environment
+from bench.loadgen import run_client
 from bench.measure import MeasureOptions, sweep
 from bench.pa_runner import run_perf_analyzer
 from bench.plots import plot_report
@@ -93,7 +93,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         poisson=args.poisson,
         warmup_s=args.warmup,
     )
-    runs = [asyncio.run(sweep(args.url, args.model, levels, mode, label=args.label, opts=opts))]
+    runs = [run_client(sweep(args.url, args.model, levels, mode, label=args.label, opts=opts))]
     if args.compare_perf_analyzer:
         runs.append(_pa(args, levels, mode))
     return _finish(args, runs)

@@ -20,7 +20,7 @@ import numpy as np
 from bench import server_stats
 from bench.client import HttpError, get_json, split_url
 from bench.inputs import parse_shape_options, request_pool, tensor_specs
-from bench.loadgen import LoadSource, Samples
+from bench.loadgen import LoadSource, Samples, client_loop_name
 from bench.results import Point, Run
 from bench.stats import WindowStats, is_stable, summarize, window_from_samples
 from bench.workers import MultiProcessSource
@@ -231,4 +231,4 @@ def _options_dict(opts: MeasureOptions) -> dict[str, Any]:
         "processes",
         "poisson",
     )
-    return {k: getattr(opts, k) for k in keys} | {"shapes": list(opts.shapes)}
+    return {k: getattr(opts, k) for k in keys} | {"shapes": list(opts.shapes), "client_loop": client_loop_name()}

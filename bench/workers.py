@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection as Pipe
 
-from bench.loadgen import Samples, closed_loop, open_loop, split_level
+from bench.loadgen import Samples, closed_loop, open_loop, run_client, split_level
 
 _FLUSH_S = 0.1
 
@@ -29,7 +29,7 @@ def _worker_main(
     offset: int,
 ) -> None:
     """Entry point of a worker process: run the loop until the parent says stop."""
-    asyncio.run(_worker(pipe, host, port, pool, mode, level, poisson, offset))
+    run_client(_worker(pipe, host, port, pool, mode, level, poisson, offset))
 
 
 async def _worker(

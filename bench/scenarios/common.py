@@ -7,7 +7,6 @@ example models with their ``config.pbtxt`` rewritten through the model-config pr
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import socket
@@ -19,6 +18,7 @@ from typing import Any
 from google.protobuf import text_format
 
 from bench.env import REPO_ROOT, environment
+from bench.loadgen import run_client
 from bench.measure import MeasureOptions, sweep
 from bench.pa_runner import run_perf_analyzer
 from bench.peers import ServerHandle, launch, wait_ready
@@ -199,5 +199,5 @@ def measure(
             opts = MeasureOptions(
                 window_s=window_s, max_windows=max_windows, batch_size=batch_size, shapes=shapes
             )
-            runs.append(asyncio.run(sweep(url, model, levels, label=f"{label} (bench)", opts=opts)))
+            runs.append(run_client(sweep(url, model, levels, label=f"{label} (bench)", opts=opts)))
     return runs
