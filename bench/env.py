@@ -41,6 +41,9 @@ def environment(**extra: Any) -> dict[str, Any]:
         "python": platform.python_version(),
         "packages": {p: _version(p) for p in _PACKAGES},
         "git_commit": _git("rev-parse", "HEAD"),
-        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        # Local changes to the code; saved results and the README's tables do not count.
+        "git_dirty": bool(
+            _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results", ":!README.md")
+        ),
         **extra,
     }
