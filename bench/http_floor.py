@@ -66,7 +66,9 @@ async def _drive(port: int, concurrency: int, seconds: float, request_bytes: int
             writer.write(request)
             head = await reader.readuntil(b"\r\n\r\n")
             length = next(
-                int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+                int(line.split(b":", 1)[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length")
             )
             await reader.readexactly(length)
             done += 1
@@ -76,7 +78,9 @@ async def _drive(port: int, concurrency: int, seconds: float, request_bytes: int
     return done
 
 
-def measure_floor(concurrency: int, seconds: float, request_bytes: int, response_bytes: int) -> dict[str, Any]:
+def measure_floor(
+    concurrency: int, seconds: float, request_bytes: int, response_bytes: int
+) -> dict[str, Any]:
     """Start the bare server, drive it, stop it; the figures as a dict."""
     port = free_port()
     server = subprocess.Popen([sys.executable, "-c", SERVER, str(port), str(response_bytes)])

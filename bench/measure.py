@@ -231,4 +231,7 @@ def _options_dict(opts: MeasureOptions) -> dict[str, Any]:
         "processes",
         "poisson",
     )
-    return {k: getattr(opts, k) for k in keys} | {"shapes": list(opts.shapes), "client_loop": client_loop_name()}
+    return {k: getattr(opts, k) for k in keys} | {
+        "shapes": list(opts.shapes),
+        "client_loop": client_loop_name(),
+    }

@@ -131,7 +131,9 @@ def limit_section(report: Report) -> list[str]:
         "",
         provenance(report),
         "",
-        *_table(["configuration", "client", "served infer/s", "direct onnxruntime infer/s", "fraction"], rows),
+        *_table(
+            ["configuration", "client", "served infer/s", "direct onnxruntime infer/s", "fraction"], rows
+        ),
         "",
         f"Batches the server formed (rows×executions): {'; '.join(sizes) or 'none reported'}.",
     ]

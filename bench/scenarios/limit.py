@@ -105,7 +105,9 @@ def run(quick: bool = False) -> Report:
             "batch_sizes_formed": {str(k): v for k, v in sizes.items()},
             "direct": limit,
             "served_infer_per_s": served_by_tool,
-            "fraction_of_limit": {tool: value / limit["infer_per_s"] for tool, value in served_by_tool.items()},
+            "fraction_of_limit": {
+                tool: value / limit["infer_per_s"] for tool, value in served_by_tool.items()
+            },
         }
     report.notes["configurations"] = configurations
     log(f"{NAME}: results in {save_report(report, 'CRNN served vs onnxruntime directly')}")

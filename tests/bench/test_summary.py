@@ -43,7 +43,11 @@ def test_limit_fraction_and_missing_scenarios_are_skipped(tmp_path):
         "served_infer_per_s": {"bench": 1500.0, "perf_analyzer": 1000.0},
         "batch_sizes_formed": {"8": 10},
     }
-    two = {"direct": {"infer_per_s": 4000.0}, "served_infer_per_s": {"bench": 1000.0}, "batch_sizes_formed": {}}
+    two = {
+        "direct": {"infer_per_s": 4000.0},
+        "served_infer_per_s": {"bench": 1000.0},
+        "batch_sizes_formed": {},
+    }
     notes = {"configurations": {"1 instance": one, "2 instances": two}}
     write_json(Report("limit", {"git_commit": "abc"}, [], notes), tmp_path / "limit" / "results.json")
     text = "\n".join(summary_lines(tmp_path))

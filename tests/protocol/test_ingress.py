@@ -55,7 +55,9 @@ async def test_the_models_paths_skip_serves_handler(path: str) -> None:
     assert DISCONNECT_DISABLED not in scope["headers"]
 
 
-@pytest.mark.parametrize("path", ["/-/healthz", "/-/routes", "/v2/models/crnn2/infer", "/v2/health/ready", "/"])
+@pytest.mark.parametrize(
+    "path", ["/-/healthz", "/-/routes", "/v2/models/crnn2/infer", "/v2/health/ready", "/"]
+)
 async def test_serves_own_routes_and_foreign_paths_go_to_serve_run_to_completion(path: str) -> None:
     serve, model, scope = await call(path)
     assert model.scopes == []
