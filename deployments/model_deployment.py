@@ -64,13 +64,17 @@ class ModelDeployment:
         pushes = replicas > 1 or bool(self.runtime.hosted_statistics())
         self._push_task = asyncio.get_running_loop().create_task(self._push_stats()) if pushes else None
         self._app = ModelHTTPApp(ReplicaDataPlane(self.runtime, self._cluster_stats), model.name)
-        ingress.serve_directly(model_route(model.name), self._app)
+        self.direct_routes = ingress.serve_directly(model_route(model.name), self._app)
 
     def __serve_build_asgi_app__(self) -> Any:
         return self._app
 
     def load_status(self) -> dict[str, Any]:
         return {"ready": self.load_error is None and self.runtime.is_ready(), "error": self.load_error}
+
+    def answered_directly(self) -> int | None:
+        """HTTP requests this replica answered without Serve's wrapper (None: the lane is off)."""
+        return ingress.answered_directly(model_route(self.model.name))
 
     async def infer_internal(self, request: InferRequest) -> InferResponse:
         if self.load_error is not None:

@@ -45,9 +45,21 @@ SERVE_ROUTES = ("/-/",)
 Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
 
-# The applications of this process (one replica per Ray actor process), by route prefix, each with
-# the event loop its deployment runs on.
-_direct: dict[str, tuple[ASGIApp, asyncio.AbstractEventLoop]] = {}
+
+class _Route:
+    """A registered application, the event loop its deployment runs on, and how many requests it
+    answered through the direct lane."""
+
+    __slots__ = ("app", "loop", "answered")
+
+    def __init__(self, app: ASGIApp, loop: asyncio.AbstractEventLoop) -> None:
+        self.app = app
+        self.loop = loop
+        self.answered = 0
+
+
+# The applications of this process (one replica per Ray actor process), by route prefix.
+_direct: dict[str, _Route] = {}
 
 
 def serve_directly(route_prefix: str, app: ASGIApp) -> bool:
@@ -65,8 +77,14 @@ def serve_directly(route_prefix: str, app: ASGIApp) -> bool:
         loop = asyncio.get_running_loop()
     except RuntimeError:
         return False
-    _direct[route_prefix.rstrip("/") or "/"] = (app, loop)
+    _direct[route_prefix.rstrip("/") or "/"] = _Route(app, loop)
     return True
+
+
+def answered_directly(route_prefix: str) -> int | None:
+    """Requests under ``route_prefix`` answered through the direct lane so far; None if not registered."""
+    route = _direct.get(route_prefix.rstrip("/") or "/")
+    return None if route is None else route.answered
 
 
 def withdraw(route_prefix: str) -> None:
@@ -77,20 +95,24 @@ def withdraw(route_prefix: str) -> None:
 def direct_app(path: str, loop: asyncio.AbstractEventLoop | None = None) -> ASGIApp | None:
     """The registered application whose route prefix holds ``path`` and that runs on ``loop`` (the
     running loop by default), if any; the longest prefix wins."""
+    route = _route(path, loop or asyncio.get_running_loop())
+    return None if route is None else route.app
+
+
+def _route(path: str, loop: asyncio.AbstractEventLoop) -> _Route | None:
     if path.startswith(SERVE_ROUTES):
         return None
-    loop = loop or asyncio.get_running_loop()
-    found: ASGIApp | None = None
+    found: _Route | None = None
     longest = -1
-    for prefix, (app, app_loop) in _direct.items():
-        if app_loop is not loop:
+    for prefix, route in _direct.items():
+        if route.loop is not loop:
             continue
         if prefix == "/":
             matches = True
         else:
             matches = path.startswith(prefix) and (len(path) == len(prefix) or path[len(prefix)] == "/")
         if matches and len(prefix) > longest:
-            found, longest = app, len(prefix)
+            found, longest = route, len(prefix)
     return found
 
 
@@ -107,9 +129,10 @@ class ReplicaIngress:
                 root: str = scope.get("root_path") or ""
                 if root and path.startswith(root):
                     path = path[len(root) :] or "/"
-                target = direct_app(path)
-                if target is not None:
-                    await target(scope, receive, send)
+                route = _route(path, asyncio.get_running_loop())
+                if route is not None:
+                    route.answered += 1
+                    await route.app(scope, receive, send)
                     return
             headers = scope["headers"]
             if isinstance(headers, list):

@@ -55,6 +55,15 @@ async def test_the_models_paths_skip_serves_handler(path: str) -> None:
     assert DISCONNECT_DISABLED not in scope["headers"]
 
 
+async def test_each_direct_answer_is_counted() -> None:
+    serve = Recorder()
+    ingress.serve_directly("/v2/models/crnn", Recorder())
+    for path in ("/v2/models/crnn/infer", "/v2/models/crnn/ready", "/-/healthz", "/v2/models/other"):
+        await ReplicaIngress(serve)(http(path), None, None)
+    assert ingress.answered_directly("/v2/models/crnn") == 2
+    assert ingress.answered_directly("/v2/models/other") is None
+
+
 @pytest.mark.parametrize(
     "path", ["/-/healthz", "/-/routes", "/v2/models/crnn2/infer", "/v2/health/ready", "/"]
 )

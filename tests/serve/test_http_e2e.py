@@ -320,3 +320,20 @@ def test_bls_error_of_the_target_fails_only_that_request(client: httpclient.Infe
         client.infer("bls_missing", _add_sub_inputs(a, a, binary=True))
     result = client.infer("bls", _add_sub_inputs(a, a, binary=True))
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), 2 * a)
+
+
+def test_model_requests_skip_serves_wrapper_in_the_replica(client: httpclient.InferenceServerClient) -> None:
+    """The replica's HTTP server hands the model's requests straight to its app (the direct lane)."""
+    from ray import serve
+
+    from deployments.names import MODEL_DEPLOYMENT, model_app_name
+
+    replica = serve.get_deployment_handle(MODEL_DEPLOYMENT, app_name=model_app_name("add_sub"))
+    replica._init(_run_router_in_separate_loop=True)  # a blocking call from this thread (no event loop)
+    before = replica.answered_directly.remote().result()
+    a = np.arange(8, dtype=np.float32).reshape(2, 4)
+    for _ in range(5):
+        client.infer("add_sub", _add_sub_inputs(a, a, binary=True))
+    assert client.is_model_ready("add_sub")
+    after = replica.answered_directly.remote().result()
+    assert before is not None and after - before == 6
