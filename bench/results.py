@@ -65,6 +65,11 @@ class Point:
     server: dict[str, dict[str, Any]] = field(default_factory=dict)
     client_cores: float | None = None
 
+    @property
+    def level(self) -> float:
+        """The load level: the concurrency, or the request rate of an open-loop run."""
+        return float(self.concurrency or self.request_rate or 0)
+
     def main_server(self, model: str) -> dict[str, Any]:
         """The server breakdown of ``model`` (or of the only model seen), empty if none."""
         if model in self.server:
@@ -86,7 +91,7 @@ class Run:
 
     def throughput_by_level(self) -> dict[float, float]:
         """Inferences per second at each load level (concurrency, or request rate in open-loop runs)."""
-        return {float(p.concurrency or p.request_rate or 0): p.infer_per_s for p in self.points}
+        return {p.level: p.infer_per_s for p in self.points}
 
 
 @dataclass

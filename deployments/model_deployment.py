@@ -41,6 +41,7 @@ class ModelDeployment:
     ) -> None:
         coalesce_response_writes()
         self.model = model
+        self._route = model_route(model.name)
         self.replicas = replicas
         kind = InstanceKind(instance_kind)
         context = serve.get_replica_context()
@@ -64,7 +65,7 @@ class ModelDeployment:
         pushes = replicas > 1 or bool(self.runtime.hosted_statistics())
         self._push_task = asyncio.get_running_loop().create_task(self._push_stats()) if pushes else None
         self._app = ModelHTTPApp(ReplicaDataPlane(self.runtime, self._cluster_stats), model.name)
-        self.direct_routes = ingress.serve_directly(model_route(model.name), self._app)
+        ingress.serve_directly(self._route, self._app)
 
     def __serve_build_asgi_app__(self) -> Any:
         return self._app
@@ -74,7 +75,7 @@ class ModelDeployment:
 
     def answered_directly(self) -> int | None:
         """HTTP requests this replica answered without Serve's wrapper (None: the lane is off)."""
-        return ingress.answered_directly(model_route(self.model.name))
+        return ingress.answered_directly(self._route)
 
     async def infer_internal(self, request: InferRequest) -> InferResponse:
         if self.load_error is not None:
@@ -125,7 +126,7 @@ class ModelDeployment:
         return {"model_stats": merged}
 
     async def __del__(self) -> None:
-        ingress.withdraw(model_route(self.model.name))
+        ingress.withdraw(self._route)
         if self._push_task is not None:
             self._push_task.cancel()
         await self.runtime.close()

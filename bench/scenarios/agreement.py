@@ -98,7 +98,7 @@ def median_run(rounds: list[Run], label: str) -> Run:
     by_level: dict[float, list[Point]] = {}
     for run in same:
         for point in run.points:
-            by_level.setdefault(float(point.concurrency or point.request_rate or 0), []).append(point)
+            by_level.setdefault(point.level, []).append(point)
     points = []
     for level in sorted(by_level):
         ordered = sorted(by_level[level], key=lambda p: p.infer_per_s)
@@ -125,8 +125,7 @@ def server_confirmation(runs: list[Run]) -> dict[str, float | None]:
         for point in run.points:
             counted = point.main_server(run.model).get("success_count")
             if counted is not None and point.requests:
-                level = f"{float(point.concurrency or point.request_rate or 0):g}"
-                ratios.setdefault(level, []).append(counted / point.requests)
+                ratios.setdefault(f"{point.level:g}", []).append(counted / point.requests)
     return {level: statistics.median(values) if values else None for level, values in ratios.items()}
 
 

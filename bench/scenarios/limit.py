@@ -100,7 +100,7 @@ def run(quick: bool = False) -> Report:
             entry["batch_sizes_assumed"] = "the server reported no batch statistics; timed batches of 2"
         log(f"{NAME}: onnxruntime directly at batch sizes {sizes}")
         limit = direct_limit(repo / MODEL, sizes, seconds=1.0 if quick else 3.0)
-        served_by_tool = {_tool(r.label): r.points[0].infer_per_s for r in runs if r.points}
+        served_by_tool = {r.tool: r.points[0].infer_per_s for r in runs if r.points}
         configurations[label] = entry | {
             "batch_sizes_formed": {str(k): v for k, v in sizes.items()},
             "direct": limit,
@@ -112,8 +112,3 @@ def run(quick: bool = False) -> Report:
     report.notes["configurations"] = configurations
     log(f"{NAME}: results in {save_report(report, 'CRNN served vs onnxruntime directly')}")
     return report
-
-
-def _tool(run_label: str) -> str:
-    """``"1 instance (bench)"`` -> ``"bench"``."""
-    return run_label.rsplit("(", 1)[-1].rstrip(")")

@@ -101,7 +101,7 @@ def test_an_app_of_another_event_loop_is_not_called_from_this_one() -> None:
         other.close()
 
     async def route() -> Any:
-        return ingress.direct_app("/v2/models/crnn/infer")
+        return ingress.route_for("/v2/models/crnn/infer", asyncio.get_running_loop())
 
     assert asyncio.run(route()) is None
 
@@ -118,12 +118,21 @@ async def test_the_direct_lane_can_be_turned_off(monkeypatch: pytest.MonkeyPatch
 
 
 async def test_the_longest_prefix_wins() -> None:
-    short, long = Recorder(), Recorder()
+    short, long, root = Recorder(), Recorder(), Recorder()
     ingress.serve_directly("/v2", short)
     ingress.serve_directly("/v2/models/crnn/", long)
-    assert ingress.direct_app("/v2/models/crnn/infer") is long
-    assert ingress.direct_app("/v2/health/live") is short
-    assert ingress.direct_app("/v3") is None
+    loop = asyncio.get_running_loop()
+
+    def app_for(path: str) -> Any:
+        route = ingress.route_for(path, loop)
+        return None if route is None else route.app
+
+    assert app_for("/v2/models/crnn/infer") is long
+    assert app_for("/v2/health/live") is short
+    assert app_for("/v3") is None
+    ingress.serve_directly("/", root)
+    assert app_for("/v3") is root and app_for("/v2/models/crnn") is long
+    assert app_for("/-/healthz") is None
 
 
 async def test_lifespan_and_websocket_scopes_go_to_serve() -> None:
