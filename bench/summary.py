@@ -119,13 +119,16 @@ def batching_section(report: Report) -> list[str]:
 
 def limit_section(report: Report) -> list[str]:
     """CRNN served at concurrency 16 as a fraction of onnxruntime called directly, per configuration."""
-    rows, sizes = [], []
+    rows, sizes, drift = [], [], []
     for label, entry in report.notes.get("configurations", {}).items():
         direct = entry.get("direct", {}).get("infer_per_s")
         for tool, value in entry.get("served_infer_per_s", {}).items():
             rows.append([label, tool, _num(value), _num(direct), _num(_ratio(value, direct), 2)])
         formed = ", ".join(f"{k}×{v}" for k, v in entry.get("batch_sizes_formed", {}).items())
         sizes.append(f"{label}: {formed or 'none reported'}")
+        first, last = (entry.get("direct", {}).get(f"infer_per_s_{w}_serving") for w in ("before", "after"))
+        if first and last:
+            drift.append(f"{label}: {_num(first)} before serving, {_num(last)} after")
     return [
         "### The raw limit: CRNN at concurrency 16 against onnxruntime in one process",
         "",
@@ -136,6 +139,48 @@ def limit_section(report: Report) -> list[str]:
         ),
         "",
         f"Batches the server formed (rows×executions): {'; '.join(sizes) or 'none reported'}.",
+        *([f"Direct onnxruntime infer/s, the mean of two timings: {'; '.join(drift)}."] if drift else []),
+        *limit_cpu_lines(report.notes.get("configurations", {})),
+    ]
+
+
+CPU_ROLES = ("model replicas", "HAProxy", "bench client", "everything else")
+
+
+def _threads(count: Any) -> str:
+    return f"{count} thread" if count == 1 else f"{count if count is not None else '?'} threads"
+
+
+def limit_cpu_lines(configurations: dict[str, Any]) -> list[str]:
+    """The machine's CPU per request while the bench client measured, by role, beside onnxruntime's
+    own and the budget at the target fraction (nothing for results saved before it was recorded)."""
+    rows = []
+    for label, entry in configurations.items():
+        cpu = entry.get("cpu")
+        if not cpu:
+            continue
+        ms = cpu.get("cpu_ms_per_request", {})
+        framework = cpu.get("onnxruntime_cpu_ms_per_request", {})
+        budget = cpu.get("budget_ms_per_request", {})
+        rows.append(
+            [
+                label,
+                *(_num(ms.get(role), 3) for role in CPU_ROLES),
+                _num(ms.get("total"), 3),
+                f"{_num(framework.get('ms'), 3)} ({_threads(framework.get('intra_op_threads'))})",
+                f"{_num(budget.get('ms'), 3)} (at {budget.get('fraction', '?')})",
+            ]
+        )
+    if not rows:
+        return []
+    header = ["configuration", *CPU_ROLES, "total", "onnxruntime alone", "budget"]
+    return [
+        "",
+        "CPU milliseconds per request while the bench client measured, by process (all cores), "
+        "beside onnxruntime's own CPU at the same batch sizes and threads, and the CPU per request "
+        "the machine's cores allow at the target fraction of the direct throughput:",
+        "",
+        *_table(header, rows),
     ]
 
 

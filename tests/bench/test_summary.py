@@ -87,3 +87,32 @@ def test_cpus_split_into_one_for_the_server_and_the_rest_for_clients():
 
     assert split_cpus({3, 1, 2}) == ({1}, {2, 3})
     assert split_cpus({0}) is None
+
+
+def test_limit_cpu_table_lists_each_role_beside_the_framework_and_the_budget(tmp_path):
+    cpu = {
+        "cpu_ms_per_request": {
+            "model replicas": 0.9,
+            "HAProxy": 0.08,
+            "bench client": 0.05,
+            "everything else": 0.02,
+            "total": 1.05,
+        },
+        "onnxruntime_cpu_ms_per_request": {"intra_op_threads": 1, "ms": 0.66},
+        "budget_ms_per_request": {"fraction": 0.8, "ms": 1.0},
+    }
+    direct = {
+        "infer_per_s": 2000.0,
+        "infer_per_s_before_serving": 2100.0,
+        "infer_per_s_after_serving": 1900.0,
+    }
+    entry = {"direct": direct, "served_infer_per_s": {"bench": 1500.0}, "cpu": cpu}
+    old = {"direct": {"infer_per_s": 2000.0}, "served_infer_per_s": {"bench": 1500.0}}
+    notes = {"configurations": {"2 instances": entry, "saved before": old}}
+    write_json(Report("limit", {"git_commit": "abc"}, [], notes), tmp_path / "limit" / "results.json")
+    text = "\n".join(summary_lines(tmp_path))
+    assert (
+        "| 2 instances | 0.900 | 0.080 | 0.050 | 0.020 | 1.050 | 0.660 (1 thread) | 1.000 (at 0.8) |" in text
+    )
+    assert "| saved before |" not in text.split("CPU milliseconds per request")[1]
+    assert "2 instances: 2,100 before serving, 1,900 after" in text
