@@ -56,6 +56,8 @@ CONCURRENCY = 16.0
 CONFIGURATIONS = (("1 instance", 1), ("2 instances", 2))
 # The fraction of the direct throughput this project aims at; the CPU budget per request is given for it.
 TARGET_FRACTION = 0.8
+# Longer than the interval at which a model's replicas push their statistics to the server.
+STATS_SETTLE_S = 2.5
 
 
 def time_batch(session: Any, feeds: Mapping[str, np.ndarray], seconds: float) -> tuple[float, float]:
@@ -139,6 +141,9 @@ def measure_with_cpu(handle: ServerHandle, model: str, label: str) -> tuple[Run,
     before = cpu_split.take_snapshot()
     runs = measure(url, model, [CONCURRENCY], label, tools=("bench",), batch_size=ROWS)
     after = cpu_split.take_snapshot()
+    # Load has stopped; the count now only has to take in what the other replicas push every second
+    # (deployments.model_deployment), so it is read once that has happened.
+    time.sleep(STATS_SETTLE_S)
     answered = asyncio.run(_answered(url, model)) - answered0
     requests_per_s = answered / max(after.wall_s - before.wall_s, 1e-9)
     cores = cpu_split.cores_by_role(before, after, server_pids={handle.process.pid})
