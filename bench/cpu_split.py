@@ -56,15 +56,27 @@ class CpuSnapshot:
         return found
 
 
+def _stat_fields(pid: int) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state, ppid, ..., utime, stime, ...)."""
+    return (_PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+
+
+def _cpu_s(fields: list[str]) -> float:
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads) so far."""
+    return _cpu_s(_stat_fields(pid))
+
+
 def _read_process(pid: int) -> tuple[str, float, int] | None:
     try:
-        stat = (_PROC / str(pid) / "stat").read_text()
+        fields = _stat_fields(pid)
         cmdline = (_PROC / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:  # it ended meanwhile
         return None
-    fields = stat.rsplit(")", 1)[1].split()
-    ticks = int(fields[11]) + int(fields[12])  # utime, stime
-    return cmdline.strip(), ticks / os.sysconf("SC_CLK_TCK"), int(fields[1])
+    return cmdline.strip(), _cpu_s(fields), int(fields[1])
 
 
 def take_snapshot() -> CpuSnapshot:

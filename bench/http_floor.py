@@ -21,9 +21,9 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
+from bench.cpu_split import process_cpu_s
 from bench.env import environment
 from bench.scenarios.common import RESULTS, free_port
 
@@ -42,12 +42,6 @@ async def app(scope, receive, send):
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="error", access_log=False,
             http="httptools", loop="uvloop", lifespan="off")
 """
-
-
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads) so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _drive(port: int, concurrency: int, seconds: float, request_bytes: int) -> int:
