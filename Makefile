@@ -2,8 +2,8 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# The request-path variables (deployments/launch.py holds the one list), read after install.
-SERVE_ENV = $(shell $(BIN)/python -m deployments.launch env)
+# The request-path variables (deployments/serve/launch.py holds the one list), read after install.
+SERVE_ENV = $(shell $(BIN)/python -m deployments.serve.launch env)
 
 .PHONY: install serve validate test test-fast lint bench-peers clean
 

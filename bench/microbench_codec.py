@@ -24,7 +24,7 @@ import numpy as np
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol import codec
 from deployments.protocol.http import ModelHTTPApp
-from deployments.protocol.schema import ModelSchema
+from deployments.runtime.checks import ModelSchema
 from repository_loader.model import ModelDescription, TensorSpec
 
 

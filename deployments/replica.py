@@ -7,7 +7,7 @@ from typing import Any
 
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.dataplane import model_metadata_document, server_metadata_document
-from deployments.runtime import ModelRuntime
+from deployments.runtime.model import ModelRuntime
 from repository_loader.errors import NotFound, Unsupported
 from repository_loader.model import ModelDescription
 

@@ -3,7 +3,7 @@
 On ``load`` the ensemble's replica chooses its placement
 (:func:`ensembles.placement.choose_placement`; a GPU group only when the
 replica itself is ``KIND_GPU``); on ``start`` it loads every model of the
-hosted group in process, each as a :class:`deployments.runtime.ModelRuntime`
+hosted group in process, each as a :class:`deployments.runtime.model.ModelRuntime`
 of its own (its scheduler, dynamic batcher and statistics, on the device of its
 group). :class:`PlacedExecutor` then sends a step to that runtime when its model
 is hosted, and to the serving layer's executor (the model's own deployment,
@@ -30,7 +30,7 @@ import numpy as np
 
 from deployments.backends.base import Backend, BackendContext
 from deployments.inference import InferRequest, InferResponse, ModelExecutor
-from deployments.runtime import ModelRuntime
+from deployments.runtime.model import ModelRuntime
 from ensembles.graph import StepNode, build_graph
 from ensembles.handoff import Tensor, as_framework, device_of
 from ensembles.placement import EnsemblePlacement, choose_placement

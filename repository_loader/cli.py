@@ -30,7 +30,7 @@ EXIT_OK = 0
 EXIT_MODEL_ERRORS = 1
 EXIT_USAGE = 2
 # Modules that add subcommands; each exposes add_parser(subparsers).
-EXTRA_COMMANDS = ("deployments.cli_serve",)
+EXTRA_COMMANDS = ("deployments.serve.cli",)
 
 
 def detected_gpus() -> int:

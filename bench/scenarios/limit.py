@@ -142,7 +142,7 @@ def measure_with_cpu(handle: ServerHandle, model: str, label: str) -> tuple[Run,
     runs = measure(url, model, [CONCURRENCY], label, tools=("bench",), batch_size=ROWS)
     after = cpu_split.take_snapshot()
     # Load has stopped; the count now only has to take in what the other replicas push every second
-    # (deployments.model_deployment), so it is read once that has happened.
+    # (deployments.serve.model_app), so it is read once that has happened.
     time.sleep(STATS_SETTLE_S)
     answered = asyncio.run(_answered(url, model)) - answered0
     requests_per_s = answered / max(after.wall_s - before.wall_s, 1e-9)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from deployments.inference import InferRequest, InferResponse, RequestedOutput
-from deployments.protocol.schema import ModelSchema
+from deployments.runtime.checks import ModelSchema
 from repository_loader.datatypes import (
     BY_WIRE,
     deserialize_bytes_tensor,

@@ -117,6 +117,6 @@ def _tensor_metadata(spec: TensorSpec, max_batch_size: int) -> dict[str, Any]:
 
 def empty_model_statistics(name: str, version: str) -> dict[str, Any]:
     """One entry of ``model_stats`` with every counter at zero, in Triton's layout."""
-    from deployments.stats import ModelStats
+    from deployments.runtime.stats import ModelStats
 
     return ModelStats(name, version).to_json()

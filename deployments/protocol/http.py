@@ -23,7 +23,7 @@ from typing import Any
 
 from deployments.protocol import codec, compression
 from deployments.protocol.dataplane import DataPlane
-from deployments.protocol.schema import ModelSchema
+from deployments.runtime.checks import ModelSchema
 from repository_loader.errors import InvalidArgument, NotFound, ServerError
 from repository_loader.model import ModelDescription
 

@@ -7,8 +7,8 @@ import time
 
 import numpy as np
 
-from deployments.batching import DynamicBatcher
 from deployments.inference import InferRequest, InferResponse
+from deployments.runtime.batching import DynamicBatcher
 from tests.batching.fakes import INPUTS, RAGGED_INPUTS, Recorder, config, request, until
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from deployments.batching import DynamicBatcher, PassThroughScheduler, make_scheduler
 from deployments.inference import InferRequest, InferResponse
+from deployments.runtime.batching import DynamicBatcher, PassThroughScheduler, make_scheduler
 from repository_loader.errors import InternalError, InvalidArgument, Unavailable
 from repository_loader.model import ModelDescription
 from tests.batching.fakes import INPUTS, Recorder, config, request, until

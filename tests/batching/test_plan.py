@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from deployments.batch_queue import NEVER, Entry, plan_batch, shape_key
+from deployments.runtime.batch_queue import NEVER, Entry, plan_batch, shape_key
 from tests.batching.fakes import request
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from deployments.batching import DynamicBatcher
+from deployments.runtime.batching import DynamicBatcher
 from repository_loader.errors import Unavailable
 from repository_loader.model import DynamicBatching, QueuePolicy
 from tests.batching.fakes import INPUTS, Recorder, config, request, until

@@ -18,7 +18,7 @@ import torch
 import ensembles.backend as ensemble_backend
 from deployments.backends.base import BackendContext
 from deployments.inference import InferRequest, InferResponse
-from deployments.runtime import ModelRuntime
+from deployments.runtime.model import ModelRuntime
 from ensembles.backend import EnsembleBackend, PlacedExecutor, consumer_framework, hand_on
 from ensembles.handoff import buffer_address, to_host
 from repository_loader.errors import ConfigError, Unavailable

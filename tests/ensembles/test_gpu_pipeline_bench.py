@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ensembles.gpu_pipeline_bench import Settings, main, run_benchmark
+from bench.gpu_pipeline import Settings, main, run_benchmark
 
 
 @pytest.mark.parametrize("engine", ["onnxruntime", "torch"])

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
-from deployments.launch import REQUEST_PATH_ENV
+from deployments.serve.launch import REQUEST_PATH_ENV
 from tests.examples.conftest import ROOT
 
 # Every request-path variable the local launcher sets, except those sized for one machine.

@@ -14,7 +14,7 @@ from tritonclient.http._utils import _get_inference_request
 
 from deployments.inference import InferResponse, RequestedOutput
 from deployments.protocol import codec, compression
-from deployments.protocol.schema import ModelSchema
+from deployments.runtime.checks import ModelSchema
 from repository_loader.errors import InvalidArgument, Unsupported
 from tests.protocol.fakes import LABELS, add_sub_model, bytes_model, onnx_classifier
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from deployments.protocol import ingress
-from deployments.protocol.ingress import DISCONNECT_DISABLED, ReplicaIngress
+from deployments.serve import ingress
+from deployments.serve.ingress import DISCONNECT_DISABLED, ReplicaIngress
 
 
 class Recorder:

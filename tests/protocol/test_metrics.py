@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from deployments import metrics as metrics_module
-from deployments.metrics import COUNTERS, TritonMetrics, tags_for
+from deployments.runtime import metrics as metrics_module
+from deployments.runtime.metrics import COUNTERS, TritonMetrics, tags_for
 
 
 class Recorder:

@@ -11,7 +11,7 @@ uvicorn = pytest.importorskip("uvicorn")
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # noqa: E402
 from uvicorn.server import ServerState  # noqa: E402
 
-from deployments.protocol.response_writes import coalesce_response_writes  # noqa: E402
+from deployments.serve.response_writes import coalesce_response_writes  # noqa: E402
 
 
 class Transport(asyncio.Transport):

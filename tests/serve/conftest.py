@@ -136,7 +136,7 @@ def test_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def server_url(test_repository: Path) -> str:
     """``host:port`` of the shared server (HAProxy in front of every model replica)."""
-    from deployments import launch
+    from deployments.serve import launch
 
     port = _free_port()
     # HAProxy's own stats and metrics listeners: off the defaults, so a running server does not collide

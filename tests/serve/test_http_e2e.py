@@ -326,7 +326,7 @@ def test_model_requests_skip_serves_wrapper_in_the_replica(client: httpclient.In
     """The replica's HTTP server hands the model's requests straight to its app (the direct lane)."""
     from ray import serve
 
-    from deployments.names import MODEL_DEPLOYMENT, model_app_name
+    from deployments.serve.names import MODEL_DEPLOYMENT, model_app_name
 
     replica = serve.get_deployment_handle(MODEL_DEPLOYMENT, app_name=model_app_name("add_sub"))
     replica._init(_run_router_in_separate_loop=True)  # a blocking call from this thread (no event loop)

@@ -89,7 +89,7 @@ def main(workdir: str) -> int:
     import numpy as np
     import tritonclient.http as http
 
-    from deployments import launch
+    from deployments.serve import launch
 
     work = Path(workdir)
     repo = build(work / "repo")

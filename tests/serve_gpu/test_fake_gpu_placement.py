@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from deployments.devices import planned_gpu, replica_rank, visible_devices
+from deployments.serve.devices import planned_gpu, replica_rank, visible_devices
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ the model's own routes took the ``overhead`` scenario from 0.70 / 0.44 of
 tritonserver's throughput (concurrency 1 / 32, perf_analyzer) to 0.77 / 0.65.
 
 :func:`middlewares` (named by ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH``, see
-``deployments.launch``) wraps Serve's handler in that server:
+``deployments.serve.launch``) wraps Serve's handler in that server:
 
 * **The direct lane.** A replica whose application registered itself with
   :func:`serve_directly` answers the requests under its route prefix by calling
@@ -72,7 +72,7 @@ def serve_directly(route_prefix: str, app: ASGIApp) -> bool:
 
     Called from the deployment's constructor, on the loop its code runs on. Requests are answered
     directly only when the HTTP server runs on that same loop (Serve's throughput-optimized mode,
-    which ``deployments.launch`` sets); where Serve runs user code on a thread of its own, they keep
+    which ``deployments.serve.launch`` sets); where Serve runs user code on a thread of its own, they keep
     going through Serve, which moves them onto that loop. False (nothing registered) where no
     loop is running or ``TRITON_SERVE_DIRECT_ROUTES=0``.
     """

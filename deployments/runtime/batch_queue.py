@@ -1,6 +1,6 @@
 """The dynamic batcher's queue: priority levels, queue policies and batch planning.
 
-Framework-free and synchronous; :mod:`deployments.batching` drives it from
+Framework-free and synchronous; :mod:`deployments.runtime.batching` drives it from
 asyncio. The rules follow Triton's dynamic batcher:
 
 * requests wait in one queue per priority level (1 is the highest); each level

@@ -1,6 +1,6 @@
 """The model data plane of one replica: every served version of one model.
 
-Ray-free: the Serve deployment (``deployments.server``) holds one
+Ray-free: the Serve deployment (``deployments.serve.app``) holds one
 :class:`ModelRuntime` and puts its HTTP app in front of it. A request is checked
 against the model's configuration, queued in the version's scheduler (dynamic
 batcher or one-at-a-time), executed by the backend, and accounted for in
@@ -16,10 +16,10 @@ from typing import Any
 
 from deployments.backends.base import Backend, BackendContext
 from deployments.inference import InferRequest, InferResponse, ModelExecutor
-from deployments.metrics import TritonMetrics, tags_for
-from deployments.protocol.schema import ModelSchema
-from deployments.stats import ModelStats
-from deployments.warmup import warmup_requests
+from deployments.runtime.checks import ModelSchema
+from deployments.runtime.metrics import TritonMetrics, tags_for
+from deployments.runtime.stats import ModelStats
+from deployments.runtime.warmup import warmup_requests
 from repository_loader import datatypes
 from repository_loader.errors import InvalidArgument, NotFound, ServerError, Unavailable
 from repository_loader.model import InstanceKind, ModelDescription
@@ -73,7 +73,7 @@ class VersionRuntime:
         metrics: TritonMetrics,
         max_concurrent: int = 1,
     ) -> None:
-        from deployments.batching import make_scheduler
+        from deployments.runtime.batching import make_scheduler
 
         self.model = model
         self.version = version

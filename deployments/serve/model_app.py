@@ -9,15 +9,15 @@ from typing import Any
 
 from ray import serve
 
-from deployments.devices import pin_replica_gpu
-from deployments.handles import HandleExecutor
 from deployments.inference import InferRequest, InferResponse
-from deployments.names import SERVER_APP, hosted_key, model_route
-from deployments.protocol import ingress
 from deployments.protocol.http import ModelHTTPApp
-from deployments.protocol.response_writes import coalesce_response_writes
 from deployments.replica import ReplicaDataPlane
-from deployments.runtime import ModelRuntime
+from deployments.runtime.model import ModelRuntime
+from deployments.serve import ingress
+from deployments.serve.devices import pin_replica_gpu
+from deployments.serve.handles import HandleExecutor
+from deployments.serve.names import SERVER_APP, hosted_key, model_route
+from deployments.serve.response_writes import coalesce_response_writes
 from repository_loader.errors import Unavailable
 from repository_loader.model import InstanceKind, ModelDescription
 

@@ -20,10 +20,10 @@ from ray import serve
 
 from deployments.control import ControllerOptions, ModelController
 from deployments.inference import InferRequest, InferResponse
-from deployments.model_deployment import ModelDeployment
-from deployments.names import MODEL_DEPLOYMENT, SERVER_APP, is_hosted_key, model_app_name, model_route
 from deployments.protocol.dataplane import server_metadata_document
-from deployments.stats import merge_snapshots
+from deployments.runtime.stats import merge_snapshots
+from deployments.serve.model_app import ModelDeployment
+from deployments.serve.names import MODEL_DEPLOYMENT, SERVER_APP, is_hosted_key, model_app_name, model_route
 from repository_loader.errors import InvalidArgument, ServerError, Unavailable
 from repository_loader.model import ModelDescription, ModelState
 from repository_loader.plan import ClusterResources, DeploymentEntry, DeploymentPlan, plan_deployments
@@ -220,7 +220,7 @@ class ServerDeployment:
     def __init__(self, options: ControllerOptions) -> None:
         import ray
 
-        from deployments.protocol.response_writes import coalesce_response_writes
+        from deployments.serve.response_writes import coalesce_response_writes
 
         coalesce_response_writes()
         resources = ray.cluster_resources()
@@ -271,11 +271,11 @@ def resolve_repository(repo: str) -> str:
     here = Path.cwd() / repo
     if here.exists():
         return str(here.resolve())
-    return str((Path(__file__).resolve().parents[1] / repo).resolve())
+    return str((Path(__file__).resolve().parents[2] / repo).resolve())
 
 
 def build_app(args: dict[str, Any]) -> Any:
-    """Application builder for ``serve run`` / ``serve deploy`` (``import_path: deployments.server:build_app``).
+    """Application builder for ``serve run`` / ``serve deploy`` (``import_path: deployments.serve.app:build_app``).
 
     args: ``model_repository`` (required), ``model_control_mode`` (none|explicit|poll),
     ``load_model`` (list, explicit mode), ``model_config_name``,

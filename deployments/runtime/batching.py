@@ -18,7 +18,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from deployments.batch_queue import (
+from deployments.inference import InferRequest, InferResponse
+from deployments.runtime.batch_queue import (
     NEVER,
     Entry,
     LevelQueue,
@@ -27,7 +28,6 @@ from deployments.batch_queue import (
     plan_batch,
     shape_key,
 )
-from deployments.inference import InferRequest, InferResponse
 from repository_loader.errors import InternalError, ServerError, Unavailable
 from repository_loader.model import DynamicBatching, ModelDescription, TensorSpec
 

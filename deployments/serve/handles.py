@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from deployments.inference import InferRequest, InferResponse
-from deployments.names import MODEL_DEPLOYMENT, model_app_name
+from deployments.serve.names import MODEL_DEPLOYMENT, model_app_name
 from repository_loader.errors import NotFound, ServerError, Unavailable
 
 

@@ -15,7 +15,7 @@ one run:
 On a machine without CUDA the same comparison runs with CPU tensors: copies of
 the bytes at each boundary versus views. The result is one JSON document::
 
-    python -m ensembles.gpu_pipeline_bench --out bench/results/pipeline_handoff.json
+    python -m bench.gpu_pipeline --out bench/results/pipeline_handoff.json
 
 Needs only numpy, onnx, onnxruntime and torch (no Ray).
 """

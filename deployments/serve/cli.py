@@ -23,7 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from deployments import launch
+    from deployments.serve import launch
 
     app_args = {
         "model_control_mode": args.model_control_mode,

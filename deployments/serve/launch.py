@@ -29,8 +29,8 @@ REQUEST_PATH_ENV = {
     "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1",
     # A model's replica answers its own routes without Serve's per-request wrapper, and
     # inference runs to completion when a client disconnects, as in Triton
-    # (deployments/protocol/ingress.py).
-    "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "deployments.protocol.ingress:middlewares",
+    # (deployments/serve/ingress.py).
+    "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "deployments.serve.ingress:middlewares",
 }
 
 
@@ -39,7 +39,7 @@ def configure_environment(direct_ingress: bool = True) -> None:
     if direct_ingress:
         for key, value in REQUEST_PATH_ENV.items():
             os.environ.setdefault(key, value)
-    project = str(Path(__file__).resolve().parents[1])
+    project = str(Path(__file__).resolve().parents[2])
     path = os.environ.get("PYTHONPATH", "")
     if project not in path.split(os.pathsep):
         os.environ["PYTHONPATH"] = project + (os.pathsep + path if path else "")
@@ -58,8 +58,8 @@ def start(
     import ray
     from ray import serve
 
-    from deployments.names import SERVER_APP, SERVER_ROUTE
-    from deployments.server import build_app
+    from deployments.serve.app import build_app
+    from deployments.serve.names import SERVER_APP, SERVER_ROUTE
 
     if not ray.is_initialized():
         ray.init(**(ray_init or {}))
@@ -93,7 +93,7 @@ def call_server(method: str, *args: Any, timeout_s: float = 60.0) -> Any:
     """Call a method of the server deployment from a plain (non-async) driver."""
     from ray import serve
 
-    from deployments.names import SERVER_APP
+    from deployments.serve.names import SERVER_APP
 
     async def call() -> Any:
         handle = serve.get_deployment_handle("server", app_name=SERVER_APP)
@@ -113,12 +113,12 @@ def stop() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m deployments.launch env``: the request-path variables as ``K=V`` words (for ``make serve``)."""
+    """``python -m deployments.serve.launch env``: the request-path variables as ``K=V`` words (for ``make serve``)."""
     import sys
 
     args = sys.argv[1:] if argv is None else argv
     if args != ["env"]:
-        print("usage: python -m deployments.launch env", file=sys.stderr)
+        print("usage: python -m deployments.serve.launch env", file=sys.stderr)
         return 2
     print(" ".join(f"{k}={v}" for k, v in REQUEST_PATH_ENV.items()))
     return 0
