@@ -201,7 +201,7 @@ def format_report(state: RepositoryState, plan: DeploymentPlan, placements: Plac
 def _entry_lines(plan: DeploymentPlan, name: str, version: int) -> list[str]:
     lines = []
     for entry in plan.for_model(name):
-        if entry.version != version:
+        if version not in entry.versions:
             continue
         gpus = f" on GPU(s) {sorted(set(entry.replica_gpu_ids))}" if entry.replica_gpu_ids else ""
         batching = (

@@ -10,6 +10,11 @@ tested without Ray. Triton's instance groups become replicas:
 * no instance_group -> Triton's default: one instance per GPU, or a CPU group
   (2 instances for ONNX Runtime, 1 otherwise) on a cluster without GPUs.
 
+Each :class:`DeploymentEntry` is exactly one Serve deployment, applied as it is
+by the serving layer: one per model, serving every selected version, in its own
+application at ``/v2/models/<name>`` (several instance groups are collapsed
+into it, see the entry's description).
+
 CPU shares are sized so every replica fits at once: on a 2-core machine the
 default of one CPU per replica would leave the third replica waiting forever.
 GPU fractions aimed at one GPU are scaled down the same way when they add up
@@ -18,7 +23,9 @@ to more than that GPU.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,11 +39,31 @@ from repository_loader.model import (
     SequenceBatching,
 )
 
-# CPUs kept free for the small server application at /v2 (health, metadata, repository API).
+# CPUs kept free for the small server application at /v2 (health, metadata, repository API);
+# the default of ``ServerSettings.control_app_cpus``.
 CONTROL_APP_CPUS = 0.1
 MIN_CPU_SHARE = 0.01
 MIN_ONGOING_REQUESTS = 64
 ENSEMBLE_KIND = "ensemble"
+
+
+SERVER_APP = "triton"
+SERVER_ROUTE = "/v2"
+MODEL_DEPLOYMENT = "model"
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def model_app_name(model: str) -> str:
+    """The Serve application of ``model`` (safe for HAProxy backend names)."""
+    safe = _UNSAFE.sub("_", model)
+    if safe != model:
+        safe += "-" + hashlib.sha1(model.encode()).hexdigest()[:8]
+    return f"model-{safe}"
+
+
+def model_route(model: str) -> str:
+    """The route prefix of ``model``'s application."""
+    return f"{SERVER_ROUTE}/models/{model}"
 
 
 @dataclass(frozen=True)
@@ -83,37 +110,123 @@ class BatchingPlan:
 
 
 @dataclass(frozen=True)
-class DeploymentEntry:
-    """One model version and instance group: a Ray Serve deployment of ``num_replicas`` replicas."""
+class GroupPlan:
+    """One instance group of a model as planned: its replicas and what each asks for."""
 
-    model: str
-    version: int
-    group: str  # instance group name; "" for an ensemble
+    name: str  # instance group name; "" for an ensemble
     kind: str  # resolved: KIND_GPU, KIND_CPU, KIND_MODEL or "ensemble"
     num_replicas: int
     resources: ReplicaResources  # per replica
-    replica_gpu_ids: tuple[int, ...]  # the GPU each replica targets (KIND_GPU only)
-    batching: BatchingPlan
-    route_prefix: str
-    max_ongoing_requests: int
+    gpu_ids: tuple[int, ...]  # the GPU each replica targets (KIND_GPU only)
     passive: bool = False
 
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "num_replicas": self.num_replicas,
+            "num_cpus_per_replica": self.resources.num_cpus,
+            "num_gpus_per_replica": self.resources.num_gpus,
+            "gpu_ids": list(self.gpu_ids),
+            "passive": self.passive,
+        }
+
+
+@dataclass(frozen=True)
+class ReplicaSlot:
+    """What replica ``rank`` of a deployment stands for: its instance group and the GPU it targets."""
+
+    group: str
+    gpu: int | None = None
+
+
+@dataclass(frozen=True)
+class DeploymentEntry:
+    """One deployed Serve deployment: one model (every served version) in its own application.
+
+    The serving layer applies an entry as it is (``deployments.serve.app.RayDeployer``): application
+    ``app_name`` at ``route_prefix`` with one deployment ``deployment_name`` of ``num_replicas``
+    replicas, each asking Ray for ``ray_actor_options`` and accepting ``max_ongoing_requests``, built
+    with ``init_kwargs``.
+
+    Several instance groups of one model are collapsed here, for now, into that one deployment:
+    replicas are summed over the groups (in the order of the config, so ``replicas`` records each
+    rank's group and GPU), and every replica asks for the resources and runs as the kind of the
+    largest group (the most replicas; the first on a tie). A model mixing CPU and GPU groups thus
+    reserves the same share for all its replicas; ``groups`` keeps each group as planned, for the
+    day each becomes its own deployment.
+    """
+
+    model: str
+    versions: tuple[int, ...]
+    kind: str  # resolved: KIND_GPU, KIND_CPU, KIND_MODEL or "ensemble"
+    num_replicas: int
+    resources: ReplicaResources  # per replica
+    replicas: tuple[ReplicaSlot, ...]  # by replica rank
+    groups: tuple[GroupPlan, ...]
+    batching: BatchingPlan
+    app_name: str
+    deployment_name: str
+    route_prefix: str
+    max_ongoing_requests: int
+    passive: bool = False  # every group is passive (loaded, never scheduled)
+
     @property
-    def deployment_name(self) -> str:
-        suffix = f"__{self.group}" if self.group else ""
-        return f"{self.model}__v{self.version}{suffix}"
+    def version(self) -> int:
+        """The latest served version."""
+        return max(self.versions)
+
+    @property
+    def group(self) -> str:
+        """The instance groups' names, joined by ``+`` ("" for an ensemble)."""
+        return "+".join(g.name for g in self.groups if g.name)
+
+    @property
+    def replica_gpu_ids(self) -> tuple[int, ...]:
+        """The GPUs the replicas of GPU groups target, in rank order."""
+        return tuple(r.gpu for r in self.replicas if r.gpu is not None)
+
+    @property
+    def instance_kind(self) -> str:
+        """The Triton instance kind the replicas run as (an ensemble's replica runs on the CPU)."""
+        return self.kind if self.kind in ("KIND_GPU", "KIND_CPU", "KIND_MODEL") else "KIND_CPU"
+
+    @property
+    def ray_actor_options(self) -> dict[str, float]:
+        return {"num_cpus": self.resources.num_cpus, "num_gpus": self.resources.num_gpus}
+
+    @property
+    def init_kwargs(self) -> dict[str, Any]:
+        """Arguments of the model deployment's constructor, besides the model description."""
+        return {
+            "instance_kind": self.instance_kind,
+            "replicas": self.num_replicas,
+            "gpu_ids": [r.gpu for r in self.replicas],
+        }
+
+    def serve_options(self) -> dict[str, Any]:
+        """The options of the Serve deployment (``Deployment.options(**...)``)."""
+        return {
+            "name": self.deployment_name,
+            "num_replicas": self.num_replicas,
+            "max_ongoing_requests": self.max_ongoing_requests,
+            "ray_actor_options": self.ray_actor_options,
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "model": self.model,
-            "version": self.version,
+            "versions": list(self.versions),
             "group": self.group,
             "kind": self.kind,
+            "app_name": self.app_name,
             "deployment_name": self.deployment_name,
             "num_replicas": self.num_replicas,
             "num_cpus_per_replica": self.resources.num_cpus,
             "num_gpus_per_replica": self.resources.num_gpus,
             "replica_gpu_ids": list(self.replica_gpu_ids),
+            "replica_groups": [r.group for r in self.replicas],
+            "groups": [g.to_dict() for g in self.groups],
             "route_prefix": self.route_prefix,
             "max_ongoing_requests": self.max_ongoing_requests,
             "passive": self.passive,
@@ -131,6 +244,10 @@ class DeploymentPlan:
 
     def for_model(self, name: str) -> tuple[DeploymentEntry, ...]:
         return tuple(e for e in self.entries if e.model == name)
+
+    def entry(self, name: str) -> DeploymentEntry | None:
+        """The deployment of model ``name`` (None where it has none)."""
+        return next((e for e in self.entries if e.model == name), None)
 
     @property
     def total_cpus(self) -> float:
@@ -162,22 +279,29 @@ class _Placement:
     passive: bool = False
 
 
-def plan_deployments(models: Mapping[str, ModelDescription], resources: ClusterResources) -> DeploymentPlan:
-    """Plan every version and instance group of ``models`` on a cluster with ``resources``."""
-    placed: list[tuple[ModelDescription, int, _Placement]] = []
+def plan_deployments(
+    models: Mapping[str, ModelDescription],
+    resources: ClusterResources,
+    control_app_cpus: float = CONTROL_APP_CPUS,
+) -> DeploymentPlan:
+    """Plan one deployment per model of ``models`` on a cluster with ``resources``.
+
+    ``control_app_cpus`` are kept free for the server application (``ServerSettings.control_app_cpus``).
+    """
+    placed: list[tuple[ModelDescription, list[_Placement]]] = []
     problems: dict[str, tuple[str, ...]] = {}
     for name in sorted(models):
         model = models[name]
         try:
-            placements = _placements(model, resources)
+            placed.append((model, _placements(model, resources)))
         except _CannotPlace as exc:
             problems[name] = tuple(exc.reasons)
-            continue
-        placed.extend((model, version, p) for version in model.versions for p in placements)
-    share = cpu_share(resources.num_cpus, sum(p.num_replicas for _, _, p in placed))
-    gpu_scale = _gpu_scale([p for _, _, p in placed])
+    every = [p for _, placements in placed for p in placements]
+    share = cpu_share(resources.num_cpus, sum(p.num_replicas for p in every), control_app_cpus)
+    gpu_scale = _gpu_scale(every)
     entries = tuple(
-        _entry(model, version, p, share, _gpu_fraction(p, gpu_scale)) for model, version, p in placed
+        _entry(model, [_group(p, share, _gpu_fraction(p, gpu_scale)) for p in placements])
+        for model, placements in placed
     )
     return DeploymentPlan(entries=entries, resources=resources, problems=problems)
 
@@ -198,11 +322,11 @@ def _gpu_fraction(placement: _Placement, scale: Mapping[int, float]) -> float:
     return math.floor(placement.gpus_per_replica * factor * 10_000) / 10_000
 
 
-def cpu_share(num_cpus: float, total_replicas: int) -> float:
+def cpu_share(num_cpus: float, total_replicas: int, control_app_cpus: float = CONTROL_APP_CPUS) -> float:
     """CPUs per replica so that ``total_replicas`` replicas and the control application all fit."""
     if total_replicas <= 0:
         return 1.0
-    available = max(num_cpus - CONTROL_APP_CPUS, 0.0)
+    available = max(num_cpus - control_app_cpus, 0.0)
     share = math.floor(available / total_replicas * 100) / 100
     return max(MIN_CPU_SHARE, min(1.0, share))
 
@@ -271,19 +395,37 @@ def _place_gpu(group: InstanceGroup, resources: ClusterResources, where: str) ->
     )
 
 
-def _entry(
-    model: ModelDescription, version: int, placement: _Placement, share: float, gpu_fraction: float
-) -> DeploymentEntry:
-    return DeploymentEntry(
-        model=model.name,
-        version=version,
-        group=placement.group,
+def _group(placement: _Placement, share: float, gpu_fraction: float) -> GroupPlan:
+    return GroupPlan(
+        name=placement.group,
         kind=placement.kind,
         num_replicas=placement.num_replicas,
         resources=ReplicaResources(num_cpus=share, num_gpus=gpu_fraction),
-        replica_gpu_ids=placement.gpu_ids,
-        batching=BatchingPlan(model.max_batch_size, model.dynamic_batching, model.sequence_batching),
-        route_prefix=f"/v2/models/{model.name}",
-        max_ongoing_requests=max_ongoing_requests(model),
+        gpu_ids=placement.gpu_ids,
         passive=placement.passive,
+    )
+
+
+def _entry(model: ModelDescription, groups: list[GroupPlan]) -> DeploymentEntry:
+    """The model's one deployment: its groups collapsed as :class:`DeploymentEntry` describes."""
+    largest = max(groups, key=lambda g: g.num_replicas)  # max() keeps the first on a tie
+    replicas = tuple(
+        ReplicaSlot(g.name, g.gpu_ids[i] if g.gpu_ids else None)
+        for g in groups
+        for i in range(g.num_replicas)
+    )
+    return DeploymentEntry(
+        model=model.name,
+        versions=tuple(model.versions),
+        kind=largest.kind,
+        num_replicas=len(replicas),
+        resources=largest.resources,
+        replicas=replicas,
+        groups=tuple(groups),
+        batching=BatchingPlan(model.max_batch_size, model.dynamic_batching, model.sequence_batching),
+        app_name=model_app_name(model.name),
+        deployment_name=MODEL_DEPLOYMENT,
+        route_prefix=model_route(model.name),
+        max_ongoing_requests=max_ongoing_requests(model),
+        passive=all(g.passive for g in groups),
     )

@@ -31,15 +31,13 @@ tritonserver's throughput (concurrency 1 / 32, perf_analyzer) to 0.77 / 0.65.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from starlette.middleware import Middleware
 
-DISCONNECT_DISABLED = (b"x-request-disconnect-disabled", b"?1")
-# "0" sends every request through Serve's wrapper (Serve's request metrics, ``max_ongoing_requests``).
-DIRECT_ROUTES_ENV = "TRITON_SERVE_DIRECT_ROUTES"
+from deployments.serve.hooks import DISCONNECT_DISABLED
+
 SERVE_ROUTES = ("/-/",)
 
 Scope = MutableMapping[str, Any]
@@ -67,16 +65,17 @@ def _key(route_prefix: str) -> str:
     return route_prefix.rstrip("/")
 
 
-def serve_directly(route_prefix: str, app: ASGIApp) -> bool:
+def serve_directly(route_prefix: str, app: ASGIApp, enabled: bool = True) -> bool:
     """Answer requests under ``route_prefix`` in this process with ``app``, bypassing Serve's wrapper.
 
     Called from the deployment's constructor, on the loop its code runs on. Requests are answered
     directly only when the HTTP server runs on that same loop (Serve's throughput-optimized mode,
     which ``deployments.serve.launch`` sets); where Serve runs user code on a thread of its own, they keep
     going through Serve, which moves them onto that loop. False (nothing registered) where no
-    loop is running or ``TRITON_SERVE_DIRECT_ROUTES=0``.
+    loop is running or ``enabled`` is off (``ServerSettings.direct_routes``, from
+    ``TRITON_SERVE_DIRECT_ROUTES=0``).
     """
-    if os.environ.get(DIRECT_ROUTES_ENV, "1") == "0":
+    if not enabled:
         return False
     try:
         loop = asyncio.get_running_loop()

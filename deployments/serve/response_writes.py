@@ -9,7 +9,7 @@ the head back and writing it together with the first body chunk halves that
 (perf_analyzer: +15-20% throughput on a trivial model, bench/results/overhead).
 
 :func:`coalesce_response_writes` installs this on uvicorn's request-response
-cycle class, once per process. It changes when bytes are written, never which:
+cycle class (reached through ``deployments.serve.hooks``), once per process. It changes when bytes are written, never which:
 a response whose body never comes still gets its head written when the cycle
 ends the way it would have (the next ``send``), and every other protocol path
 is uvicorn's own. Where uvicorn's httptools protocol is missing or looks
@@ -21,6 +21,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from deployments.serve import hooks
 
 logger = logging.getLogger(__name__)
 
@@ -103,16 +105,12 @@ def coalesced(send: Send) -> Send:
 
 def coalesce_response_writes() -> bool:
     """Install the coalescing ``send`` on uvicorn's httptools cycle; True when it is in place."""
-    try:
-        from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
-    except ImportError:
+    cycle: Any = hooks.uvicorn_cycle()
+    if cycle is None:
         return False
-    if getattr(RequestResponseCycle, _MARK, False):
+    if getattr(cycle, _MARK, False):
         return True
-    send = getattr(RequestResponseCycle, "send", None)
-    if send is None or not hasattr(RequestResponseCycle, "__init__"):
-        return False
-    RequestResponseCycle.send = coalesced(send)  # type: ignore[method-assign]
-    setattr(RequestResponseCycle, _MARK, True)
+    cycle.send = coalesced(cycle.send)
+    setattr(cycle, _MARK, True)
     logger.debug("uvicorn responses: head and first body chunk in one write")
     return True

@@ -106,13 +106,60 @@ def test_model_kind_reserves_no_gpu() -> None:
     assert (entry.kind, entry.num_replicas, entry.resources.num_gpus) == ("KIND_MODEL", 2, 0.0)
 
 
-def test_one_entry_per_version_and_group() -> None:
-    groups = (InstanceGroup("cpu", InstanceKind.CPU, 1), InstanceGroup("gpu", InstanceKind.GPU, 1))
+def test_one_entry_per_model_with_its_groups_collapsed() -> None:
+    groups = (InstanceGroup("cpu", InstanceKind.CPU, 2), InstanceGroup("gpu", InstanceKind.GPU, 1))
     model = _model("m", groups, versions=(1, 2))
     plan = plan_deployments({"m": model}, ClusterResources(8, 1))
-    assert [(e.version, e.group) for e in plan.entries] == [(1, "cpu"), (1, "gpu"), (2, "cpu"), (2, "gpu")]
-    assert len({e.deployment_name for e in plan.entries}) == 4
-    assert {e.route_prefix for e in plan.entries} == {"/v2/models/m"}
+    (entry,) = plan.entries
+    assert entry.versions == (1, 2) and entry.version == 2
+    assert [g.name for g in entry.groups] == ["cpu", "gpu"] and entry.group == "cpu+gpu"
+    # replicas summed over the groups; each rank keeps its group and GPU
+    assert entry.num_replicas == 3
+    assert [(r.group, r.gpu) for r in entry.replicas] == [("cpu", None), ("cpu", None), ("gpu", 0)]
+    assert entry.replica_gpu_ids == (0,)
+    # the largest group (most replicas) sets every replica's resources and kind
+    assert entry.kind == "KIND_CPU" and entry.resources == entry.groups[0].resources
+    assert entry.groups[1].resources.num_gpus == 1.0
+    assert entry.route_prefix == "/v2/models/m"
+    assert (entry.app_name, entry.deployment_name) == ("model-m", "model")
+
+
+def test_entry_is_the_serve_deployment_spec() -> None:
+    model = _model("m", (InstanceGroup("g", InstanceKind.GPU, 2),))
+    (entry,) = plan_deployments({"m": model}, ClusterResources(num_cpus=8, num_gpus=2)).entries
+    assert entry.serve_options() == {
+        "name": "model",
+        "num_replicas": 4,
+        "max_ongoing_requests": entry.max_ongoing_requests,
+        "ray_actor_options": {"num_cpus": entry.resources.num_cpus, "num_gpus": 0.5},
+    }
+    assert entry.init_kwargs == {"instance_kind": "KIND_GPU", "replicas": 4, "gpu_ids": [0, 0, 1, 1]}
+    data = entry.to_dict()
+    assert data["app_name"] == "model-m" and data["replica_groups"] == ["g"] * 4
+    assert data["versions"] == [1] and data["groups"][0]["gpu_ids"] == [0, 0, 1, 1]
+
+
+def test_ensemble_entry_runs_as_a_cpu_replica() -> None:
+    (entry,) = plan_deployments(
+        {"e": _model("e", backend="", platform="ensemble")}, ClusterResources(4, 1)
+    ).entries
+    assert entry.kind == "ensemble" and entry.init_kwargs["instance_kind"] == "KIND_CPU"
+    assert entry.init_kwargs["gpu_ids"] == [None] and entry.resources.num_gpus == 0.0
+
+
+def test_unsafe_model_names_get_safe_application_names() -> None:
+    (entry,) = plan_deployments({"a/b": _model("a/b")}, ClusterResources(4, 0)).entries
+    assert entry.app_name.startswith("model-a_b-") and entry.route_prefix == "/v2/models/a/b"
+
+
+def test_cpus_kept_for_the_server_app_are_a_parameter() -> None:
+    model = _model("m", (InstanceGroup("g", InstanceKind.CPU, 1),))
+    (entry,) = plan_deployments({"m": model}, ClusterResources(2, 0), control_app_cpus=1.5).entries
+    assert entry.resources.num_cpus == 0.5
+    assert (
+        plan_deployments({"m": model}, ClusterResources(2, 0)).entry("m")
+        == plan_deployments({"m": model}, ClusterResources(2, 0)).entries[0]
+    )
 
 
 def test_gpu_fractions_aimed_at_one_gpu_are_scaled_to_fit() -> None:

@@ -35,10 +35,12 @@ def http(path: str, root_path: str = "") -> dict[str, Any]:
     return {"type": "http", "path": path, "root_path": root_path, "headers": [(b"host", b"x")]}
 
 
-async def call(path: str, root_path: str = "") -> tuple[Recorder, Recorder, dict[str, Any]]:
+async def call(
+    path: str, root_path: str = "", enabled: bool = True
+) -> tuple[Recorder, Recorder, dict[str, Any]]:
     """(Serve's handler, the model's app, the scope) after one request through the middleware."""
     serve, model = Recorder(), Recorder()
-    ingress.serve_directly("/v2/models/crnn", model)
+    ingress.serve_directly("/v2/models/crnn", model, enabled=enabled)
     scope = http(path, root_path)
     await ReplicaIngress(serve)(scope, None, None)
     return serve, model, scope
@@ -111,9 +113,11 @@ def test_registration_needs_a_running_loop() -> None:
     assert ingress._direct == {}
 
 
-async def test_the_direct_lane_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ingress.DIRECT_ROUTES_ENV, "0")
-    serve, model, _ = await call("/v2/models/crnn/infer")
+async def test_the_direct_lane_can_be_turned_off() -> None:
+    from deployments.settings import DIRECT_ROUTES_ENV, ServerSettings
+
+    settings = ServerSettings.from_args({"model_repository": "/repo"}, {DIRECT_ROUTES_ENV: "0"})
+    serve, model, _ = await call("/v2/models/crnn/infer", enabled=settings.direct_routes)
     assert model.scopes == [] and len(serve.scopes) == 1
 
 

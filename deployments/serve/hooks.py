@@ -1,0 +1,90 @@
+"""Every use of a private Ray Serve or uvicorn interface, in one place.
+
+Ray Serve and uvicorn are pinned (``pyproject.toml``); what this server takes from
+them beyond their public API is listed in :data:`HOOKS` and reached only through
+this module. ``tests/serve/test_hooks.py`` checks each one against the installed
+versions without starting Ray, so an upgrade that moves one fails there, by name.
+
+* ``proxy_callback_env``: ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH`` (read in
+  ``ray/serve/_private/constants.py``) names a function returning the middleware
+  of every replica's HTTP server (``deployments.serve.ingress``).
+* ``disconnect_disabled_header``: ``x-request-disconnect-disabled: ?1`` makes
+  Serve's replica await the application without watching for a client
+  disconnect (``ray/serve/_private/http_util.py``).
+* ``request_path_env``: the request-path variables (``deployments.serve.launch``)
+  are Serve's private constants, read from the environment when Ray starts.
+* ``late_bound_asgi_app``: ``@serve.ingress()`` without an app calls the class's
+  ``__serve_build_asgi_app__`` after ``__init__`` (``ray/serve/_private/replica.py``).
+* ``run_nonblocking``: ``serve.api._run(..., _blocking=False)`` deploys an
+  application from inside a replica without waiting on the controller's loop.
+* ``delete_blocking``: ``serve.delete(name, _blocking=True)`` returns once the
+  application is gone.
+* ``serve_details``: the controller client's ``get_serve_details()`` (what is
+  deployed, with its options); read by tests and diagnostics only.
+* ``uvicorn_cycle_send``: ``uvicorn.protocols.http.httptools_impl.RequestResponseCycle``
+  with ``send``, ``transport`` and ``response_started``, wrapped by
+  ``deployments.serve.response_writes``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+DISCONNECT_DISABLED = (b"x-request-disconnect-disabled", b"?1")
+BUILD_ASGI_APP = "__serve_build_asgi_app__"
+
+HOOKS = (
+    "proxy_callback_env",
+    "disconnect_disabled_header",
+    "request_path_env",
+    "late_bound_asgi_app",
+    "run_nonblocking",
+    "delete_blocking",
+    "serve_details",
+    "uvicorn_cycle_send",
+)
+
+
+def run_application(app: Any, name: str, route_prefix: str) -> None:
+    """Deploy ``app`` as application ``name`` at ``route_prefix`` and return without waiting for it."""
+    from ray.serve.api import _run
+
+    _run(app, name=name, route_prefix=route_prefix, _blocking=False)
+
+
+def delete_application(name: str) -> None:
+    """Delete application ``name`` and wait until it is gone."""
+    from ray import serve
+
+    serve.delete(name, _blocking=True)
+
+
+def serve_details() -> dict[str, Any]:
+    """What the Serve controller reports as deployed: applications, their route and deployment options."""
+    from ray.serve.context import _get_global_client
+
+    return dict(_get_global_client().get_serve_details())
+
+
+def deployed_options(app_name: str, deployment: str) -> dict[str, Any]:
+    """The route prefix and deployment config Serve holds for one deployment of one application."""
+    app = serve_details()["applications"][app_name]
+    config = app["deployments"][deployment]["deployment_config"]
+    return {
+        "route_prefix": app.get("route_prefix"),
+        "num_replicas": config.get("num_replicas"),
+        "max_ongoing_requests": config.get("max_ongoing_requests"),
+        "ray_actor_options": config.get("ray_actor_options") or {},
+    }
+
+
+def uvicorn_cycle() -> Any | None:
+    """uvicorn's httptools request-response cycle class, or None where it is missing or looks different."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+    except ImportError:
+        return None
+    if getattr(RequestResponseCycle, "send", None) is None or not hasattr(RequestResponseCycle, "__init__"):
+        return None
+    return RequestResponseCycle
