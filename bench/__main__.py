@@ -6,6 +6,7 @@ python -m bench perf-analyzer -u localhost:8000 -m identity_fp32 --concurrency 1
 python -m bench plot bench/results/mine/results.json
 python -m bench scenario overhead
 python -m bench summary      # bench/results/SUMMARY.md and the README's tables from the saved results
+python -m bench summary --check   # fail on a README table or cited figure that the saved results no longer hold
 python -m bench peers        # install perf_analyzer and tritonserver into .tools/
 """
 
@@ -164,9 +165,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     scen.add_argument("name")
     scen.add_argument("--quick", action="store_true", help="fewer levels and shorter windows")
     scen.set_defaults(func=cmd_scenario)
-    sub.add_parser(
+    summ = sub.add_parser(
         "summary", help="ratio tables of the saved scenario results: bench/results/SUMMARY.md and the README"
-    ).set_defaults(func=lambda a: summary.main())
+    )
+    summ.add_argument("--check", action="store_true", help="write nothing; fail on a stale table or figure")
+    summ.set_defaults(func=lambda a: summary.main(["--check"] if a.check else []))
     sub.add_parser("peers", help="install perf_analyzer and tritonserver").set_defaults(
         func=lambda a: peers.main([])
     )

@@ -4,19 +4,30 @@
 has run, writes ``bench/results/SUMMARY.md`` and replaces the block between the README's
 ``<!-- bench:start -->`` and ``<!-- bench:end -->`` markers with the same tables and the plots.
 Every table names the commit, the date and the command that produced its numbers.
+
+``python -m bench summary --check`` writes nothing: it fails when those tables differ from what
+``summary`` would write now, or when a figure in the prose of ``README.md`` or ``bench/README.md``
+differs from the result it cites. A figure cites its result with an HTML comment right after it,
+``0.40–0.50<!-- fig limit:1 instance:*:fraction -->`` (see ``bench/README.md``, "Figures in prose").
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import re
+import subprocess
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from bench.results import Report, Run, read_json
+from bench.results import Report, Run, read_json, report_from_dict
 
 RESULTS = Path(__file__).resolve().parent / "results"
-README = RESULTS.parent.parent / "README.md"
+ROOT = RESULTS.parent.parent
+README = ROOT / "README.md"
+BENCH_README = RESULTS.parent / "README.md"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 SCENARIOS = ("overhead", "agreement", "batching", "limit", "ensemble")
 
@@ -247,23 +258,313 @@ def summary_lines(results: Path = RESULTS, image_prefix: str = "") -> list[str]:
     return lines
 
 
+def summary_text(results: Path = RESULTS) -> str:
+    """What ``SUMMARY.md`` holds."""
+    return "# Benchmark results\n\n" + "\n".join(summary_lines(results))
+
+
+def readme_block(results: Path, readme: Path) -> str:
+    """The README's block between the markers, markers included, image paths relative to the README."""
+    prefix = results.relative_to(readme.parent).as_posix() + "/"
+    return "\n".join([START, *summary_lines(results, image_prefix=prefix), END])
+
+
+BLOCK = re.compile(re.escape(START) + r".*?" + re.escape(END), flags=re.S)
+
+
 def write_summary(results: Path = RESULTS, readme: Path | None = README) -> Path:
     """Write ``SUMMARY.md`` beside the results and refresh the README's bench block (if it has one)."""
     out = results / "SUMMARY.md"
-    out.write_text("# Benchmark results\n\n" + "\n".join(summary_lines(results)))
+    out.write_text(summary_text(results))
     if readme is not None and readme.exists():
         text = readme.read_text()
         if START in text and END in text:
-            prefix = results.relative_to(readme.parent).as_posix() + "/"
-            block = "\n".join([START, *summary_lines(results, image_prefix=prefix), END])
-            text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
-            readme.write_text(text)
+            block = readme_block(results, readme)
+            readme.write_text(BLOCK.sub(lambda _: block, text))
     return out
 
 
+# The figures a prose sentence may cite, per scenario, named "label:level:what" and the like.
+
+
+def _run_figures(report: Report) -> dict[str, float]:
+    out = {}
+    for run in report.runs:
+        for p in run.points:
+            key = f"{run.label}:{p.level:g}"
+            out[f"{key}:infer_per_s"] = p.infer_per_s
+            out[f"{key}:p50_ms"] = p.p50_us / 1000
+            if p.client_cores is not None:
+                out[f"{key}:client_cores"] = p.client_cores
+    return out
+
+
+def _overhead_figures(report: Report, data: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for tool in ("perf_analyzer", "bench"):
+        peer = _by_level(_run(report, f"tritonserver ({tool})"))
+        this = _by_level(_run(report, f"this server ({tool})"))
+        out |= {f"{tool}:{lv:g}:ratio": r for lv in this if (r := _ratio(this[lv], peer.get(lv)))}
+    return out
+
+
+def _agreement_figures(report: Report, data: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    counted = report.notes.get("server_counted_over_client_counted", {})
+    for server in ("tritonserver", "this server"):
+        bench = _by_level(_run(report, f"{server} (bench)"))
+        pa = _by_level(_run(report, f"{server} (perf_analyzer)"))
+        out |= {f"{server}:{lv:g}:ratio": r for lv in bench if (r := _ratio(bench[lv], pa.get(lv)))}
+        for level, value in counted.get(server, {}).items():
+            out[f"{server}:{level}:count_gap_pct"] = abs(value - 1) * 100
+    return out
+
+
+def _batching_figures(report: Report, data: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    labels = [r.label for r in report.runs if r.tool == "bench"] or [r.label for r in report.runs]
+    first = _by_level(_run(report, labels[0])) if labels else {}
+    for label in labels:
+        for level, value in _by_level(_run(report, label)).items():
+            if ratio := _ratio(value, first.get(level)):
+                out[f"{label}:{level:g}:ratio"] = ratio
+        for level, avg in report.notes.get("avg_batch_size", {}).get(label, {}).items():
+            out[f"{label}:{level}:mean_batch"] = avg
+    return out
+
+
+def _limit_figures(report: Report, data: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for label, entry in report.notes.get("configurations", {}).items():
+        direct = entry.get("direct", {}).get("infer_per_s")
+        if direct:
+            out[f"{label}:direct"] = direct
+        for tool, value in entry.get("served_infer_per_s", {}).items():
+            out[f"{label}:{tool}:served"] = value
+            if fraction := _ratio(value, direct):
+                out[f"{label}:{tool}:fraction"] = fraction
+        cpu = entry.get("cpu")
+        if not cpu:
+            continue
+        ms = cpu.get("cpu_ms_per_request", {})
+        out |= {f"{label}:cpu:{role}": value for role, value in ms.items()}
+        framework = cpu.get("onnxruntime_cpu_ms_per_request", {}).get("ms")
+        budget = cpu.get("budget_ms_per_request", {})
+        others = sum(ms.get(role, 0.0) for role in CPU_ROLES[1:])
+        out[f"{label}:cpu:others"] = others  # HAProxy, the client and everything else
+        if framework is not None:
+            out[f"{label}:cpu:onnxruntime"] = framework
+            out[f"{label}:cpu:request path"] = ms.get("model replicas", 0.0) - framework
+        if budget.get("ms") is not None:
+            out[f"{label}:cpu:budget"] = budget["ms"]
+            out[f"{label}:cpu:target"] = budget.get("fraction", 0.0)
+            if framework is not None:
+                out[f"{label}:cpu:left"] = budget["ms"] - framework - others
+    return out
+
+
+def _ensemble_figures(report: Report, data: dict[str, Any]) -> dict[str, float]:
+    labels = [r.label for r in report.runs]
+    if len(labels) < 2:
+        return {}
+    first, second = (_by_level(_run(report, label)) for label in labels[:2])
+    return {f"{lv:g}:ratio": r for lv in first if (r := _ratio(first[lv], second.get(lv)))}
+
+
+def _http_floor_figures(data: dict[str, Any]) -> dict[str, float]:
+    result = data.get("result", {})
+    names = {"requests_per_s": "requests_per_s", "server_cpu_ms": "server_cpu_ms_per_request"}
+    names["client_cpu_ms"] = "client_cpu_ms_per_request"
+    return {key: float(result[field]) for key, field in names.items() if field in result}
+
+
+FIGURES: dict[str, Callable[[Report, dict[str, Any]], dict[str, float]]] = {
+    "overhead": _overhead_figures,
+    "agreement": _agreement_figures,
+    "batching": _batching_figures,
+    "limit": _limit_figures,
+    "ensemble": _ensemble_figures,
+}
+
+
+def figures(data: dict[str, Any], scenario: str) -> dict[str, float]:
+    """Every figure of one saved result that prose may cite, by name (without the scenario)."""
+    if scenario == "http_floor":
+        return _http_floor_figures(data)
+    report = report_from_dict(data)
+    return {**_run_figures(report), **FIGURES.get(scenario, lambda r, d: {})(report, data)}
+
+
+class Sources:
+    """The saved results a citation names: ``limit`` (the file now) or ``limit@4143317`` (in git)."""
+
+    def __init__(self, results: Path = RESULTS, repo: Path = ROOT):
+        self.results, self.repo = results, repo
+        self.cache: dict[str, dict[str, float] | str] = {}
+
+    def file(self, source: str) -> str:
+        scenario, _, ref = source.partition("@")
+        path = f"bench/results/{scenario}/results.json"
+        return f"{path} at commit {ref}" if ref else path
+
+    def get(self, source: str) -> dict[str, float] | str:
+        """The figures of ``source``, or why they cannot be read."""
+        if source not in self.cache:
+            self.cache[source] = self._load(source)
+        return self.cache[source]
+
+    def _load(self, source: str) -> dict[str, float] | str:
+        scenario, _, ref = source.partition("@")
+        try:
+            if ref:
+                text = subprocess.run(
+                    ["git", "-C", str(self.repo), "show", f"{ref}:bench/results/{scenario}/results.json"],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout
+            else:
+                text = (self.results / scenario / "results.json").read_text()
+            return figures(json.loads(text), scenario)
+        except (OSError, subprocess.CalledProcessError, ValueError) as exc:
+            return f"cannot read {self.file(source)}: {str(exc).strip() or type(exc).__name__}"
+
+
+_NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
+CITED = re.compile(
+    rf"(?P<low>{_NUMBER})(?:\s*[–-]\s*(?P<high>{_NUMBER}))?\s*<!--\s*fig\s+(?P<cite>.*?)\s*-->"
+)
+MARK = re.compile(r"<!--\s*fig\s.*?-->")
+UNCITED = re.compile(rf"(?:{_NUMBER})\s*(?:[–-]\s*(?:{_NUMBER})\s*)?(?:%|×)|\d+\.\d+(?:\s*[–-]\s*[\d.]+)?")
+CODE = re.compile(r"`[^`]*`")
+FENCE = re.compile(r"^```.*?^```", flags=re.S | re.M)
+# Where every measured figure must cite its result: the README's "Measured" prose (above the tables)
+# and bench/README.md's "Reading the numbers". A citation is checked wherever it stands.
+PROSE = {"README.md": ("## Measured", START), "bench/README.md": ("## Reading the numbers", "\n## ")}
+
+
+def _pattern(text: str) -> re.Pattern[str]:
+    """A glob over figure names: ``*`` within one part, ``{4,16}`` for alternatives."""
+    out = ""
+    for part in re.split(r"(\{[^}]*\}|\*)", text):
+        if part == "*":
+            out += "[^:]*"
+        elif part.startswith("{") and part.endswith("}"):
+            out += "(?:" + "|".join(re.escape(p.strip()) for p in part[1:-1].split(",")) + ")"
+        else:
+            out += re.escape(part)
+    return re.compile(out)
+
+
+def _fmt(value: float, digits: int) -> str:
+    return f"{value:,.{digits}f}"
+
+
+def _digits(number: str) -> int:
+    return len(number.partition(".")[2])
+
+
+def check_figure(low: str, high: str | None, cite: str, sources: Sources) -> tuple[str, str] | None:
+    """``None`` when the figure is what its result holds, else (problem, kind) with kind
+    ``stale`` or ``unverified`` (the cited commit is not in this clone)."""
+    reduce, _, rest = cite.strip().partition(" ")
+    if reduce not in ("max", "min"):
+        reduce, rest = "", cite.strip()
+    source, _, names = rest.partition(":")
+    found = sources.get(source)
+    if isinstance(found, str):
+        return found, "unverified" if "@" in source else "stale"
+    pattern = _pattern(names.strip())
+    values = [v for k, v in found.items() if pattern.fullmatch(k)]
+    if not values:
+        return f"{sources.file(source)} holds no figure named {names.strip()!r}", "stale"
+    if reduce:
+        values = [max(values) if reduce == "max" else min(values)]
+    expected_low = _fmt(min(values), _digits(low))
+    expected_high = _fmt(max(values), _digits(high or low))
+    if high is None and expected_low == low and expected_high == low:
+        return None
+    if high is not None and (expected_low, expected_high) == (low, high):
+        return None
+    expected = (
+        expected_low if expected_low == expected_high and high is None else f"{expected_low}–{expected_high}"
+    )
+    stated = low if high is None else f"{low}–{high}"
+    return f"{stated} should read {expected} ({sources.file(source)}: {names.strip()})", "stale"
+
+
+def _line(text: str, pos: int) -> int:
+    return text.count("\n", 0, pos) + 1
+
+
+def check_prose(path: Path, name: str, sources: Sources) -> tuple[list[str], list[str]]:
+    """The stale and the unverifiable figures of one file, each as ``file:line: what``."""
+    text = FENCE.sub(lambda m: re.sub(r"[^\n]", " ", m.group()), path.read_text())  # examples
+    stale, unverified = [], []
+    cited = list(CITED.finditer(text))
+    for m in cited:
+        found = check_figure(m["low"], m["high"], m["cite"], sources)
+        if found:
+            (stale if found[1] == "stale" else unverified).append(
+                f"{name}:{_line(text, m.start())}: {found[0]}"
+            )
+    spans = {m.start() + m.group().index("<!--") for m in cited}
+    for m in MARK.finditer(text):
+        if m.start() not in spans:
+            stale.append(f"{name}:{_line(text, m.start())}: citation {m.group()} follows no figure")
+    start, end = PROSE.get(name, ("", ""))
+    if start and start in text:
+        a = text.index(start) + len(start)
+        b = text.find(end, a)
+        b = len(text) if b < 0 else b
+        region = text[a:b]
+        blank = lambda m: " " * len(m.group())  # noqa: E731 (keeps offsets)
+        region = MARK.sub(blank, CITED.sub(blank, CODE.sub(blank, region)))
+        for m in UNCITED.finditer(region):
+            stale.append(f"{name}:{_line(text, a + m.start())}: {m.group().strip()} cites no result")
+    return stale, unverified
+
+
+def check(
+    results: Path = RESULTS,
+    readme: Path = README,
+    bench_readme: Path | None = BENCH_README,
+    repo: Path = ROOT,
+) -> tuple[list[str], list[str]]:
+    """Everything stale in the README, ``bench/README.md`` and ``SUMMARY.md``, and what could not be
+    verified here (citations of a commit this clone lacks)."""
+    sources = Sources(results, repo)
+    stale, unverified = [], []
+    summary = results / "SUMMARY.md"
+    if not summary.exists() or summary.read_text() != summary_text(results):
+        stale.append(f"{summary.name}: differs from the saved results (run python -m bench summary)")
+    text = readme.read_text()
+    block = BLOCK.search(text)
+    if block is not None and block.group() != readme_block(results, readme):
+        stale.append(f"{readme.name}: the tables differ from the saved results (run python -m bench summary)")
+    for path, name in ((readme, "README.md"), (bench_readme, "bench/README.md")):
+        if path is not None and path.exists():
+            s, u = check_prose(path, name, sources)
+            stale += s
+            unverified += u
+    return stale, unverified
+
+
 def main(argv: Any = None) -> int:
-    print(write_summary())
-    return 0
+    parser = argparse.ArgumentParser(prog="python -m bench summary")
+    parser.add_argument("--check", action="store_true", help="write nothing; fail on a stale table or figure")
+    args = parser.parse_args(argv)
+    if not args.check:
+        print(write_summary())
+        return 0
+    stale, unverified = check()
+    for line in unverified:
+        print(f"not verified: {line}", file=sys.stderr)
+    for line in stale:
+        print(f"stale: {line}", file=sys.stderr)
+    if not stale:
+        print("figures and tables match bench/results/")
+    return 1 if stale else 0
 
 
-__all__ = ["SECTIONS", "provenance", "summary_lines", "write_summary"]
+__all__ = ["SECTIONS", "check", "figures", "provenance", "summary_lines", "write_summary"]
