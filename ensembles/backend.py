@@ -40,9 +40,6 @@ from repository_loader.model import InstanceKind, ModelDescription
 
 logger = logging.getLogger(__name__)
 
-# Ensembles queue nothing themselves: every request runs its steps at once.
-ENSEMBLE_CONCURRENCY = 4096
-
 # The array type a backend works with; Python models take what they are given.
 _FRAMEWORKS = {"pytorch": "torch", "tensorrt": "torch", "onnxruntime": "numpy"}
 
@@ -88,11 +85,19 @@ def _instance_kind(device: str) -> InstanceKind:
 
 
 class EnsembleBackend(Backend):
-    """Runs ensemble requests with an :class:`EnsembleScheduler`; hosts one placement group in process."""
+    """Runs ensemble requests with an :class:`EnsembleScheduler`; hosts one placement group in process.
 
-    def __init__(self, context: BackendContext, composing: Mapping[str, ModelDescription]) -> None:
+    The step models come from ``context.composing`` (or ``composing``, where given).
+    """
+
+    # Ensembles queue nothing themselves: every request runs its steps at once.
+    max_concurrency = 4096
+
+    def __init__(
+        self, context: BackendContext, composing: Mapping[str, ModelDescription] | None = None
+    ) -> None:
         super().__init__(context)
-        self._composing = dict(composing)
+        self._composing = dict(context.composing if composing is None else composing)
         self._scheduler: EnsembleScheduler | None = None
         self._hosted: dict[str, ModelRuntime] = {}
         self.placement: EnsemblePlacement | None = None

@@ -1,87 +1,61 @@
-"""Triton's rules for ensembles: how tensors flow between steps, and the models the steps name."""
+"""The one ensemble validator: Triton's rules for an ensemble's steps, on model descriptions.
+
+The repository loader runs :func:`check_ensemble` on every ensemble whose own
+config passed :mod:`repository_loader.validation`, so the server and
+``triton-serve validate`` give one verdict. :func:`ensembles.graph.build_graph`
+builds the step graph of an ensemble that passed, without checking again.
+Messages follow Triton's wording where Triton has one.
+
+Within one ensemble (:func:`check_ensemble_flow`):
+
+- every step names a model and maps at least one input and one output;
+- an ensemble tensor is written by one step only, never an ensemble input;
+- every tensor a step reads is an ensemble input or written by a step;
+- every ensemble output is written by a step; every ensemble input is used;
+- the steps form no cycle through their tensors.
+
+Across models (:func:`check_ensemble_members`):
+
+- no circular dependency between ensembles (an ensemble naming itself included);
+- every step names a model that loaded, and a version it serves;
+- a step maps only the model's own inputs and outputs, and every required input;
+- a batching ensemble batches no more rows than each step's model accepts;
+- every ensemble tensor has one data type and one shape (``-1`` matches any
+  size) wherever it is read or written.
+"""
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 from repository_loader.datatypes import wire_to_config
+from repository_loader.errors import ConfigError
 from repository_loader.findings import Findings
-from repository_loader.model import ModelDescription
-from repository_loader.proto import model_config_pb2 as pb
+from repository_loader.model import EnsembleStep, ModelDescription, TensorSpec
 
-_WHERE = "ensemble_scheduling"
 Node = TypeVar("Node", bound=Hashable)
-Steps = Sequence[pb.ModelEnsembling.Step]
+ModelLookup = Mapping[str, ModelDescription] | Callable[[str], ModelDescription | None]
+StepModels = Callable[[str], Sequence[str]]  # model name -> the models its steps name ([] if none)
+
+LATEST_VERSIONS = (-1, 0)  # a step's model_version that means "the latest"
+_STEP = "ensemble_scheduling.step"
 
 
-def check_ensemble_flow(config: pb.ModelConfig, findings: Findings) -> None:
-    """Within one ensemble: every tensor a step reads exists, and the steps form no cycle."""
-    steps = config.ensemble_scheduling.step
-    inputs = {t.name for t in config.input}
-    producers = _producers(steps, inputs, findings)
-    consumed: set[str] = set()
-    for index, step in enumerate(steps):
-        where = f"{_WHERE}.step[{index}] '{step.model_name}'"
-        if not step.model_name:
-            findings.add(f"{_WHERE}.step[{index}].model_name", "must not be empty")
-        if not step.input_map:
-            findings.add(f"{where}.input_map", "must map at least one input")
-        if not step.output_map:
-            findings.add(f"{where}.output_map", "must map at least one output")
-        for tensor in step.input_map.values():
-            consumed.add(tensor)
-            if tensor not in inputs and tensor not in producers:
-                findings.add(
-                    f"{where}.input_map",
-                    f"tensor '{tensor}' is neither an ensemble input nor an output of any step",
-                )
-    for output in config.output:
-        if output.name not in producers:
-            findings.add("output", f"ensemble output '{output.name}' is not produced by any step")
-    for name in sorted(inputs - consumed):
-        findings.add("input", f"ensemble input '{name}' is not used by any step")
-    cycle = _step_cycle(steps, producers)
-    if cycle:
-        names = " -> ".join(f"step[{i}] '{steps[i].model_name}'" for i in cycle)
-        findings.add(f"{_WHERE}.step", f"the steps form a cycle through their tensors: {names}")
+def lookup_function(models: ModelLookup) -> Callable[[str], ModelDescription | None]:
+    """``models`` as a function from name to description (None: unknown)."""
+    return models if callable(models) else models.get
 
 
-def _producers(steps: Steps, inputs: set[str], findings: Findings) -> dict[str, int]:
-    """Ensemble tensor -> index of the step that writes it."""
-    producers: dict[str, int] = {}
-    for index, step in enumerate(steps):
-        for tensor in step.output_map.values():
-            where = f"{_WHERE}.step[{index}] '{step.model_name}'.output_map"
-            if tensor in inputs:
-                findings.add(where, f"tensor '{tensor}' is an ensemble input; a step cannot write it")
-            elif tensor in producers:
-                findings.add(where, f"tensor '{tensor}' is already written by step[{producers[tensor]}]")
-            else:
-                producers[tensor] = index
-    return producers
-
-
-def _step_cycle(steps: Steps, producers: Mapping[str, int]) -> list[int]:
-    """Step indices along a cycle of the step graph, or an empty list."""
-    edges: dict[int, set[int]] = defaultdict(set)
-    for index, step in enumerate(steps):
-        for tensor in step.input_map.values():
-            if tensor in producers:
-                edges[producers[tensor]].add(index)
-    return find_cycle(edges)
-
-
-def find_cycle(edges: Mapping[Node, set[Node]]) -> list[Node]:
-    """A cycle of the directed graph ``edges`` (node -> successors) as a node list, or []."""
+def find_cycle(successors: Callable[[Node], Iterable[Node]], roots: Iterable[Node]) -> list[Node]:
+    """A cycle reachable from ``roots`` as a node list that starts and ends at one node, or []."""
     state: dict[Node, int] = {}  # 1 = on the current path, 2 = done
     path: list[Node] = []
 
     def visit(node: Node) -> list[Node]:
         state[node] = 1
         path.append(node)
-        for succ in sorted(edges.get(node, set()), key=str):
+        for succ in sorted(successors(node), key=str):
             if state.get(succ) == 1:
                 return [*path[path.index(succ) :], succ]
             if succ not in state:
@@ -92,96 +66,263 @@ def find_cycle(edges: Mapping[Node, set[Node]]) -> list[Node]:
         state[node] = 2
         return []
 
-    for node in sorted(edges, key=str):
-        if node not in state:
-            found = visit(node)
+    for root in sorted(roots, key=str):
+        if root not in state:
+            found = visit(root)
             if found:
                 return found
     return []
 
 
-def check_ensemble_members(
-    config: pb.ModelConfig,
-    findings: Findings,
-    models: Mapping[str, ModelDescription],
-    failed: Mapping[str, list[str]],
-    pending: frozenset[str] | set[str] = frozenset(),
-) -> None:
-    """Each step names a model of the repository whose tensors match the step's maps.
+def ensemble_cycle(name: str, step_models: StepModels) -> list[str]:
+    """A circular dependency between ensembles reachable from ``name``, or []."""
+    return find_cycle(step_models, [name])
 
-    Models in ``pending`` are still being loaded (a cycle, reported elsewhere) and are skipped.
+
+def step_models_of(models: ModelLookup) -> StepModels:
+    """The :data:`StepModels` of descriptions: the models each ensemble's steps name."""
+    lookup = lookup_function(models)
+
+    def step_models(name: str) -> list[str]:
+        model = lookup(name)
+        return [s.model_name for s in model.ensemble_steps] if model is not None else []
+
+    return step_models
+
+
+def check_ensemble(
+    ensemble: ModelDescription,
+    models: ModelLookup,
+    findings: Findings,
+    *,
+    failed: Mapping[str, Sequence[str]] | None = None,
+    step_models: StepModels | None = None,
+) -> None:
+    """Every rule for ``ensemble``, adding to ``findings``; ``models`` holds the loaded models.
+
+    ``failed`` names models that failed to load; ``step_models`` gives the step
+    models of any model of the repository (default: read from ``models``).
     """
-    inputs = {t.name: t for t in config.input}
-    outputs = {t.name: t for t in config.output}
-    for index, step in enumerate(config.ensemble_scheduling.step):
-        where = f"{_WHERE}.step[{index}] '{step.model_name}'"
-        if step.model_name == config.name:
-            findings.add(f"{where}.model_name", "an ensemble cannot name itself as a step")
+    check_ensemble_flow(ensemble, findings)
+    if not findings:
+        check_ensemble_members(ensemble, models, findings, failed=failed, step_models=step_models)
+
+
+def validate_ensemble(ensemble: ModelDescription, models: ModelLookup) -> None:
+    """Check ``ensemble`` and the ensembles nested in it; raise one :class:`ConfigError` listing every problem."""
+    lookup = lookup_function(models)
+    errors: list[str] = []
+    seen: set[str] = set()
+    pending = [ensemble]
+    while pending:
+        model = pending.pop()
+        if model.name in seen or not model.is_ensemble:
             continue
-        if step.model_name in pending:
-            continue
-        member = models.get(step.model_name)
-        if member is None:
-            if step.model_name in failed:
+        seen.add(model.name)
+        findings = Findings(model.name, f"{model.name}/config.pbtxt")
+        check_ensemble(model, lookup, findings)
+        errors.extend(findings.errors)
+        if not findings:
+            pending.extend(m for s in model.ensemble_steps if (m := lookup(s.model_name)) is not None)
+    if errors:
+        raise ConfigError("\n".join(errors))
+
+
+# --- within one ensemble ----------------------------------------------------------
+
+
+def _where(index: int, step: EnsembleStep) -> str:
+    return f"{_STEP}[{index}] '{step.model_name}'"
+
+
+def check_ensemble_flow(ensemble: ModelDescription, findings: Findings) -> None:
+    """Within one ensemble: every tensor is written once and read where it exists; the steps form no cycle."""
+    steps = ensemble.ensemble_steps
+    inputs = {t.name for t in ensemble.inputs}
+    writers = _writers(steps, inputs, findings)
+    read: set[str] = set()
+    for index, step in enumerate(steps):
+        where = _where(index, step)
+        if not step.model_name:
+            findings.add(f"{_STEP}[{index}].model_name", "must specify 'model_name'")
+        if not step.input_map:
+            findings.add(f"{where}.input_map", "must specify 'input_map'")
+        if not step.output_map:
+            findings.add(f"{where}.output_map", "must specify 'output_map'")
+        for tensor in step.input_map.values():
+            read.add(tensor)
+            if tensor not in inputs and tensor not in writers:
                 findings.add(
-                    f"{where}.model_name", f"model '{step.model_name}' is not available (it failed to load)"
+                    f"{where}.input_map",
+                    f"ensemble tensor '{tensor}' is neither an ensemble input nor an output of any step",
+                )
+    for output in ensemble.outputs:
+        if output.name not in writers:
+            findings.add("output", f"ensemble output '{output.name}' is not written by any step")
+    for name in sorted(inputs - read):
+        findings.add("input", f"ensemble input '{name}' is not used by any step")
+    cycle = find_cycle(lambda i: _readers(steps, i), range(len(steps)))
+    if cycle:
+        names = " -> ".join(f"step[{i}] '{steps[i].model_name}'" for i in cycle)
+        findings.add(_STEP, f"the steps form a cycle through their tensors: {names}")
+
+
+def _writers(steps: Sequence[EnsembleStep], inputs: set[str], findings: Findings) -> dict[str, int]:
+    """Ensemble tensor -> index of the step that writes it."""
+    writers: dict[str, int] = {}
+    for index, step in enumerate(steps):
+        where = f"{_where(index, step)}.output_map"
+        for tensor in step.output_map.values():
+            if tensor in inputs:
+                findings.add(
+                    where, f"ensemble tensor '{tensor}' is an ensemble input; a step cannot write it"
+                )
+            elif tensor in writers:
+                first = writers[tensor]
+                findings.add(
+                    where,
+                    f"ensemble tensor '{tensor}' can appear in an output map only once "
+                    f"(step[{first}] '{steps[first].model_name}' writes it)",
                 )
             else:
-                findings.add(f"{where}.model_name", f"model '{step.model_name}' is not in the repository")
-            continue
-        if step.model_version not in (-1, 0) and step.model_version not in member.versions:
-            findings.add(
-                f"{where}.model_version",
-                f"version {step.model_version} of '{member.name}' is not served (versions {list(member.versions)})",
-            )
-        _check_step_inputs(step, member, inputs, f"{where}.input_map", findings)
-        _check_step_outputs(step, member, outputs, f"{where}.output_map", findings)
+                writers[tensor] = index
+    return writers
 
 
-def _check_step_inputs(
-    step: pb.ModelEnsembling.Step,
-    member: ModelDescription,
-    ensemble_inputs: Mapping[str, pb.ModelInput],
-    where: str,
+def _readers(steps: Sequence[EnsembleStep], index: int) -> set[int]:
+    """The steps that read a tensor step ``index`` writes."""
+    written = set(steps[index].output_map.values())
+    return {i for i, s in enumerate(steps) if written.intersection(s.input_map.values())}
+
+
+# --- across models ----------------------------------------------------------------
+
+
+def check_ensemble_members(
+    ensemble: ModelDescription,
+    models: ModelLookup,
     findings: Findings,
+    *,
+    failed: Mapping[str, Sequence[str]] | None = None,
+    step_models: StepModels | None = None,
 ) -> None:
-    for model_input, tensor in step.input_map.items():
-        spec = member.input(model_input)
-        if spec is None:
-            findings.add(where, f"'{model_input}' is not an input of model '{member.name}'")
-            continue
-        source = ensemble_inputs.get(tensor)
-        if source is not None and pb.DataType.Name(source.data_type) != _config_type(spec.datatype):
-            findings.add(
-                where,
-                f"ensemble input '{tensor}' is {pb.DataType.Name(source.data_type)} but input '{model_input}' "
-                f"of model '{member.name}' is {_config_type(spec.datatype)}",
-            )
+    """Each step names a loaded model whose tensors agree with the ensemble's (after :func:`check_ensemble_flow`)."""
+    lookup = lookup_function(models)
+    cycle = ensemble_cycle(ensemble.name, step_models or step_models_of(lookup))
+    if cycle:
+        findings.add(_STEP, f"circular dependency between ensembles: {' -> '.join(cycle)}")
+        return
+    members: list[ModelDescription] = []
+    for index, step in enumerate(ensemble.ensemble_steps):
+        member = _member(index, step, lookup, failed or {}, findings)
+        if member is not None:
+            _check_maps(ensemble, index, step, member, findings)
+            members.append(member)
+    if not findings:
+        _check_tensors(ensemble, members, findings)
+
+
+def _member(
+    index: int,
+    step: EnsembleStep,
+    lookup: Callable[[str], ModelDescription | None],
+    failed: Mapping[str, Sequence[str]],
+    findings: Findings,
+) -> ModelDescription | None:
+    where = _where(index, step)
+    member = lookup(step.model_name)
+    if member is None:
+        reason = (
+            "is not available (it failed to load)"
+            if step.model_name in failed
+            else "is not in the repository"
+        )
+        findings.add(f"{where}.model_name", f"model '{step.model_name}' {reason}")
+        return None
+    if not member.versions:
+        findings.add(f"{where}.model_version", f"model '{member.name}' has no version to serve")
+    elif step.model_version not in LATEST_VERSIONS and step.model_version not in member.versions:
+        served = ", ".join(str(v) for v in member.versions)
+        findings.add(
+            f"{where}.model_version",
+            f"model_version {step.model_version} of '{member.name}' is not served (versions: {served})",
+        )
+    return member
+
+
+def _check_maps(
+    ensemble: ModelDescription, index: int, step: EnsembleStep, member: ModelDescription, findings: Findings
+) -> None:
+    where = _where(index, step)
+    for name in step.input_map:
+        if member.input(name) is None:
+            findings.add(f"{where}.input_map", f"'{name}' is not an input of model '{member.name}'")
     for spec in member.inputs:
         if not spec.optional and spec.name not in step.input_map:
-            findings.add(where, f"required input '{spec.name}' of model '{member.name}' is not mapped")
-
-
-def _check_step_outputs(
-    step: pb.ModelEnsembling.Step,
-    member: ModelDescription,
-    ensemble_outputs: Mapping[str, pb.ModelOutput],
-    where: str,
-    findings: Findings,
-) -> None:
-    for model_output, tensor in step.output_map.items():
-        spec = member.output(model_output)
-        if spec is None:
-            findings.add(where, f"'{model_output}' is not an output of model '{member.name}'")
-            continue
-        target = ensemble_outputs.get(tensor)
-        if target is not None and pb.DataType.Name(target.data_type) != _config_type(spec.datatype):
             findings.add(
-                where,
-                f"ensemble output '{tensor}' is {pb.DataType.Name(target.data_type)} but output "
-                f"'{model_output}' of model '{member.name}' is {_config_type(spec.datatype)}",
+                f"{where}.input_map",
+                f"required input '{spec.name}' of model '{member.name}' is not mapped to any ensemble tensor",
             )
+    for name in step.output_map:
+        if member.output(name) is None:
+            findings.add(f"{where}.output_map", f"'{name}' is not an output of model '{member.name}'")
+    if ensemble.max_batch_size > 0 and member.max_batch_size < ensemble.max_batch_size:
+        findings.add(
+            f"{where}.model_name",
+            f"ensemble '{ensemble.name}' allows max_batch_size {ensemble.max_batch_size}, "
+            f"but model '{member.name}' allows only {member.max_batch_size}",
+        )
 
 
-def _config_type(wire: str) -> str:
-    return wire_to_config(wire)
+def shapes_agree(a: Sequence[int], b: Sequence[int]) -> bool:
+    """Same rank and equal dimensions, where ``-1`` matches any size."""
+    return len(a) == len(b) and all(x == y or -1 in (x, y) for x, y in zip(a, b, strict=True))
+
+
+class _Seen:
+    """An ensemble tensor as first read or written: data type, full shape and the model it comes from."""
+
+    def __init__(self, spec: TensorSpec, max_batch_size: int, model: str, own: bool) -> None:
+        dims = spec.reshape if own and spec.reshape is not None else spec.dims
+        self.datatype = wire_to_config(spec.datatype)
+        self.shape = ([-1] if max_batch_size > 0 else []) + list(dims)
+        self.model = model
+
+
+def _check_tensors(
+    ensemble: ModelDescription, members: Sequence[ModelDescription], findings: Findings
+) -> None:
+    """Each ensemble tensor has one data type and one shape wherever it is read or written."""
+    seen = {
+        t.name: _Seen(t, ensemble.max_batch_size, ensemble.name, True)
+        for t in (*ensemble.inputs, *ensemble.outputs)
+    }
+    for index, (step, member) in enumerate(zip(ensemble.ensemble_steps, members, strict=True)):
+        for field_name, mapping, spec_of in (
+            ("input_map", step.input_map, member.input),
+            ("output_map", step.output_map, member.output),
+        ):
+            for name, tensor in mapping.items():
+                spec = spec_of(name)
+                assert spec is not None  # checked in _check_maps
+                here = _Seen(spec, member.max_batch_size, member.name, False)
+                first = seen.setdefault(tensor, here)
+                problem = _disagreement(first, here)
+                if problem:
+                    findings.add(
+                        f"{_where(index, step)}.{field_name}", f"ensemble tensor '{tensor}': {problem}"
+                    )
+
+
+def _disagreement(first: _Seen, here: _Seen) -> str:
+    if first.datatype != here.datatype:
+        return (
+            f"inconsistent data type: {first.datatype} is inferred from model '{first.model}' "
+            f"while {here.datatype} is inferred from model '{here.model}'"
+        )
+    if not shapes_agree(first.shape, here.shape):
+        return (
+            f"inconsistent shape: {first.shape} is inferred from model '{first.model}' "
+            f"while {here.shape} is inferred from model '{here.model}'"
+        )
+    return ""

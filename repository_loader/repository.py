@@ -17,7 +17,7 @@ from repository_loader import platforms
 from repository_loader.autocomplete import complete, detect_backend, normalize_platform
 from repository_loader.config import config_path_candidates, parse_config
 from repository_loader.describe import describe
-from repository_loader.ensemble_rules import check_ensemble_flow, check_ensemble_members
+from repository_loader.ensemble_rules import check_ensemble, ensemble_cycle
 from repository_loader.errors import ConfigError, NotFound, ServerError
 from repository_loader.findings import Findings, ModelFiles
 from repository_loader.model import ModelDescription, ModelState
@@ -130,7 +130,7 @@ class _Loader:
         self.auto_complete = auto_complete
         self.state = RepositoryState(root=root)
         self._names: list[str] | None = None
-        self._cycles: dict[str, list[list[str]]] = {}
+        self._prepare_cache: dict[str, _Prepared | ServerError] = {}
 
     def model_names(self) -> list[str]:
         if self._names is None:
@@ -149,36 +149,48 @@ class _Loader:
         log.warning(message)
         self.state.warnings.append(message)
 
-    def load(self, name: str, stack: tuple[str, ...] = ()) -> None:
+    def load(self, name: str) -> None:
         if name in self.state.models or name in self.state.failed:
             return
-        try:
-            prepared = self._prepare(name)
-        except ServerError as exc:
-            self.state.failed[name] = [_with_model(name, exc.message)]
+        prepared = self._prepared(name)
+        if isinstance(prepared, ServerError):
+            self.state.failed[name] = [_with_model(name, prepared.message)]
             return
-        if prepared.config.platform == platforms.ENSEMBLE and not prepared.findings:
-            self._check_members(prepared, (*stack, name))
-        for cycle in self._cycles.pop(name, []):
-            prepared.findings.add("ensemble_scheduling.step", f"ensembles form a cycle: {' -> '.join(cycle)}")
-        if prepared.findings:
+        description = None
+        if not prepared.findings:
+            description = describe(prepared.config, prepared.path, prepared.versions)
+            if description.is_ensemble:
+                self._check_ensemble(description, prepared.findings)
+        if prepared.findings or description is None:
             self.state.failed[name] = prepared.findings.errors
             return
-        self.state.models[name] = describe(prepared.config, prepared.path, prepared.versions)
+        self.state.models[name] = description
 
-    def _check_members(self, prepared: _Prepared, stack: tuple[str, ...]) -> None:
-        config = prepared.config
-        for step in config.ensemble_scheduling.step:
-            member = step.model_name
-            if member in stack and member != config.name:
-                cycle = [*stack[stack.index(member) :], member]
-                for other in cycle[:-1]:
-                    self._cycles.setdefault(other, []).append(cycle)
-            elif member in self.model_names() and member != config.name:
-                self.load(member, stack)
-        check_ensemble_members(
-            config, prepared.findings, self.state.models, self.state.failed, pending=set(stack)
+    def _check_ensemble(self, ensemble: ModelDescription, findings: Findings) -> None:
+        """Load the models the steps name (unless the ensembles depend on each other), then check the ensemble."""
+        if not ensemble_cycle(ensemble.name, self._step_models):
+            for step in ensemble.ensemble_steps:
+                if step.model_name in self.model_names():
+                    self.load(step.model_name)
+        check_ensemble(
+            ensemble, self.state.models, findings, failed=self.state.failed, step_models=self._step_models
         )
+
+    def _step_models(self, name: str) -> list[str]:
+        """The models the steps of ``name`` name ([] for a model that is not an ensemble of the repository)."""
+        prepared = self._prepared(name) if name in self.model_names() else None
+        if not isinstance(prepared, _Prepared) or prepared.config.platform != platforms.ENSEMBLE:
+            return []
+        return [step.model_name for step in prepared.config.ensemble_scheduling.step]
+
+    def _prepared(self, name: str) -> _Prepared | ServerError:
+        """``name`` read, completed and checked on its own, once."""
+        if name not in self._prepare_cache:
+            try:
+                self._prepare_cache[name] = self._prepare(name)
+            except ServerError as exc:
+                self._prepare_cache[name] = exc
+        return self._prepare_cache[name]
 
     # --- one model ----------------------------------------------------------
 
@@ -209,10 +221,7 @@ class _Loader:
         files = ModelFiles(exists=lambda rel: (local_dir / rel).exists())
         validate_config(config, findings, files)
         self._check_outputs_listed(config, findings)
-        if config.platform == platforms.ENSEMBLE:
-            if config.HasField("ensemble_scheduling") and config.ensemble_scheduling.step:
-                check_ensemble_flow(config, findings)
-        elif not findings:
+        if config.platform != platforms.ENSEMBLE and not findings:
             self._check_model_files(config, local_dir, versions, findings)
         if not available:
             findings.add("versions", "no version folder found (expected numeric folders such as '1')")

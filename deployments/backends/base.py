@@ -7,8 +7,9 @@ The serving layer calls ``load`` then ``await start()``, and ``await stop()`` th
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 from deployments.inference import InferRequest, InferResponse, ModelExecutor
 from repository_loader.model import InstanceKind, ModelDescription, TensorSpec
@@ -24,6 +25,7 @@ class BackendContext:
     device_id: int = 0
     instance_name: str = ""
     executor: ModelExecutor | None = None  # BLS / nested inference, from the serving layer
+    composing: Mapping[str, ModelDescription] = field(default_factory=dict, compare=False)  # ensemble steps
 
 
 class Backend(abc.ABC):
@@ -33,7 +35,11 @@ class Backend(abc.ABC):
     backend) and returns exactly one response per request, in order. An error
     in one request is reported in that request's response; an exception
     escaping ``execute`` fails the whole batch.
+
+    ``max_concurrency`` is how many batches the runtime hands the backend at once.
     """
+
+    max_concurrency: ClassVar[int] = 1
 
     def __init__(self, context: BackendContext) -> None:
         self.context = context

@@ -1,4 +1,4 @@
-"""From a model's ``backend`` / ``platform`` to the class that runs it.
+"""From a model's ``backend`` / ``platform`` to the class that runs it (ensembles included).
 
 Each backend module is imported only when a model needs it, so a server
 without TensorRT (or torch) still serves every other model; a model whose
@@ -18,12 +18,14 @@ _BACKENDS: dict[str, tuple[str, str, str]] = {
     "pytorch": ("deployments.backends.pytorch", "PyTorchBackend", "torch"),
     "tensorrt": ("deployments.backends.tensorrt", "TensorRTBackend", "tensorrt"),
     "python": ("deployments.backends.python", "PythonBackend", "numpy"),
+    "ensemble": ("ensembles.backend", "EnsembleBackend", "numpy"),
 }
 
 _PLATFORMS: dict[str, str] = {
     "onnxruntime_onnx": "onnxruntime",
     "pytorch_libtorch": "pytorch",
     "tensorrt_plan": "tensorrt",
+    "ensemble": "ensemble",
 }
 
 SUPPORTED: frozenset[str] = frozenset(_BACKENDS) | frozenset(_PLATFORMS)
@@ -61,9 +63,5 @@ def backend_class(name: str, model_name: str = "") -> type[Backend]:
 def create_backend(context: BackendContext) -> Backend:
     """A backend instance for ``context.model`` (not loaded yet: call ``load()``)."""
     model = context.model
-    if model.is_ensemble:
-        raise Unsupported(
-            f"model '{model.name}' is an ensemble: ensembles are scheduled, not loaded by a backend"
-        )
     name = backend_name(model.backend, model.platform)
     return backend_class(name, model.name)(context)

@@ -161,19 +161,13 @@ class ModelRuntime:
                 device_id=self.device_id,
                 instance_name=self.instance_name,
                 executor=self.executor,
+                composing=self.composing,
             )
-            concurrency = 1
-            if self.model.is_ensemble:
-                from ensembles.backend import ENSEMBLE_CONCURRENCY, EnsembleBackend
-
-                backend: Backend = EnsembleBackend(context, self.composing)
-                concurrency = ENSEMBLE_CONCURRENCY
-            else:
-                backend = create_backend(context)
+            backend = create_backend(context)
             backend.load()
             try:
                 await backend.start()
-                runtime = VersionRuntime(self.model, version, backend, self.metrics, concurrency)
+                runtime = VersionRuntime(self.model, version, backend, self.metrics, backend.max_concurrency)
                 await runtime.warmup()
             except BaseException:
                 try:

@@ -1,11 +1,15 @@
-"""Building and validating ensemble graphs."""
+"""Building ensemble graphs, and the one ensemble validator's rules on model descriptions."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from ensembles.graph import build_graph, shapes_agree
-from repository_loader.errors import ConfigError
+from ensembles.graph import build_graph
+from repository_loader.ensemble_rules import shapes_agree, validate_ensemble
+from repository_loader.errors import ConfigError, InternalError
+from repository_loader.model import ModelDescription
 from tests.ensembles.helpers import ensemble, model, step
 
 F4 = ("FP32", (4,))
@@ -22,7 +26,7 @@ def models() -> dict:
     }
 
 
-def diamond(**overrides) -> object:
+def diamond(**overrides: Any) -> ModelDescription:
     steps = overrides.pop(
         "steps",
         [
@@ -85,39 +89,39 @@ def test_pruned_keeps_only_the_needed_steps() -> None:
     [
         (
             [step("pre", {"IN": "INPUT"}, {"OUT": "OUTPUT"}), step("ghost", {"X": "INPUT"}, {"Y": "z"})],
-            r"step 'ghost': model 'ghost' is not in the repository",
+            r"step\[1\] 'ghost'.model_name: model 'ghost' is not in the repository",
         ),
         (
             [step("pre", {"NOPE": "INPUT", "IN": "INPUT"}, {"OUT": "OUTPUT"})],
-            r"step 'pre': 'NOPE' in input_map is not an input of model 'pre'",
+            r"step\[0\] 'pre'.input_map: 'NOPE' is not an input of model 'pre'",
         ),
         (
             [step("pre", {"IN": "INPUT"}, {"OUT": "OUTPUT", "EXTRA": "x"})],
-            r"step 'pre': 'EXTRA' in output_map is not an output of model 'pre'",
+            r"step\[0\] 'pre'.output_map: 'EXTRA' is not an output of model 'pre'",
         ),
         (
             [step("join", {"A": "INPUT"}, {"SUM": "OUTPUT"})],
-            r"step 'join': required input 'B' is not mapped",
+            r"step\[0\] 'join'.input_map: required input 'B' of model 'join' is not mapped",
         ),
         (
             [step("right", {"X": "INPUT"}, {"Y": "OUTPUT"}, version=7)],
-            r"step 'right': model_version 7 of 'right' is not served \(versions: 1, 2, 3\)",
+            r"step\[0\] 'right'.model_version: model_version 7 of 'right' is not served \(versions: 1, 2, 3\)",
         ),
         (
             [step("pre", {"IN": "INPUT"}, {"OUT": "OUTPUT"}), step("left", {"X": "INPUT"}, {"Y": "OUTPUT"})],
-            r"step 'left': output 'Y' writes 'OUTPUT', already produced by step 'pre'",
+            r"step\[1\] 'left'.output_map: ensemble tensor 'OUTPUT' can appear in an output map only once \(step\[0\] 'pre' writes it\)",
         ),
         (
             [step("pre", {"IN": "INPUT"}, {"OUT": "OUTPUT"}), step("left", {"X": "OUTPUT"}, {"Y": "INPUT"})],
-            r"step 'left': output 'Y' writes 'INPUT', which is an input of the ensemble",
+            r"step\[1\] 'left'.output_map: ensemble tensor 'INPUT' is an ensemble input; a step cannot write it",
         ),
         (
             [step("join", {"A": "INPUT", "B": "missing"}, {"SUM": "OUTPUT"})],
-            r"step 'join': input 'B' reads 'missing', which no step produces",
+            r"step\[0\] 'join'.input_map: ensemble tensor 'missing' is neither an ensemble input nor an output of any step",
         ),
         (
             [step("pre", {"IN": "INPUT"}, {"OUT": "t0"})],
-            r"in ensemble 'diamond': output 'OUTPUT' is not produced by any step",
+            r"output: ensemble output 'OUTPUT' is not written by any step",
         ),
         (
             [
@@ -125,29 +129,33 @@ def test_pruned_keeps_only_the_needed_steps() -> None:
                 step("left", {"X": "t2"}, {"Y": "t1"}),
                 step("right", {"X": "t1"}, {"Y": "t2"}),
             ],
-            r"steps 'left', 'right' form a cycle through tensors t1, t2",
+            r"the steps form a cycle through their tensors: step\[1\] 'left' -> step\[2\] 'right' -> step\[1\] 'left'",
         ),
         (
             [step("ints", {"X": "INPUT"}, {"Y": "OUTPUT"})],
-            r"step 'ints': tensor 'INPUT' from ensemble input 'INPUT' to input 'X': data type FP32 does not match INT32",
+            r"step\[0\] 'ints'.input_map: ensemble tensor 'INPUT': inconsistent data type: TYPE_FP32 is inferred from model 'diamond' while TYPE_INT32 is inferred from model 'ints'",
         ),
         (
             [step("pre", {"IN": "INPUT"}, {"OUT": "t0"}), step("wide", {"X": "t0"}, {"Y": "OUTPUT"})],
-            r"step 'wide': tensor 't0' from output 'OUT' of step 'pre' to input 'X': shape \[4\] does not match \[8\]",
+            r"step\[1\] 'wide'.input_map: ensemble tensor 't0': inconsistent shape: \[4\] is inferred from model 'pre' while \[8\] is inferred from model 'wide'",
         ),
     ],
 )
 def test_each_rule_names_ensemble_step_and_tensor(steps: list, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as info:
-        build_graph(diamond(steps=steps), models())
-    assert "in ensemble 'diamond'" in info.value.message
+        validate_ensemble(diamond(steps=steps), models())
+    assert info.value.message.startswith("model 'diamond' ")
 
 
 def test_ensemble_output_must_agree_with_its_producer() -> None:
     steps = [step("pre", {"IN": "INPUT"}, {"OUT": "OUTPUT"})]
     ens = diamond(steps=steps, outputs=[("OUTPUT", "FP32", (5,))])
-    with pytest.raises(ConfigError, match=r"'OUTPUT' from output 'OUT' of step 'pre' to the ensemble output"):
-        build_graph(ens, models())
+    with pytest.raises(
+        ConfigError,
+        match=r"ensemble tensor 'OUTPUT': inconsistent shape: \[5\] is inferred from model 'diamond' "
+        r"while \[4\] is inferred from model 'pre'",
+    ):
+        validate_ensemble(ens, models())
 
 
 def test_wildcard_dims_agree() -> None:
@@ -165,23 +173,25 @@ def test_batching_ensemble_needs_batching_models_that_take_as_many_rows() -> Non
         "flat": model("flat", [("X", "FP32", (-1, 4))], [("Y", "FP32", (-1, 4))]),
     }
     ok = diamond(steps=[step("b8", {"X": "INPUT"}, {"Y": "OUTPUT"})], max_batch_size=4)
+    validate_ensemble(ok, table)
     assert build_graph(ok, table).steps[0].model_name == "b8"
     too_many = diamond(steps=[step("b2", {"X": "INPUT"}, {"Y": "OUTPUT"})], max_batch_size=4)
     with pytest.raises(
-        ConfigError, match=r"step 'b2': max_batch_size 4 of the ensemble exceeds max_batch_size 2"
+        ConfigError,
+        match=r"step\[0\] 'b2'.model_name: ensemble 'diamond' allows max_batch_size 4, "
+        r"but model 'b2' allows only 2",
     ):
-        build_graph(too_many, table)
+        validate_ensemble(too_many, table)
     no_batch = diamond(steps=[step("flat", {"X": "INPUT"}, {"Y": "OUTPUT"})], max_batch_size=4)
-    with pytest.raises(
-        ConfigError, match=r"step 'flat': max_batch_size 4 of the ensemble exceeds max_batch_size 0"
-    ):
-        build_graph(no_batch, table)
+    with pytest.raises(ConfigError, match=r"step\[0\] 'flat'.model_name: .* but model 'flat' allows only 0"):
+        validate_ensemble(no_batch, table)
     # a non-batching ensemble feeding a batching model: the batch dim is part of the ensemble's dims
     unbatched = diamond(
         steps=[step("b8", {"X": "INPUT"}, {"Y": "OUTPUT"})],
         inputs=[("INPUT", "FP32", (-1, 4))],
         outputs=[("OUTPUT", "FP32", (-1, 4))],
     )
+    validate_ensemble(unbatched, table)
     assert build_graph(unbatched, table).steps[0].model.max_batch_size == 8
 
 
@@ -197,12 +207,15 @@ def test_nested_ensembles_are_built_and_validated() -> None:
         name="outer",
         steps=[step("pre", {"IN": "INPUT"}, {"OUT": "t0"}), step("inner", {"I": "t0"}, {"O": "OUTPUT"})],
     )
+    validate_ensemble(outer, table)
     graph = build_graph(outer, table)
     assert [s.model_name for s in graph.nested["inner"].steps] == ["left", "right"]
     table["inner"] = ensemble(
         "inner", [("I", "FP32", (4,))], [("O", "FP32", (4,))], [step("ghost", {"X": "I"}, {"Y": "O"})]
     )
-    with pytest.raises(ConfigError, match="in ensemble 'inner', step 'ghost'"):
+    with pytest.raises(ConfigError, match=r"model 'inner' .*step\[0\] 'ghost'"):
+        validate_ensemble(outer, table)
+    with pytest.raises(InternalError, match="'inner' was not validated"):
         build_graph(outer, table)
 
 
@@ -214,7 +227,9 @@ def test_ensembles_that_contain_each_other_are_rejected() -> None:
     table["b"] = ensemble(
         "b", [("I", "FP32", (4,))], [("O", "FP32", (4,))], [step("a", {"I": "I"}, {"O": "O"})]
     )
-    with pytest.raises(ConfigError, match=r"ensembles contain each other \(a -> b -> a\)"):
+    with pytest.raises(ConfigError, match=r"circular dependency between ensembles: a -> b -> a"):
+        validate_ensemble(table["a"], table)
+    with pytest.raises(InternalError, match=r"contains itself \(a -> b -> a\)"):
         build_graph(table["a"], table)
 
 
