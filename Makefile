@@ -1,4 +1,5 @@
-# Set-up and everyday commands. `make serve` and `make test` are the two the README documents.
+# Set-up and everyday commands. `make serve` and `make test` are the two the README documents;
+# `make test` (what .ci/run runs) runs `make lint` first.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -20,7 +21,7 @@ serve: install
 validate: install
 	$(BIN)/triton-serve validate examples/model_repository
 
-test: install
+test: install lint
 	$(BIN)/python -m pytest -q
 
 test-fast: install

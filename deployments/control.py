@@ -2,7 +2,10 @@
 
 The :class:`ModelController` keeps each model's state as Triton reports it and
 asks a :class:`Deployer` to bring a model's application up or down; one
-model's failure never touches the others.
+model's failure never touches the others. It is also the server application's
+model registry (``deployments.protocol.dataplane.ModelRegistry``): a served
+model is reached through ``remote`` (a handle to the model's own replicas,
+``deployments.serve.handles``); any other raises NotFound or Unavailable.
 """
 
 from __future__ import annotations
@@ -10,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
+from deployments.protocol.dataplane import ServedModel
+from deployments.settings import ServerSettings
 from repository_loader.errors import InvalidArgument, NotFound, ServerError, Unavailable
 from repository_loader.model import ModelDescription, ModelState
 
@@ -50,30 +55,23 @@ class ModelEntry:
         return rows
 
 
-@dataclass
-class ControllerOptions:
-    repository: str
-    model_control_mode: str = "none"  # none | explicit | poll
-    load_models: tuple[str, ...] = ()  # explicit mode: loaded at start ("*" = all)
-    config_name: str | None = None
-    auto_complete: bool = True
-    strict_readiness: bool = True
-    access_log: bool = False  # one Serve access-log line per request (Triton logs none by default)
+RemoteFn = Callable[[ModelDescription], ServedModel]
 
 
 @dataclass
 class ModelController:
-    options: ControllerOptions
+    settings: ServerSettings
     deployer: Deployer
+    remote: RemoteFn | None = None  # how a served model is reached (None: it is not)
     entries: dict[str, ModelEntry] = field(default_factory=dict)
 
     def scan(self) -> tuple[dict[str, ModelDescription], dict[str, list[str]]]:
         from repository_loader import load_repository
 
         state = load_repository(
-            Path(self.options.repository),
-            config_name=self.options.config_name,
-            auto_complete=self.options.auto_complete,
+            self.settings.model_repository,
+            config_name=self.settings.model_config_name,
+            auto_complete=self.settings.auto_complete,
         )
         return dict(state.models), {k: list(v) for k, v in state.failed.items()}
 
@@ -85,10 +83,10 @@ class ModelController:
         for name, model in models.items():
             self.entries[name] = ModelEntry(name, ModelState.UNAVAILABLE, "unloaded", model)
         self.deployer.prepare(models)
-        mode = self.options.model_control_mode
+        mode = self.settings.model_control_mode
         wanted = list(models)
         if mode == "explicit":
-            sel = self.options.load_models
+            sel = self.settings.load_models
             wanted = [m for m in models if "*" in sel or m in sel]
         await self._load_many([models[m] for m in wanted])
 
@@ -119,17 +117,25 @@ class ModelController:
             with contextlib.suppress(Exception):  # nothing may have been deployed
                 await self.deployer.delete(model.name)
 
-    async def load(self, name: str) -> None:
+    def _check_explicit(self) -> None:
+        if self.settings.model_control_mode == "none":
+            raise Unavailable("explicit model load / unload is not allowed if polling is enabled")
+
+    async def load(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
         """Repository API load: re-read the model's files and (re)deploy it."""
         from repository_loader import load_model
 
+        self._check_explicit()
+        parameters = parameters or {}
+        if parameters.get("config") or any(k.startswith("file:") for k in parameters):
+            raise InvalidArgument("loading a model with an overriding config or files is not supported yet")
         try:
             model = await asyncio.to_thread(
                 load_model,
-                Path(self.options.repository),
+                self.settings.model_repository,
                 name,
-                config_name=self.options.config_name,
-                auto_complete=self.options.auto_complete,
+                config_name=self.settings.model_config_name,
+                auto_complete=self.settings.auto_complete,
             )
         except ServerError as exc:
             self.entries[name] = ModelEntry(name, ModelState.UNAVAILABLE, exc.message)
@@ -139,7 +145,8 @@ class ModelController:
         if entry.state != ModelState.READY:
             raise InvalidArgument(f"failed to load '{name}': {entry.reason}")
 
-    async def unload(self, name: str) -> None:
+    async def unload(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
+        self._check_explicit()
         entry = self.entries.get(name)
         if entry is None:
             raise NotFound(f"failed to unload '{name}': no such model in the repository")
@@ -161,8 +168,24 @@ class ModelController:
         reason = f": {entry.reason}" if entry.reason else ""
         return Unavailable(f"model '{name}' is not ready{reason}")
 
+    def get(self, name: str) -> ServedModel:
+        """A served model (READY) through ``remote``; NotFound or Unavailable otherwise."""
+        entry = self.require(name)
+        if entry.state != ModelState.READY or entry.model is None or self.remote is None:
+            raise self.unavailable(name)
+        return self.remote(entry.model)
+
+    def describe(self, name: str) -> ModelDescription:
+        entry = self.require(name)
+        if entry.model is None:
+            raise self.unavailable(name)
+        return entry.model
+
+    def served(self) -> list[str]:
+        return [n for n, e in sorted(self.entries.items()) if e.state == ModelState.READY]
+
     def ready(self) -> bool:
-        if not self.options.strict_readiness:
+        if not self.settings.strict_readiness:
             return True
         wanted = [e for e in self.entries.values() if e.reason != "unloaded"]
         return all(e.state == ModelState.READY for e in wanted)

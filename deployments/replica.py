@@ -1,4 +1,4 @@
-"""The data plane of a model replica: one model's runtime behind the protocol front ends."""
+"""The model registry of a model replica: its one model's runtime, in this process."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from deployments.inference import InferRequest, InferResponse
-from deployments.protocol.dataplane import model_metadata_document, server_metadata_document
+from deployments.protocol.dataplane import ModelDataPlane, model_metadata_document
 from deployments.runtime.model import ModelRuntime
 from repository_loader.errors import NotFound, Unsupported
 from repository_loader.model import ModelDescription
@@ -14,8 +14,8 @@ from repository_loader.model import ModelDescription
 StatsFn = Callable[[str, str], Awaitable[dict[str, Any]]]
 
 
-class ReplicaDataPlane:
-    """Answers the routes of ``/v2/models/<model>`` from the runtime in this replica.
+class LocalModel:
+    """A :class:`~deployments.protocol.dataplane.ServedModel` over the runtime in this process.
 
     ``cluster_stats`` (optional) returns the statistics summed over every replica
     of the model; without it, this replica's own are reported.
@@ -23,62 +23,70 @@ class ReplicaDataPlane:
 
     def __init__(self, runtime: ModelRuntime, cluster_stats: StatsFn | None = None) -> None:
         self.runtime = runtime
-        self.model = runtime.model
+        self.description: ModelDescription = runtime.model
         self._cluster_stats = cluster_stats
 
-    def _check(self, name: str) -> None:
-        if name != self.model.name:
-            raise NotFound(f"Request for unknown model: '{name}' is not found")
-
-    async def server_metadata(self) -> dict[str, Any]:
-        return server_metadata_document()
-
-    async def live(self) -> bool:
-        return True
-
-    async def ready(self) -> bool:
-        return self.runtime.is_ready()
-
-    async def model_ready(self, name: str, version: str = "") -> bool:
-        self._check(name)
+    def is_ready(self, version: str = "") -> bool:
         return self.runtime.is_ready(version)
 
-    async def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
-        self._check(name)
+    def metadata(self, version: str = "") -> dict[str, Any]:
         versions = (
             tuple(sorted(self.runtime.versions)) if not version else (self.runtime.version(version).version,)
         )
-        return model_metadata_document(self.model, versions)
+        return model_metadata_document(self.description, versions)
 
-    async def model_config(self, name: str, version: str = "") -> dict[str, Any]:
-        self._check(name)
+    def config(self, version: str = "") -> dict[str, Any]:
         return self.runtime.config(version)
 
-    async def model_description(self, name: str, version: str = "") -> ModelDescription:
-        self._check(name)
-        return self.model
-
     async def infer(self, request: InferRequest) -> InferResponse:
-        self._check(request.model_name)
-        return await self.runtime.infer(request, checked=True)
+        return await self.runtime.infer(request)
 
-    async def model_statistics(self, name: str | None = None, version: str = "") -> dict[str, Any]:
-        if name is not None:
-            self._check(name)
+    async def statistics(self, version: str = "") -> list[dict[str, Any]]:
         if version:
             self.runtime.version(version)
         if self._cluster_stats is not None:
-            return await self._cluster_stats(self.model.name, version)
-        return {"model_stats": self.runtime.statistics(version)}
+            stats: list[dict[str, Any]] = (await self._cluster_stats(self.description.name, version))[
+                "model_stats"
+            ]
+            return stats
+        return self.runtime.statistics(version)
 
-    async def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
-        return [
-            {"name": self.model.name, "version": str(v), "state": "READY" if r.ready else "UNAVAILABLE"}
-            for v, r in sorted(self.runtime.versions.items())
+
+class ReplicaRegistry:
+    """The registry of a model replica: its one model; the repository API lives at ``/v2/repository``."""
+
+    def __init__(self, runtime: ModelRuntime, cluster_stats: StatsFn | None = None) -> None:
+        self.model = LocalModel(runtime, cluster_stats)
+        self.name = runtime.model.name
+
+    def get(self, name: str) -> LocalModel:
+        if name != self.name:
+            raise NotFound(f"Request for unknown model: '{name}' is not found")
+        return self.model
+
+    def describe(self, name: str) -> ModelDescription:
+        return self.get(name).description
+
+    def ready(self) -> bool:
+        return self.model.runtime.is_ready()
+
+    def served(self) -> list[str]:
+        return [self.name]
+
+    def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        rows = [
+            {"name": self.name, "version": str(v), "state": "READY" if r.ready else "UNAVAILABLE"}
+            for v, r in sorted(self.model.runtime.versions.items())
         ]
+        return [r for r in rows if r["state"] == "READY"] if ready_only else rows
 
-    async def load_model(self, name: str, parameters: Mapping[str, Any]) -> None:
+    async def load(self, name: str, parameters: Mapping[str, Any]) -> None:
         raise Unsupported("the repository API is served at /v2/repository")
 
-    async def unload_model(self, name: str, parameters: Mapping[str, Any]) -> None:
+    async def unload(self, name: str, parameters: Mapping[str, Any]) -> None:
         raise Unsupported("the repository API is served at /v2/repository")
+
+
+def replica_dataplane(runtime: ModelRuntime, cluster_stats: StatsFn | None = None) -> ModelDataPlane:
+    """The data plane of a model replica, over its own runtime."""
+    return ModelDataPlane(ReplicaRegistry(runtime, cluster_stats))

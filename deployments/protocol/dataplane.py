@@ -8,16 +8,26 @@ some of them gather state from other replicas. Failures are raised as
 ``NotFound``; not ready: ``Unavailable``; bad request: ``InvalidArgument``),
 which each front end maps to its status once.
 
+:class:`ModelDataPlane` is the one implementation. It answers over a
+:class:`ModelRegistry`, which hands it a :class:`ServedModel` (a runtime in
+this process, or a handle to the model's own replicas) or raises ``NotFound``
+/ ``Unavailable`` with Triton's messages; the front ends never know which.
+A model replica builds it over a registry of its one model
+(``deployments.replica``), the server application over the model controller
+(``deployments.control``).
+
 The helpers below build the KServe v2 metadata documents from a model
-description, so every data plane reports them alike.
+description, so every served model reports them alike.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from deployments.inference import InferRequest, InferResponse
+from repository_loader.errors import Unavailable
 from repository_loader.model import ModelDescription, TensorSpec
 
 SERVER_NAME = "triton"
@@ -86,6 +96,109 @@ class DataPlane(Protocol):
     async def unload_model(self, name: str, parameters: Mapping[str, Any]) -> None:
         """Unload ``name``; ``parameters`` may hold ``unload_dependents``."""
         ...
+
+
+@runtime_checkable
+class ServedModel(Protocol):
+    """One model as the data plane reaches it: a local runtime or a remote handle."""
+
+    description: ModelDescription
+
+    def is_ready(self, version: str = "") -> bool: ...
+
+    def metadata(self, version: str = "") -> dict[str, Any]:
+        """The body of ``GET /v2/models/<m>[/versions/<v>]``; raises NotFound for a version not served."""
+        ...
+
+    def config(self, version: str = "") -> dict[str, Any]: ...
+
+    async def infer(self, request: InferRequest) -> InferResponse: ...
+
+    async def statistics(self, version: str = "") -> list[dict[str, Any]]:
+        """The model's ``model_stats`` entries (every version when ``version`` is "")."""
+        ...
+
+
+@runtime_checkable
+class ModelRegistry(Protocol):
+    """Where the data plane finds models, and the repository behind them."""
+
+    def get(self, name: str) -> ServedModel:
+        """The model ``name``; NotFound (unknown) or Unavailable (known, not served) otherwise."""
+        ...
+
+    def describe(self, name: str) -> ModelDescription:
+        """The description the repository holds for ``name``, served or not (NotFound / Unavailable)."""
+        ...
+
+    def ready(self) -> bool:
+        """Triton's server readiness."""
+        ...
+
+    def served(self) -> list[str]:
+        """The names of the models :meth:`get` returns."""
+        ...
+
+    def index(self, ready_only: bool = False) -> list[dict[str, Any]]: ...
+
+    async def load(self, name: str, parameters: Mapping[str, Any]) -> None: ...
+
+    async def unload(self, name: str, parameters: Mapping[str, Any]) -> None: ...
+
+
+class ModelDataPlane:
+    """The data plane: every :class:`DataPlane` method over a :class:`ModelRegistry`."""
+
+    def __init__(self, registry: ModelRegistry) -> None:
+        self.registry = registry
+
+    async def server_metadata(self) -> dict[str, Any]:
+        return server_metadata_document()
+
+    async def live(self) -> bool:
+        return True
+
+    async def ready(self) -> bool:
+        return self.registry.ready()
+
+    async def model_ready(self, name: str, version: str = "") -> bool:
+        try:
+            model = self.registry.get(name)
+        except Unavailable:
+            return False
+        return model.is_ready(version)
+
+    async def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        return self.registry.get(name).metadata(version)
+
+    async def model_config(self, name: str, version: str = "") -> dict[str, Any]:
+        try:
+            model = self.registry.get(name)
+        except Unavailable:
+            return dict(self.registry.describe(name).config_json)
+        return model.config(version)
+
+    async def model_description(self, name: str, version: str = "") -> ModelDescription:
+        return self.registry.get(name).description
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        return await self.registry.get(request.model_name).infer(request)
+
+    async def model_statistics(self, name: str | None = None, version: str = "") -> dict[str, Any]:
+        if name is not None:
+            return {"model_stats": await self.registry.get(name).statistics(version)}
+        models = [self.registry.get(n) for n in self.registry.served()]
+        results = await asyncio.gather(*(m.statistics() for m in models), return_exceptions=True)
+        return {"model_stats": [s for r in results if isinstance(r, list) for s in r]}
+
+    async def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        return self.registry.index(ready_only)
+
+    async def load_model(self, name: str, parameters: Mapping[str, Any]) -> None:
+        await self.registry.load(name, parameters)
+
+    async def unload_model(self, name: str, parameters: Mapping[str, Any]) -> None:
+        await self.registry.unload(name, parameters)
 
 
 def server_metadata_document(

@@ -2,9 +2,10 @@
 
 ``serve run serve_config.yaml`` starts :func:`build_app`'s server deployment.
 Its replica reads the repository and deploys every model as its own Serve
-application at ``/v2/models/<name>`` (the model's replica answers HTTP itself:
-one hop), then answers health, server metadata, the repository API and
-statistics across models.
+application, exactly as the deployment plan's entry for it says
+(``repository_loader.plan``), then answers health, server metadata, the
+repository API and statistics across models through the one data plane
+(``deployments.protocol.dataplane.ModelDataPlane``) over the model controller.
 """
 
 from __future__ import annotations
@@ -13,97 +14,68 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from ray import serve
 
-from deployments.control import ControllerOptions, ModelController
-from deployments.inference import InferRequest, InferResponse
-from deployments.protocol.dataplane import server_metadata_document
+from deployments.control import ModelController
+from deployments.protocol.dataplane import ModelDataPlane, ServedModel
 from deployments.runtime.stats import merge_snapshots
+from deployments.serve import hooks
+from deployments.serve.handles import HandleExecutor, RemoteModel
 from deployments.serve.model_app import ModelDeployment
-from deployments.serve.names import MODEL_DEPLOYMENT, SERVER_APP, is_hosted_key, model_app_name, model_route
-from repository_loader.errors import InvalidArgument, ServerError, Unavailable
-from repository_loader.model import ModelDescription, ModelState
+from deployments.serve.names import MODEL_DEPLOYMENT, SERVER_APP, SERVER_DEPLOYMENT, model_app_name
+from deployments.settings import ServerSettings
+from repository_loader.errors import ServerError, Unavailable
+from repository_loader.model import ModelDescription
 from repository_loader.plan import ClusterResources, DeploymentEntry, DeploymentPlan, plan_deployments
 
 logger = logging.getLogger("ray.serve")
 
-DEPLOY_TIMEOUT_S = 600.0
-
-
-def deployment_options(entries: tuple[DeploymentEntry, ...]) -> dict[str, Any]:
-    """Serve options of a model's deployment, from its entries of the deployment plan.
-
-    One application serves every selected version of a model; its replicas are
-    the instances of the latest version's instance groups (sizes from the first).
-    """
-    if not entries:
-        raise Unavailable("the deployment plan has no entry for this model")
-    latest = max(e.version for e in entries)
-    groups = [e for e in entries if e.version == latest]
-    first = groups[0]
-    replicas = sum(e.num_replicas for e in groups)
-    return {
-        "num_replicas": replicas,
-        "max_ongoing_requests": first.max_ongoing_requests,
-        "ray_actor_options": {"num_cpus": first.resources.num_cpus, "num_gpus": first.resources.num_gpus},
-        "init_kwargs": {
-            "instance_kind": _kind(first.kind),
-            "replicas": replicas,
-            "gpu_ids": [gpu for e in groups for gpu in e.replica_gpu_ids],
-        },
-    }
-
-
-def _kind(kind: str) -> str:
-    return kind if kind in ("KIND_GPU", "KIND_CPU", "KIND_MODEL") else "KIND_CPU"
+Snapshots = dict[str, dict[str, list[dict[str, Any]]]]
 
 
 class RayDeployer:
-    """Deploys and deletes model applications on the running Serve instance."""
+    """Applies the deployment plan's entries to the running Serve instance, one model at a time."""
 
-    def __init__(self, num_cpus: float, num_gpus: int, access_log: bool = False) -> None:
-        self.resources = ClusterResources(num_cpus=num_cpus, num_gpus=num_gpus)
-        self.access_log = access_log
+    def __init__(self, settings: ServerSettings, resources: ClusterResources) -> None:
+        self.settings = settings
+        self.resources = resources
         self.plan: DeploymentPlan | None = None
         self.models: dict[str, ModelDescription] = {}
+        self.deployed: dict[str, DeploymentEntry] = {}
+
+    def _plan(self, models: Mapping[str, ModelDescription]) -> DeploymentPlan:
+        return plan_deployments(models, self.resources, self.settings.control_app_cpus)
 
     def prepare(self, models: dict[str, ModelDescription]) -> None:
-        self.plan = plan_deployments(models, self.resources)
+        self.plan = self._plan(models)
         self.models = dict(models)
 
-    def _entries(self, model: ModelDescription) -> tuple[DeploymentEntry, ...]:
-        if self.plan is not None:
-            problems = self.plan.problems.get(model.name)
-            if problems:
-                raise Unavailable("; ".join(problems))
-            entries = self.plan.for_model(model.name)
-            if entries and all(e.version in model.versions for e in entries):
-                return entries
-        plan = plan_deployments({model.name: model}, self.resources)
+    def entry(self, model: ModelDescription) -> DeploymentEntry:
+        """The model's entry of the plan; a model (re)loaded since with other versions is planned alone,
+        by the same function."""
+        planned = self.plan.entry(model.name) if self.plan is not None else None
+        if planned is not None and planned.versions == tuple(model.versions):
+            return planned
+        plan = self._plan({model.name: model})
         if plan.problems.get(model.name):
             raise Unavailable("; ".join(plan.problems[model.name]))
-        return plan.for_model(model.name)
+        return plan.entries[0]
 
     async def deploy(self, model: ModelDescription) -> None:
-        from ray.serve.api import _run
-
-        opts = deployment_options(self._entries(model))
-        init = opts.pop("init_kwargs", {})
+        entry = self.entry(model)
         self.models[model.name] = model
-        if model.is_ensemble:
-            init["composing"] = self._composing(model)
+        composing = self._composing(model) if model.is_ensemble else None
         # An access-log line per request costs a trivial model about a tenth of its throughput.
-        logging_config = {"enable_access_log": self.access_log}
-        app = ModelDeployment.options(name=MODEL_DEPLOYMENT, logging_config=logging_config, **opts).bind(
-            model, **init
-        )
-        name = model_app_name(model.name)
-        await asyncio.to_thread(_run, app, name=name, route_prefix=model_route(model.name), _blocking=False)
-        await self._wait_running(name)
-        handle = serve.get_deployment_handle(MODEL_DEPLOYMENT, app_name=name)
+        logging_config = {"enable_access_log": self.settings.access_log}
+        app = ModelDeployment.options(  # type: ignore[attr-defined]
+            logging_config=logging_config, **entry.serve_options()
+        ).bind(model, settings=self.settings, composing=composing, **entry.init_kwargs)
+        await asyncio.to_thread(hooks.run_application, app, entry.app_name, entry.route_prefix)
+        self.deployed[model.name] = entry
+        await self._wait_running(entry.app_name)
+        handle = serve.get_deployment_handle(entry.deployment_name, app_name=entry.app_name)
         status = await handle.load_status.remote()
         if status["error"]:
             raise Unavailable(status["error"])
@@ -121,7 +93,8 @@ class RayDeployer:
         return found
 
     async def _wait_running(self, name: str) -> None:
-        deadline = time.monotonic() + DEPLOY_TIMEOUT_S
+        timeout = self.settings.deploy_timeout_s
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             app = (await asyncio.to_thread(serve.status)).applications.get(name)
             status = str(getattr(app, "status", "")) if app else ""
@@ -130,106 +103,35 @@ class RayDeployer:
             if status.endswith("DEPLOY_FAILED") or status.endswith("UNHEALTHY"):
                 raise Unavailable(getattr(app, "message", "") or f"application {name} failed to deploy")
             await asyncio.sleep(0.5)
-        raise Unavailable(f"application {name} did not start within {DEPLOY_TIMEOUT_S:.0f}s")
+        raise Unavailable(f"application {name} did not start within {timeout:.0f}s")
 
     async def delete(self, name: str) -> None:
-        await asyncio.to_thread(serve.delete, model_app_name(name), _blocking=True)
+        entry = self.deployed.pop(name, None)
+        app_name = entry.app_name if entry is not None else model_app_name(name)
+        await asyncio.to_thread(hooks.delete_application, app_name)
 
 
-class ServerDataPlane:
-    """The server application's data plane: health, metadata, repository, cross-model stats.
-
-    Model routes reach this app only when the model has no application (unknown,
-    failed or unloaded); those requests get NotFound or Unavailable.
-    """
-
-    def __init__(
-        self, controller: ModelController, stats: dict[str, dict[str, list[dict[str, Any]]]]
-    ) -> None:
-        self.controller = controller
-        self._stats = stats
-
-    async def server_metadata(self) -> dict[str, Any]:
-        return server_metadata_document()
-
-    async def live(self) -> bool:
-        return True
-
-    async def ready(self) -> bool:
-        return self.controller.ready()
-
-    async def model_ready(self, name: str, version: str = "") -> bool:
-        self.controller.require(name)
-        return False
-
-    async def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
-        raise self.controller.unavailable(name)
-
-    async def model_config(self, name: str, version: str = "") -> dict[str, Any]:
-        entry = self.controller.require(name)
-        if entry.model is None:
-            raise self.controller.unavailable(name)
-        return dict(entry.model.config_json)
-
-    async def model_description(self, name: str, version: str = "") -> ModelDescription:
-        raise self.controller.unavailable(name)
-
-    async def infer(self, request: InferRequest) -> InferResponse:
-        raise self.controller.unavailable(request.model_name)
-
-    async def model_statistics(self, name: str | None = None, version: str = "") -> dict[str, Any]:
-        if name is not None:
-            raise self.controller.unavailable(name)
-        names = [n for n, e in sorted(self.controller.entries.items()) if e.state == ModelState.READY]
-        results = await asyncio.gather(*(self._model_stats(n) for n in names), return_exceptions=True)
-        out: list[dict[str, Any]] = []
-        for r in results:
-            if isinstance(r, list):
-                out.extend(r)
-        return {"model_stats": out}
-
-    async def _model_stats(self, name: str) -> list[dict[str, Any]]:
-        """The model's replicas (pushed when it has several, else asked) plus copies hosted by ensembles."""
-        pushed = self._stats.get(name, {})
-        own = [s for key, s in pushed.items() if not is_hosted_key(key)]
-        hosted = [s for key, s in pushed.items() if is_hosted_key(key)]
-        if not own:
-            handle = serve.get_deployment_handle(MODEL_DEPLOYMENT, app_name=model_app_name(name))
-            own = [await handle.stats_snapshot.remote()]
-        return merge_snapshots(own + hosted)
-
-    async def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
-        return self.controller.index(ready_only)
-
-    async def load_model(self, name: str, parameters: Mapping[str, Any]) -> None:
-        if self.controller.options.model_control_mode == "none":
-            raise Unavailable("explicit model load / unload is not allowed if polling is enabled")
-        if parameters.get("config") or any(k.startswith("file:") for k in parameters):
-            raise InvalidArgument("loading a model with an overriding config or files is not supported yet")
-        await self.controller.load(name)
-
-    async def unload_model(self, name: str, parameters: Mapping[str, Any]) -> None:
-        if self.controller.options.model_control_mode == "none":
-            raise Unavailable("explicit model load / unload is not allowed if polling is enabled")
-        await self.controller.unload(name)
-
-
-@serve.deployment(name="server", ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=1000)
+@serve.deployment(name=SERVER_DEPLOYMENT, ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=1000)
 @serve.ingress()
 class ServerDeployment:
-    def __init__(self, options: ControllerOptions) -> None:
+    def __init__(self, settings: ServerSettings) -> None:
         import ray
 
         from deployments.serve.response_writes import coalesce_response_writes
 
         coalesce_response_writes()
-        resources = ray.cluster_resources()
-        deployer = RayDeployer(
-            float(resources.get("CPU", 1)), int(resources.get("GPU", 0)), access_log=options.access_log
+        cluster = ray.cluster_resources()
+        resources = ClusterResources(
+            num_cpus=float(cluster.get("CPU", 1)), num_gpus=int(cluster.get("GPU", 0))
         )
-        self.controller = ModelController(options, deployer)
-        self._stats: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        self.deployer = RayDeployer(settings, resources)
+        self._stats: Snapshots = {}
+        self._executor = HandleExecutor()
+        self.controller = ModelController(settings, self.deployer, remote=self._remote)
         self._start = asyncio.get_running_loop().create_task(self._startup())
+
+    def _remote(self, model: ModelDescription) -> ServedModel:
+        return RemoteModel(model, self._executor, self._stats.setdefault(model.name, {}))
 
     async def _startup(self) -> None:
         try:
@@ -242,7 +144,7 @@ class ServerDeployment:
     def __serve_build_asgi_app__(self) -> Any:
         from deployments.protocol.http import ServerHTTPApp
 
-        return ServerHTTPApp(ServerDataPlane(self.controller, self._stats))
+        return ServerHTTPApp(ModelDataPlane(self.controller))
 
     def report_stats(self, model: str, replica: str, snapshot: list[dict[str, Any]]) -> None:
         self._stats.setdefault(model, {})[replica] = snapshot
@@ -260,45 +162,28 @@ class ServerDeployment:
     def index(self) -> list[dict[str, Any]]:
         return self.controller.index()
 
+    def deployed_plan(self) -> dict[str, dict[str, Any]]:
+        """The plan entry each deployed model's application was started from, by model."""
+        return {name: entry.to_dict() for name, entry in self.deployer.deployed.items()}
+
     def is_started(self) -> bool:
         return self._start.done()
-
-
-def resolve_repository(repo: str) -> str:
-    """A relative repository path is taken from the working directory, else from the project root."""
-    if "://" in repo or Path(repo).is_absolute():
-        return repo
-    here = Path.cwd() / repo
-    if here.exists():
-        return str(here.resolve())
-    return str((Path(__file__).resolve().parents[2] / repo).resolve())
 
 
 def build_app(args: dict[str, Any]) -> Any:
     """Application builder for ``serve run`` / ``serve deploy`` (``import_path: deployments.serve.app:build_app``).
 
-    args: ``model_repository`` (required), ``model_control_mode`` (none|explicit|poll),
-    ``load_model`` (list, explicit mode), ``model_config_name``,
-    ``disable_auto_complete_config`` (bool), ``strict_readiness`` (bool), ``access_log`` (bool: one
-    Serve access-log line per model request; off by default, as Triton logs no requests).
+    ``args`` are read once into :class:`~deployments.settings.ServerSettings` (see its
+    ``from_args`` for the names: ``model_repository`` (required), ``model_control_mode``,
+    ``load_model``, ``model_config_name``, ``disable_auto_complete_config``, ``strict_readiness``,
+    ``access_log``, ...).
     """
-    repo = args.get("model_repository")
-    if not repo:
-        raise ValueError("args.model_repository is required (the path of a Triton model repository)")
-    mode = str(args.get("model_control_mode", "none")).lower()
-    if mode not in ("none", "explicit", "poll"):
-        raise ValueError(f"args.model_control_mode must be none, explicit or poll, not '{mode}'")
-    load = args.get("load_model") or ()
-    options = ControllerOptions(
-        repository=resolve_repository(str(repo)),
-        model_control_mode=mode,
-        load_models=tuple([load] if isinstance(load, str) else load),
-        config_name=args.get("model_config_name"),
-        auto_complete=not bool(args.get("disable_auto_complete_config", False)),
-        strict_readiness=bool(args.get("strict_readiness", True)),
-        access_log=bool(args.get("access_log", False)),
-    )
-    return ServerDeployment.bind(options)
+    return bind_server(ServerSettings.from_args(args))
 
 
-__all__ = ["build_app", "ServerDeployment", "SERVER_APP"]
+def bind_server(settings: ServerSettings) -> Any:
+    """The server application for ``settings``."""
+    return ServerDeployment.bind(settings)  # type: ignore[attr-defined]
+
+
+__all__ = ["MODEL_DEPLOYMENT", "SERVER_APP", "RayDeployer", "ServerDeployment", "bind_server", "build_app"]

@@ -1,4 +1,8 @@
-"""``triton-serve serve <repository>``: serve a model repository on a local Ray Serve instance."""
+"""``triton-serve serve <repository>``: serve a model repository on a local Ray Serve instance.
+
+The flags are the server arguments of ``serve_config.yaml`` (``args:``) under their CLI spelling;
+both are read by :meth:`deployments.settings.ServerSettings.from_args`.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +10,17 @@ import argparse
 import signal
 import sys
 import threading
+from typing import Any
+
+from deployments.settings import CONTROL_MODES, ServerSettings, SettingsError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("serve", help="serve a model repository over the KServe v2 protocol")
-    p.add_argument("repository", help="path of the Triton model repository")
+    p.add_argument("repository", help="path or URL (s3://...) of the Triton model repository")
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--host", default="127.0.0.1", help="address HAProxy binds (0.0.0.0 for every interface)")
-    p.add_argument("--model-control-mode", choices=("none", "explicit", "poll"), default="none")
+    p.add_argument("--model-control-mode", choices=CONTROL_MODES, default="none")
     p.add_argument("--load-model", action="append", default=[], help="explicit mode: model to load at start")
     p.add_argument("--model-config-name", default=None)
     p.add_argument("--disable-auto-complete-config", action="store_true")
@@ -22,10 +29,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from deployments.serve import launch
-
-    app_args = {
+def server_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags as the server arguments ``serve_config.yaml`` names."""
+    return {
+        "model_repository": args.repository,
+        "http_host": args.host,
+        "http_port": args.http_port,
         "model_control_mode": args.model_control_mode,
         "load_model": args.load_model,
         "model_config_name": args.model_config_name,
@@ -33,15 +42,25 @@ def run(args: argparse.Namespace) -> int:
         "strict_readiness": not args.no_strict_readiness,
         "access_log": args.access_log,
     }
+
+
+def run(args: argparse.Namespace) -> int:
+    from deployments.serve import launch
+
+    try:
+        settings = ServerSettings.from_args(server_args(args))
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        launch.start(args.repository, http_port=args.http_port, host=args.host, app_args=app_args)
+        launch.start(settings)
         for row in launch.call_server("index"):
             reason = f" ({row['reason']})" if row.get("reason") else ""
             print(f"{row['name']:<24} {row.get('version', '-'):>4}  {row['state']}{reason}", flush=True)
-        print(f"ready: serving on http://{args.host}:{args.http_port}/v2", flush=True)
+        print(f"ready: serving on http://{settings.http_host}:{settings.http_port}/v2", flush=True)
         stop.wait()
         return 0
     finally:

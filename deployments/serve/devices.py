@@ -2,7 +2,7 @@
 
 Ray gives a replica that asks for ``num_gpus`` some GPU of its node and sets
 ``CUDA_VISIBLE_DEVICES`` to it; it cannot be asked for a particular one. The
-deployment plan aims replica ``r`` of a model at ``replica_gpu_ids[r]`` (from
+deployment plan aims replica ``r`` of a model at ``gpu_ids[r]`` (from
 ``instance_group { gpus: [...] }``), so before any framework starts, the
 replica narrows ``CUDA_VISIBLE_DEVICES`` to that GPU when its node has it, and
 keeps Ray's choice otherwise (a node with fewer GPUs than the ids name). Inside
@@ -21,11 +21,12 @@ logger = logging.getLogger(__name__)
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 
 
-def planned_gpu(replica_gpu_ids: Sequence[int], rank: int) -> int | None:
+def planned_gpu(replica_gpu_ids: Sequence[int | None], rank: int) -> int | None:
     """The GPU the plan aims replica ``rank`` at (None when the plan names none)."""
     if not replica_gpu_ids or rank < 0:
         return None
-    return int(replica_gpu_ids[rank % len(replica_gpu_ids)])
+    gpu = replica_gpu_ids[rank % len(replica_gpu_ids)]
+    return None if gpu is None else int(gpu)
 
 
 def visible_devices(planned: int | None, node_gpus: int, assigned: str | None) -> str | None:
@@ -54,7 +55,7 @@ def node_gpu_count() -> int:
     return 0
 
 
-def pin_replica_gpu(replica_gpu_ids: Sequence[int], context: Any) -> str | None:
+def pin_replica_gpu(replica_gpu_ids: Sequence[int | None], context: Any) -> str | None:
     """Narrow ``CUDA_VISIBLE_DEVICES`` to the planned GPU of this replica; returns the value in force."""
     assigned = os.environ.get(VISIBLE)
     planned = planned_gpu(replica_gpu_ids, replica_rank(context))

@@ -1,12 +1,16 @@
-"""Inference on another model's replicas through Serve deployment handles (BLS, ensembles)."""
+"""Other models' replicas through Serve deployment handles (BLS, ensembles, the server's registry)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from deployments.inference import InferRequest, InferResponse
-from deployments.serve.names import MODEL_DEPLOYMENT, model_app_name
-from repository_loader.errors import NotFound, ServerError, Unavailable
+from deployments.protocol.dataplane import model_metadata_document
+from deployments.runtime.stats import merge_snapshots
+from deployments.serve.names import MODEL_DEPLOYMENT, is_hosted_key, model_app_name
+from repository_loader.errors import InvalidArgument, NotFound, ServerError, Unavailable
+from repository_loader.model import ModelDescription
 
 
 class HandleExecutor:
@@ -15,7 +19,7 @@ class HandleExecutor:
     def __init__(self) -> None:
         self._handles: dict[str, Any] = {}
 
-    def _handle(self, model: str) -> Any:
+    def handle(self, model: str) -> Any:
         handle = self._handles.get(model)
         if handle is None:
             from ray import serve
@@ -28,9 +32,10 @@ class HandleExecutor:
         return handle
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        handle = self._handle(request.model_name)
+        handle = self.handle(request.model_name)
         try:
-            return await handle.infer_internal.remote(request)
+            response: InferResponse = await handle.infer_internal.remote(request)
+            return response
         except ServerError:
             raise
         except Exception as exc:
@@ -39,3 +44,58 @@ class HandleExecutor:
                 raise cause from None
             self._handles.pop(request.model_name, None)
             raise Unavailable(f"model '{request.model_name}' is unavailable: {exc}") from None
+
+
+class RemoteModel:
+    """A :class:`~deployments.protocol.dataplane.ServedModel` whose replicas run in their own application.
+
+    Metadata and configuration come from the description the server holds; inference goes
+    through a handle; statistics are those the replicas pushed (several replicas, copies
+    hosted by ensembles), else asked of one replica.
+    """
+
+    def __init__(
+        self,
+        description: ModelDescription,
+        executor: HandleExecutor,
+        pushed: Mapping[str, list[dict[str, Any]]],
+    ) -> None:
+        self.description = description
+        self._executor = executor
+        self._pushed = pushed
+
+    def _version(self, version: str) -> tuple[int, ...]:
+        if not version:
+            return tuple(self.description.versions)
+        name = self.description.name
+        try:
+            number = int(version)
+        except ValueError:
+            raise InvalidArgument(f"model '{name}': version '{version}' is not a number") from None
+        if number not in self.description.versions:
+            raise NotFound(f"Request for unknown model: '{name}' version {number} is not found")
+        return (number,)
+
+    def is_ready(self, version: str = "") -> bool:
+        try:
+            return bool(self._version(version))
+        except ServerError:
+            return False
+
+    def metadata(self, version: str = "") -> dict[str, Any]:
+        return model_metadata_document(self.description, self._version(version))
+
+    def config(self, version: str = "") -> dict[str, Any]:
+        self._version(version)
+        return dict(self.description.config_json)
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        return await self._executor.infer(request)
+
+    async def statistics(self, version: str = "") -> list[dict[str, Any]]:
+        served = {str(v) for v in self._version(version)}
+        own = [s for key, s in self._pushed.items() if not is_hosted_key(key)]
+        hosted = [s for key, s in self._pushed.items() if is_hosted_key(key)]
+        if not own:
+            own = [await self._executor.handle(self.description.name).stats_snapshot.remote()]
+        return [s for s in merge_snapshots(own + hosted) if s["version"] in served]

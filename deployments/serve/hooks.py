@@ -64,7 +64,10 @@ def serve_details() -> dict[str, Any]:
     """What the Serve controller reports as deployed: applications, their route and deployment options."""
     from ray.serve.context import _get_global_client
 
-    return dict(_get_global_client().get_serve_details())
+    client = _get_global_client()
+    if client is None:
+        raise RuntimeError("Serve is not running in this process's Ray instance")
+    return dict(client.get_serve_details())
 
 
 def deployed_options(app_name: str, deployment: str) -> dict[str, Any]:

@@ -14,6 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from deployments.serve import hooks
+from deployments.settings import ServerSettings
+
 # Ray Serve direct ingress behind HAProxy: each model replica answers HTTP itself.
 # HAProxy's metrics make it log every request to a Ray actor that parses the lines
 # (a fifth of a core on a trivial model at 2,000 requests/s); Serve's replica
@@ -30,7 +33,7 @@ REQUEST_PATH_ENV = {
     # A model's replica answers its own routes without Serve's per-request wrapper, and
     # inference runs to completion when a client disconnects, as in Triton
     # (deployments/serve/ingress.py).
-    "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "deployments.serve.ingress:middlewares",
+    hooks.PROXY_CALLBACK_ENV: "deployments.serve.ingress:middlewares",
 }
 
 
@@ -45,28 +48,20 @@ def configure_environment(direct_ingress: bool = True) -> None:
         os.environ["PYTHONPATH"] = project + (os.pathsep + path if path else "")
 
 
-def start(
-    model_repository: str | Path,
-    http_port: int = 8000,
-    host: str = "127.0.0.1",
-    app_args: dict[str, Any] | None = None,
-    ray_init: dict[str, Any] | None = None,
-    wait_s: float = 600.0,
-) -> None:
+def start(settings: ServerSettings, ray_init: dict[str, Any] | None = None) -> None:
     """Start Ray (if needed), Serve and the server application; wait until every model settled."""
     configure_environment()
     import ray
     from ray import serve
 
-    from deployments.serve.app import build_app
+    from deployments.serve.app import bind_server
     from deployments.serve.names import SERVER_APP, SERVER_ROUTE
 
     if not ray.is_initialized():
         ray.init(**(ray_init or {}))
-    serve.start(http_options={"host": host, "port": http_port})
-    args = {"model_repository": str(Path(model_repository).resolve()), **(app_args or {})}
-    serve.run(build_app(args), name=SERVER_APP, route_prefix=SERVER_ROUTE)
-    deadline = time.monotonic() + wait_s
+    serve.start(http_options={"host": settings.http_host, "port": settings.http_port})
+    serve.run(bind_server(settings), name=SERVER_APP, route_prefix=SERVER_ROUTE)
+    deadline = time.monotonic() + settings.deploy_timeout_s
     while not call_server("is_started"):
         if time.monotonic() > deadline:
             raise TimeoutError("the model repository did not finish loading")
@@ -93,10 +88,10 @@ def call_server(method: str, *args: Any, timeout_s: float = 60.0) -> Any:
     """Call a method of the server deployment from a plain (non-async) driver."""
     from ray import serve
 
-    from deployments.serve.names import SERVER_APP
+    from deployments.serve.names import SERVER_APP, SERVER_DEPLOYMENT
 
     async def call() -> Any:
-        handle = serve.get_deployment_handle("server", app_name=SERVER_APP)
+        handle = serve.get_deployment_handle(SERVER_DEPLOYMENT, app_name=SERVER_APP)
         return await getattr(handle, method).remote(*args)
 
     return asyncio.run_coroutine_threadsafe(call(), _driver_loop()).result(timeout_s)

@@ -11,36 +11,41 @@ from ray import serve
 
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.http import ModelHTTPApp
-from deployments.replica import ReplicaDataPlane
+from deployments.replica import replica_dataplane
 from deployments.runtime.model import ModelRuntime
 from deployments.serve import ingress
 from deployments.serve.devices import pin_replica_gpu
 from deployments.serve.handles import HandleExecutor
-from deployments.serve.names import SERVER_APP, hosted_key, model_route
+from deployments.serve.names import SERVER_APP, SERVER_DEPLOYMENT, hosted_key, model_route
 from deployments.serve.response_writes import coalesce_response_writes
+from deployments.settings import ServerSettings
 from repository_loader.errors import Unavailable
 from repository_loader.model import InstanceKind, ModelDescription
 
 logger = logging.getLogger("ray.serve")
 
-STATS_PUSH_INTERVAL_S = 1.0
-
 
 @serve.deployment(name="model")
 @serve.ingress()
 class ModelDeployment:
-    """Loads the model (every selected version, warmup included) before it reports ready."""
+    """Loads the model (every selected version, warmup included) before it reports ready.
 
-    async def __init__(
+    Built from the model's deployment plan entry (``DeploymentEntry.init_kwargs``): the instance
+    kind its replicas run as, how many there are, and the GPU each rank targets (None: no GPU).
+    """
+
+    async def __init__(  # type: ignore[misc]  # Serve awaits an async constructor
         self,
         model: ModelDescription,
+        settings: ServerSettings,
         instance_kind: str = "KIND_CPU",
         replicas: int = 1,
         composing: dict[str, ModelDescription] | None = None,
-        gpu_ids: list[int] | None = None,
+        gpu_ids: list[int | None] | None = None,
     ) -> None:
         coalesce_response_writes()
         self.model = model
+        self.settings = settings
         self._route = model_route(model.name)
         self.replicas = replicas
         kind = InstanceKind(instance_kind)
@@ -64,8 +69,8 @@ class ModelDeployment:
         self._server: Any = None
         pushes = replicas > 1 or bool(self.runtime.hosted_statistics())
         self._push_task = asyncio.get_running_loop().create_task(self._push_stats()) if pushes else None
-        self._app = ModelHTTPApp(ReplicaDataPlane(self.runtime, self._cluster_stats), model.name)
-        ingress.serve_directly(self._route, self._app)
+        self._app = ModelHTTPApp(replica_dataplane(self.runtime, self._cluster_stats), model.name)
+        ingress.serve_directly(self._route, self._app, enabled=settings.direct_routes)
 
     def __serve_build_asgi_app__(self) -> Any:
         return self._app
@@ -91,14 +96,14 @@ class ModelDeployment:
 
     def _server_handle(self) -> Any:
         if self._server is None:
-            self._server = serve.get_deployment_handle("server", app_name=SERVER_APP)
+            self._server = serve.get_deployment_handle(SERVER_DEPLOYMENT, app_name=SERVER_APP)
         return self._server
 
     async def _push_stats(self) -> None:
         """Every second: this replica's statistics (when the model has several replicas), and those of
         the models an ensemble hosts in this replica, which count toward those models' own."""
         while True:
-            await asyncio.sleep(STATS_PUSH_INTERVAL_S)
+            await asyncio.sleep(self.settings.stats_push_interval_s)
             try:
                 server = self._server_handle()
                 if self.replicas > 1:

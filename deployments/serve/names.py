@@ -1,28 +1,11 @@
-"""Names of the Serve applications this server deploys."""
+"""Names of the Serve applications this server deploys (the plan names a model's; see
+``repository_loader.plan``), and the keys of statistics pushed to the server."""
 
 from __future__ import annotations
 
-import hashlib
-import re
+from repository_loader.plan import MODEL_DEPLOYMENT, SERVER_APP, SERVER_ROUTE, model_app_name, model_route
 
-SERVER_APP = "triton"
-SERVER_ROUTE = "/v2"
-MODEL_DEPLOYMENT = "model"
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
-
-
-def model_app_name(model: str) -> str:
-    """The Serve application of ``model`` (safe for HAProxy backend names)."""
-    safe = _UNSAFE.sub("_", model)
-    if safe != model:
-        safe += "-" + hashlib.sha1(model.encode()).hexdigest()[:8]
-    return f"model-{safe}"
-
-
-def model_route(model: str) -> str:
-    return f"{SERVER_ROUTE}/models/{model}"
-
-
+SERVER_DEPLOYMENT = "server"
 HOSTED_MARK = "#hosted-by:"
 
 
@@ -33,3 +16,16 @@ def hosted_key(replica_id: str, ensemble: str) -> str:
 
 def is_hosted_key(key: str) -> bool:
     return HOSTED_MARK in key
+
+
+__all__ = [
+    "HOSTED_MARK",
+    "MODEL_DEPLOYMENT",
+    "SERVER_APP",
+    "SERVER_DEPLOYMENT",
+    "SERVER_ROUTE",
+    "hosted_key",
+    "is_hosted_key",
+    "model_app_name",
+    "model_route",
+]

@@ -137,16 +137,23 @@ def test_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server_url(test_repository: Path) -> str:
     """``host:port`` of the shared server (HAProxy in front of every model replica)."""
     from deployments.serve import launch
+    from deployments.settings import ServerSettings
 
     port = _free_port()
     # HAProxy's own stats and metrics listeners: off the defaults, so a running server does not collide
     os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(_free_port())
     os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(_free_port())
     shutil.rmtree(RAY_TMP, ignore_errors=True)
+    settings = ServerSettings.from_args(
+        {
+            "model_repository": str(test_repository),
+            "http_port": port,
+            "model_control_mode": "explicit",
+            "load_model": ["*"],
+        }
+    )
     launch.start(
-        test_repository,
-        http_port=port,
-        app_args={"model_control_mode": "explicit", "load_model": ["*"]},
+        settings,
         ray_init={
             "num_cpus": 2,
             "include_dashboard": False,

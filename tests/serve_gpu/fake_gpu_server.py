@@ -90,6 +90,7 @@ def main(workdir: str) -> int:
     import tritonclient.http as http
 
     from deployments.serve import launch
+    from deployments.settings import ServerSettings
 
     work = Path(workdir)
     repo = build(work / "repo")
@@ -110,8 +111,7 @@ def main(workdir: str) -> int:
     before = set(haproxy_dirs.glob("*")) if haproxy_dirs.exists() else set()
     try:
         launch.start(
-            repo,
-            http_port=port,
+            ServerSettings.from_args({"model_repository": str(repo), "http_port": port}),
             ray_init={
                 "num_cpus": 2,
                 "num_gpus": 2,

@@ -1,0 +1,121 @@
+"""Every private Ray Serve / uvicorn interface the server uses (``deployments.serve.hooks``), checked
+against the installed versions without starting Ray: an upgrade that moves one fails here, by name."""
+
+from __future__ import annotations
+
+import inspect
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from deployments.serve import hooks
+from deployments.serve.launch import REQUEST_PATH_ENV
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _check_proxy_callback_env() -> None:
+    from ray.serve._private import constants
+
+    assert hasattr(constants, hooks.PROXY_CALLBACK_ENV), "Serve no longer reads the proxy callback variable"
+    assert REQUEST_PATH_ENV[hooks.PROXY_CALLBACK_ENV] == "deployments.serve.ingress:middlewares"
+
+
+def _check_disconnect_disabled_header() -> None:
+    from ray.serve._private import constants, http_util
+
+    name, value = hooks.DISCONNECT_DISABLED
+    assert constants.SERVE_HTTP_REQUEST_DISCONNECT_DISABLED_HEADER == name.decode()
+    assert http_util.parse_disconnect_disabled_header({name: value}) is True
+
+
+def _check_request_path_env() -> None:
+    from ray.serve._private import constants
+
+    source = inspect.getsource(constants)
+    serve_names = [k for k in REQUEST_PATH_ENV if k.startswith("RAY_SERVE_")]
+    missing = [k for k in serve_names if f'"{k}"' not in source]
+    assert not missing, f"Serve no longer reads {missing}"
+
+
+def _check_late_bound_asgi_app() -> None:
+    from ray.serve._private import replica
+
+    assert replica.SERVE_BUILD_ASGI_APP_METHOD == hooks.BUILD_ASGI_APP
+    from deployments.serve.app import ServerDeployment
+    from deployments.serve.model_app import ModelDeployment
+
+    for deployment in (ServerDeployment, ModelDeployment):
+        assert hasattr(deployment.func_or_class, hooks.BUILD_ASGI_APP)
+
+
+def _check_run_nonblocking() -> None:
+    from ray.serve.api import _run
+
+    params = inspect.signature(_run).parameters
+    assert {"_blocking", "name", "route_prefix"} <= set(params)
+    assert "_blocking" in inspect.getsource(hooks.run_application)
+
+
+def _check_delete_blocking() -> None:
+    from ray import serve
+
+    assert "_blocking" in inspect.signature(serve.delete).parameters
+
+
+def _check_serve_details() -> None:
+    from ray.serve._private.client import ServeControllerClient
+    from ray.serve.context import _get_global_client
+
+    assert callable(_get_global_client)
+    assert callable(ServeControllerClient.get_serve_details)
+
+
+def _check_uvicorn_cycle_send() -> None:
+    cycle = hooks.uvicorn_cycle()
+    assert cycle is not None, "uvicorn.protocols.http.httptools_impl.RequestResponseCycle is gone"
+    params = list(inspect.signature(cycle.send).parameters)
+    assert params[:2] == ["self", "message"]
+    init = inspect.getsource(cycle.__init__)
+    assert "self.transport" in init and "self.response_started" in init
+
+
+CHECKS = {
+    "proxy_callback_env": _check_proxy_callback_env,
+    "disconnect_disabled_header": _check_disconnect_disabled_header,
+    "request_path_env": _check_request_path_env,
+    "late_bound_asgi_app": _check_late_bound_asgi_app,
+    "run_nonblocking": _check_run_nonblocking,
+    "delete_blocking": _check_delete_blocking,
+    "serve_details": _check_serve_details,
+    "uvicorn_cycle_send": _check_uvicorn_cycle_send,
+}
+
+
+def test_every_hook_has_a_check() -> None:
+    assert set(CHECKS) == set(hooks.HOOKS)
+
+
+@pytest.mark.parametrize("hook", hooks.HOOKS)
+def test_hook_is_where_the_server_expects_it(hook: str) -> None:
+    CHECKS[hook]()
+
+
+def test_pinned_versions_are_installed() -> None:
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    pins = dict(d.split("==") for d in deps if "==" in d)
+    assert pins["ray[serve]"] == metadata.version("ray")
+    assert pins["uvicorn"] == metadata.version("uvicorn")
+
+
+def test_no_private_serve_or_uvicorn_import_outside_the_hooks_module() -> None:
+    for path in (ROOT / "deployments").rglob("*.py"):
+        if path.name == "hooks.py":
+            continue
+        text = path.read_text()
+        for needle in ("serve.api import _run", "_blocking=", "httptools_impl", "x-request-disconnect"):
+            assert needle not in text, f"{path.relative_to(ROOT)} uses a private hook ({needle})"
+        if "_private" in text and "ray" in text:
+            raise AssertionError(f"{path.relative_to(ROOT)} imports Ray's _private package")
