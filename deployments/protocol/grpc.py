@@ -1,0 +1,368 @@
+"""The KServe v2 gRPC front end (``inference.GRPCInferenceService``) over a :class:`DataPlane`.
+
+:class:`GRPCInferenceServicer` answers every RPC of the service with one
+coroutine each (one method per RPC, named as the RPC); :func:`build_grpc_server`
+puts it on a ``grpc.aio`` server with the options of :class:`GrpcOptions`.
+The RPC table is read from the compiled service descriptor, so the server
+answers exactly the service of ``proto/grpc_service.proto``.
+
+Errors are the gRPC status of the :class:`~repository_loader.errors.ServerError`
+raised (``ServerError.grpc_status``, the one table); anything else is INTERNAL.
+On ``ModelStreamInfer`` an error ends only the request it belongs to: it comes
+back as the ``error_message`` of one stream response and the stream stays open.
+
+Usage, in the process and event loop that will serve::
+
+    server, port = build_grpc_server(dataplane, GrpcOptions(port=8001))
+    await server.start()
+    ...
+    await server.stop(grace=5)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import grpc
+
+from deployments.inference import InferRequest, InferResponse
+from deployments.protocol import grpc_codec
+from deployments.protocol.dataplane import DataPlane
+from deployments.protocol.proto import grpc_service_pb2 as pb
+from deployments.runtime.checks import ModelSchema
+from repository_loader.config import config_from_json
+from repository_loader.errors import InvalidArgument, ServerError, Unsupported
+from repository_loader.model import ModelDescription
+
+logger = logging.getLogger(__name__)
+
+SERVICE = "inference.GRPCInferenceService"
+_SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+_ENABLE_EMPTY_FINAL = "triton_enable_empty_final_response"
+_FINAL = "triton_final_response"
+_COMPRESSION = {
+    None: grpc.Compression.NoCompression,
+    "": grpc.Compression.NoCompression,
+    "none": grpc.Compression.NoCompression,
+    "gzip": grpc.Compression.Gzip,
+    "deflate": grpc.Compression.Deflate,
+}
+
+
+@runtime_checkable
+class StreamingDataPlane(DataPlane, Protocol):
+    """A data plane that can also run decoupled models (0..N responses per request)."""
+
+    def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """Run one inference of a decoupled model: its responses in order, the last with ``final`` set."""
+        ...
+
+
+@dataclass(frozen=True)
+class GrpcOptions:
+    """How the gRPC server listens and what it accepts.
+
+    ``port`` 0 picks a free port (returned by :func:`build_grpc_server`).
+    ``compression`` ("gzip", "deflate" or None) compresses responses; compressed
+    requests are always accepted. A message over a size limit is refused with
+    RESOURCE_EXHAUSTED.
+    """
+
+    host: str = "0.0.0.0"
+    port: int = 8001
+    max_receive_message_bytes: int = 64 * 1024 * 1024
+    max_send_message_bytes: int = 64 * 1024 * 1024
+    compression: str | None = None
+    max_concurrent_rpcs: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.compression not in _COMPRESSION:
+            raise ValueError(
+                f"grpc compression must be one of gzip, deflate or none, not {self.compression!r}"
+            )
+        if self.max_receive_message_bytes <= 0 or self.max_send_message_bytes <= 0:
+            raise ValueError("grpc message size limits must be positive")
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def build_grpc_server(
+    dataplane: DataPlane, options: GrpcOptions | None = None
+) -> tuple[grpc.aio.Server, int]:
+    """A ``grpc.aio`` server answering ``inference.GRPCInferenceService`` over ``dataplane``.
+
+    The server is bound (to ``options.address``) but not started; returns it
+    and the port bound. Call from the event loop that will run it.
+    """
+    options = options or GrpcOptions()
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", options.max_receive_message_bytes),
+            ("grpc.max_send_message_length", options.max_send_message_bytes),
+        ],
+        compression=_COMPRESSION[options.compression],
+        maximum_concurrent_rpcs=options.max_concurrent_rpcs,
+    )
+    server.add_generic_rpc_handlers((GRPCInferenceServicer(dataplane, options).handler(),))
+    port = server.add_insecure_port(options.address)
+    if port == 0:
+        raise OSError(f"cannot bind the gRPC server to {options.address}")
+    return server, port
+
+
+class GRPCInferenceServicer:
+    """Every RPC of ``inference.GRPCInferenceService``, each a coroutine over the data plane."""
+
+    def __init__(self, dataplane: DataPlane, options: GrpcOptions | None = None) -> None:
+        self.dataplane = dataplane
+        self.options = options or GrpcOptions()
+        self._streaming = isinstance(dataplane, StreamingDataPlane)
+        self._schemas: dict[tuple[str, str], tuple[ModelDescription, ModelSchema]] = {}
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        """The generic handler that routes each method of the service to its coroutine."""
+        handlers: dict[str, grpc.RpcMethodHandler] = {}
+        for method in _SERVICE.methods:
+            request_type = getattr(pb, method.input_type.name)
+            response_type = getattr(pb, method.output_type.name)
+            if method.client_streaming:
+                handlers[method.name] = grpc.stream_stream_rpc_method_handler(
+                    getattr(self, method.name),
+                    request_deserializer=request_type.FromString,
+                    response_serializer=response_type.SerializeToString,
+                )
+            else:
+                handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+                    _guarded(getattr(self, method.name)),
+                    request_deserializer=request_type.FromString,
+                    response_serializer=response_type.SerializeToString,
+                )
+        return grpc.method_handlers_generic_handler(SERVICE, handlers)
+
+    # --- health and metadata -------------------------------------------------
+
+    async def ServerLive(self, request: Any) -> Any:
+        return pb.ServerLiveResponse(live=await self.dataplane.live())
+
+    async def ServerReady(self, request: Any) -> Any:
+        return pb.ServerReadyResponse(ready=await self.dataplane.ready())
+
+    async def ModelReady(self, request: Any) -> Any:
+        return pb.ModelReadyResponse(ready=await self.dataplane.model_ready(request.name, request.version))
+
+    async def ServerMetadata(self, request: Any) -> Any:
+        doc = await self.dataplane.server_metadata()
+        return pb.ServerMetadataResponse(
+            name=doc["name"], version=doc["version"], extensions=doc.get("extensions", [])
+        )
+
+    async def ModelMetadata(self, request: Any) -> Any:
+        doc = await self.dataplane.model_metadata(request.name, request.version)
+        return grpc_codec.model_metadata_message(doc)
+
+    # --- inference -----------------------------------------------------------
+
+    async def ModelInfer(self, request: Any) -> Any:
+        description, schema = await self._schema(request.model_name, request.model_version)
+        if description.decoupled:
+            raise Unsupported(
+                f"model '{request.model_name}' is decoupled: the ModelInfer RPC cannot answer it, "
+                "use ModelStreamInfer"
+            )
+        infer_request = grpc_codec.decode_infer_request(request)
+        response = await self.dataplane.infer(infer_request)
+        if response.error is not None:
+            raise response.error
+        return self._encode(response, infer_request, description, schema)
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+        """Answer each request of the stream as it completes; a decoupled model may answer 0..N times."""
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        reader = asyncio.create_task(self._read_stream(requests, queue))
+        try:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    break
+                yield item
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+        if reader.done() and not reader.cancelled() and reader.exception() is not None:
+            raise reader.exception()  # type: ignore[misc]
+
+    async def _read_stream(self, requests: AsyncIterator[Any], queue: asyncio.Queue[Any]) -> None:
+        """Start one task per request read; when the client half-closes, wait for them, then end."""
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            async for message in requests:
+                task = asyncio.create_task(self._stream_one(message, queue.put_nowait))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()  # the client went away: the model's work is cancelled too
+            queue.put_nowait(None)
+
+    async def _stream_one(self, message: Any, put: Callable[[Any], None]) -> None:
+        try:
+            description, schema = await self._schema(message.model_name, message.model_version)
+            request = grpc_codec.decode_infer_request(message)
+            if not description.decoupled:
+                response = await self.dataplane.infer(request)
+                if response.error is not None:
+                    raise response.error
+                put(
+                    pb.ModelStreamInferResponse(
+                        infer_response=self._encode(response, request, description, schema)
+                    )
+                )
+                return
+            empty_final = request.parameters.get(_ENABLE_EMPTY_FINAL) is True
+            async for response in self._infer_stream(request):
+                if response.error is not None:
+                    raise response.error
+                if response.final and not response.outputs and not empty_final:
+                    continue
+                response.parameters[_FINAL] = response.final
+                put(
+                    pb.ModelStreamInferResponse(
+                        infer_response=self._encode(response, request, description, schema)
+                    )
+                )
+        except ServerError as e:
+            put(_stream_error(message, e.message))
+        except Exception as e:
+            logger.exception("internal error answering a stream request for model '%s'", message.model_name)
+            put(_stream_error(message, f"internal error: {type(e).__name__}: {e}"))
+
+    def _infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        if not self._streaming:
+            raise Unsupported(
+                f"this server cannot stream the responses of decoupled model '{request.model_name}'"
+            )
+        return self.dataplane.infer_stream(request)  # type: ignore[attr-defined]
+
+    def _encode(
+        self,
+        response: InferResponse,
+        request: InferRequest,
+        description: ModelDescription,
+        schema: ModelSchema,
+    ) -> Any:
+        response.model_name = response.model_name or request.model_name
+        response.model_version = (
+            response.model_version or request.model_version or str(description.latest_version)
+        )
+        response.id = response.id or request.id
+        return grpc_codec.encode_infer_response(response, request.requested_outputs, schema)
+
+    async def _schema(self, name: str, version: str) -> tuple[ModelDescription, ModelSchema]:
+        description = await self.dataplane.model_description(name, version)
+        cached = self._schemas.get((name, version))
+        if cached is not None and cached[0] is description:
+            return cached
+        entry = (description, ModelSchema.from_description(description))
+        self._schemas[(name, version)] = entry
+        return entry
+
+    # --- configuration, statistics, repository ------------------------------------
+
+    async def ModelConfig(self, request: Any) -> Any:
+        document = await self.dataplane.model_config(request.name, request.version)
+        config = config_from_json(document, f"configuration of model '{request.name}'")
+        return pb.ModelConfigResponse(config=config.SerializeToString())
+
+    async def ModelStatistics(self, request: Any) -> Any:
+        name = request.name or None
+        document = await self.dataplane.model_statistics(name, request.version)
+        return grpc_codec.statistics_message(document)
+
+    async def RepositoryIndex(self, request: Any) -> Any:
+        _check_repository(request.repository_name)
+        return grpc_codec.repository_index_message(await self.dataplane.repository_index(request.ready))
+
+    async def RepositoryModelLoad(self, request: Any) -> Any:
+        _check_repository(request.repository_name)
+        params = grpc_codec.repository_parameters(request.parameters)
+        await self.dataplane.load_model(request.model_name, params)
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request: Any) -> Any:
+        _check_repository(request.repository_name)
+        params = grpc_codec.repository_parameters(request.parameters)
+        await self.dataplane.unload_model(request.model_name, params)
+        return pb.RepositoryModelUnloadResponse()
+
+    # --- not served: shared memory, tracing, logging -------------------------------
+
+    async def SystemSharedMemoryStatus(self, request: Any) -> Any:
+        raise _not_served("system shared memory")
+
+    async def SystemSharedMemoryRegister(self, request: Any) -> Any:
+        raise _not_served("system shared memory")
+
+    async def SystemSharedMemoryUnregister(self, request: Any) -> Any:
+        raise _not_served("system shared memory")
+
+    async def CudaSharedMemoryStatus(self, request: Any) -> Any:
+        raise _not_served("CUDA shared memory")
+
+    async def CudaSharedMemoryRegister(self, request: Any) -> Any:
+        raise _not_served("CUDA shared memory")
+
+    async def CudaSharedMemoryUnregister(self, request: Any) -> Any:
+        raise _not_served("CUDA shared memory")
+
+    async def TraceSetting(self, request: Any) -> Any:
+        raise _not_served("trace settings")
+
+    async def LogSettings(self, request: Any) -> Any:
+        raise _not_served("log settings")
+
+
+def _guarded(method: Callable[[Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:
+    """A unary handler that turns a raised error into the gRPC status of the one table."""
+
+    async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await method(request)
+        except ServerError as e:
+            await context.abort(grpc.StatusCode[e.grpc_status], e.message)
+        except Exception as e:
+            logger.exception("internal error answering %s", method.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}")
+
+    handle.__name__ = method.__name__
+    return handle
+
+
+def _stream_error(message: Any, text: str) -> Any:
+    """A stream response carrying the error of one request, named by its id, model and version."""
+    return pb.ModelStreamInferResponse(
+        error_message=text,
+        infer_response=pb.ModelInferResponse(
+            model_name=message.model_name, model_version=message.model_version, id=message.id
+        ),
+    )
+
+
+def _check_repository(name: str) -> None:
+    if name:
+        raise InvalidArgument(
+            f"this server serves one model repository; repository_name '{name}' is not known"
+        )
+
+
+def _not_served(what: str) -> Unsupported:
+    return Unsupported(f"{what} is not supported by this server")
