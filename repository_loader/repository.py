@@ -80,28 +80,43 @@ class RepositoryState:
 
 
 def load_repository(
-    path: str | Path, *, config_name: str | None = None, auto_complete: bool = True
+    path: str | Path,
+    *,
+    config_name: str | None = None,
+    auto_complete: bool = True,
+    cache_dir: str | Path | None = None,
 ) -> RepositoryState:
-    """Load every model of the repository at ``path`` (local, ``s3://`` or ``gs://``).
+    """Load every model of the repository at ``path``: a folder or a URL as Triton writes it
+    (``s3://bucket/path``, ``s3://host:port/bucket/path``, ``gs://bucket/path``,
+    ``as://account/container/path``; see :mod:`repository_loader.storage`).
 
-    Raises :class:`NotFound` when the repository itself is missing; problems of a
-    model land in ``RepositoryState.failed``.
+    A remote model's selected versions are copied under ``cache_dir`` (default: the storage
+    layer's), so every description's ``path`` is local. Raises :class:`NotFound` when the
+    repository itself is missing; problems of a model land in ``RepositoryState.failed``.
     """
-    loader = _Loader(*open_storage(path), config_name=config_name, auto_complete=auto_complete)
+    loader = _Loader(*open_storage(path, cache_dir), config_name=config_name, auto_complete=auto_complete)
     for name in loader.model_names():
         loader.load(name)
     return loader.state
 
 
 def load_model(
-    repository: str | Path, name: str, *, config_name: str | None = None, auto_complete: bool = True
+    repository: str | Path,
+    name: str,
+    *,
+    config_name: str | None = None,
+    auto_complete: bool = True,
+    cache_dir: str | Path | None = None,
 ) -> ModelDescription:
-    """Load one model (and, for an ensemble, the models its steps name).
+    """Load one model (and, for an ensemble, the models its steps name) of a repository
+    given as :func:`load_repository` takes it.
 
     Raises :class:`NotFound` for an unknown model and :class:`ModelLoadError`
     listing every problem of a broken one.
     """
-    loader = _Loader(*open_storage(repository), config_name=config_name, auto_complete=auto_complete)
+    loader = _Loader(
+        *open_storage(repository, cache_dir), config_name=config_name, auto_complete=auto_complete
+    )
     if name not in loader.model_names():
         raise NotFound(f"model '{name}' is not in the repository '{repository}'")
     loader.load(name)
@@ -203,7 +218,8 @@ class _Loader:
         config.name = name
         available = list_versions(self.storage, model_dir, name, self._warn)
         versions = select_versions(config.version_policy, available, findings)
-        local_dir = self.storage.localize(model_dir)
+        unselected = {str(v) for v in available if v not in versions}
+        local_dir = self.storage.localize(model_dir, exclude=unselected)
         normalize_platform(config)
         if self.auto_complete:
             latest = local_dir / str(versions[-1]) if versions else None
