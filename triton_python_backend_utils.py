@@ -1,23 +1,32 @@
 """``triton_python_backend_utils``: the module a Triton Python model imports as ``pb_utils``.
 
 It offers the public API of Triton's Python backend (tensors, requests,
-responses, response senders, errors, type helpers, logging, BLS) so that a
-repository's ``model.py`` runs unchanged.
+responses, response senders, errors, type helpers, logging, custom metrics,
+BLS and BLS model control) so that a repository's ``model.py`` runs unchanged.
 """
 
 from deployments.backends.python_requests import (
     InferenceRequest,
     InferenceResponse,
     InferenceResponseSender,
+    is_model_ready,
+    load_model,
+    unload_model,
 )
 from deployments.backends.python_utils import (
     TRITON_STRING_TO_NUMPY,
+    TRITONSERVER_MEMORY_CPU,
+    TRITONSERVER_MEMORY_CPU_PINNED,
+    TRITONSERVER_MEMORY_GPU,
     TRITONSERVER_REQUEST_FLAG_SEQUENCE_END,
     TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
     TRITONSERVER_REQUEST_RELEASE_ALL,
     TRITONSERVER_REQUEST_RELEASE_RESCHEDULE,
     TRITONSERVER_RESPONSE_COMPLETE_FINAL,
     Logger,
+    Metric,
+    MetricFamily,
+    PreferredMemory,
     Tensor,
     TritonError,
     TritonModelException,
@@ -35,6 +44,9 @@ from deployments.backends.python_utils import (
 
 __all__ = [
     "TRITON_STRING_TO_NUMPY",
+    "TRITONSERVER_MEMORY_CPU",
+    "TRITONSERVER_MEMORY_CPU_PINNED",
+    "TRITONSERVER_MEMORY_GPU",
     "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END",
     "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
     "TRITONSERVER_REQUEST_RELEASE_ALL",
@@ -44,7 +56,10 @@ __all__ = [
     "InferenceResponse",
     "InferenceResponseSender",
     "Logger",
+    "Metric",
+    "MetricFamily",
     "ModelConfig",  # noqa: F822 - provided by __getattr__
+    "PreferredMemory",
     "Tensor",
     "TritonError",
     "TritonModelException",
@@ -53,10 +68,13 @@ __all__ = [
     "get_input_tensor_by_name",
     "get_output_config_by_name",
     "get_output_tensor_by_name",
+    "is_model_ready",
+    "load_model",
     "numpy_to_triton_type",
     "serialize_byte_tensor",
     "triton_string_to_numpy",
     "triton_to_numpy_type",
+    "unload_model",
     "using_decoupled_model_transaction_policy",
 ]
 

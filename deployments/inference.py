@@ -8,6 +8,7 @@ device (torch, CuPy), never copied on the way through.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -69,3 +70,29 @@ class ModelExecutor(Protocol):
     """Runs an inference on another model (BLS, ensembles). Provided by the serving layer."""
 
     async def infer(self, request: InferRequest) -> InferResponse: ...
+
+
+class StreamingExecutor(ModelExecutor, Protocol):
+    """Optional capability of a :class:`ModelExecutor`: every response of a decoupled model.
+
+    ``stream`` yields the responses of ``request`` in order, the last with
+    ``final`` set (BLS ``exec(decoupled=True)``). Without it, BLS gets the one
+    response ``infer`` gives.
+    """
+
+    def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]: ...
+
+
+class ModelControlExecutor(Protocol):
+    """Optional capability of a :class:`ModelExecutor`: BLS model control (``pb_utils.load_model`` ...).
+
+    The server applies its model control mode; a refused call raises a ``ServerError``.
+    ``config`` is a JSON override of the model configuration ("" for none) and
+    ``files`` maps ``"file:<path>"`` to the content of an override model directory.
+    """
+
+    async def load_model(self, name: str, config: str, files: Mapping[str, bytes]) -> None: ...
+
+    async def unload_model(self, name: str, unload_dependents: bool) -> None: ...
+
+    async def is_model_ready(self, name: str, version: str) -> bool: ...

@@ -196,7 +196,7 @@ class PythonBackend(Backend):
     def __init__(self, context: BackendContext) -> None:
         super().__init__(context)
         self._output_names = [o.name for o in self.model.outputs]
-        self._bridge = BlsBridge(context.executor)
+        self._bridge = BlsBridge(context.executor, model_name=self.model.name)
         self._pool: ThreadPoolExecutor | None = None
         self._instance: Any = None
 
@@ -289,7 +289,7 @@ class PythonBackend(Backend):
             InferenceRequest.from_server(r, self._output_names, c)
             for r, c in zip(batch, channels, strict=True)
         ]
-        returned, error = await self._invoke(pb_requests)
+        returned, error = await self._invoke_rescheduled(pb_requests)
         if error is not None:
             return [[self._server_response(r, error=error)] for r in batch]
         if returned is not None and not self.model.decoupled:
@@ -328,11 +328,32 @@ class PythonBackend(Backend):
             await task
 
     async def _run_decoupled(self, pb_request: InferenceRequest, channel: ResponseChannel) -> None:
-        returned, error = await self._invoke([pb_request])
+        returned, error = await self._invoke_rescheduled([pb_request])
         if error is not None:
             channel.fail(error)
         elif returned is not None:
             channel.fail(InternalError(f"decoupled model '{self.model.name}': execute must return None"))
+
+    async def _invoke_rescheduled(
+        self, pb_requests: list[InferenceRequest]
+    ) -> tuple[Any, ServerError | None]:
+        """``_invoke``, then again for the requests released with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``.
+
+        A rescheduled request runs again, alone with the others rescheduled in the
+        same call, until the model releases it with ALL (or, decoupled, sends FINAL).
+        Non-decoupled models answer a rescheduled request with ``None`` until then.
+        """
+        returned, error = await self._invoke(pb_requests)
+        pending = [i for i, r in enumerate(pb_requests) if r.take_reschedule()]
+        if isinstance(returned, tuple):
+            returned = list(returned)
+        while pending and error is None:
+            again, error = await self._invoke([pb_requests[i] for i in pending])
+            if isinstance(returned, list) and isinstance(again, (list, tuple)) and len(again) == len(pending):
+                for index, response in zip(pending, again, strict=True):
+                    returned[index] = response
+            pending = [i for i in pending if pb_requests[i].take_reschedule()]
+        return returned, error
 
     async def _invoke(self, pb_requests: list[InferenceRequest]) -> tuple[Any, ServerError | None]:
         """Call the model's ``execute``; return what it returned, or the error it raised."""

@@ -15,16 +15,23 @@ and async models alike.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import json
-from collections.abc import AsyncIterator
+import queue
+import threading
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from deployments.backends.python_utils import (
     TRITONSERVER_REQUEST_FLAG_SEQUENCE_END,
     TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
+    TRITONSERVER_REQUEST_RELEASE_ALL,
+    TRITONSERVER_REQUEST_RELEASE_RESCHEDULE,
     TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+    PreferredMemory,
     Tensor,
     TritonError,
     TritonModelException,
@@ -32,8 +39,13 @@ from deployments.backends.python_utils import (
     to_server_error,
 )
 from deployments.inference import InferRequest, InferResponse, ModelExecutor, RequestedOutput
+from repository_loader.errors import ServerError, Unavailable
+
+T = TypeVar("T")
 
 # --- BLS ---------------------------------------------------------------------
+
+_TIMEOUT_MESSAGE = "Request timeout expired"
 
 
 @dataclass
@@ -43,15 +55,23 @@ class BlsBridge:
     executor: ModelExecutor | None
     loop: asyncio.AbstractEventLoop | None = None
     inline: bool = False  # execute() is running on the loop thread itself
+    model_name: str = ""  # the model whose code runs in this context (for its log lines)
 
     def _executor(self) -> ModelExecutor:
         if self.executor is None:
             raise TritonModelException("BLS is unavailable: this server gave the model no executor")
         return self.executor
 
-    def infer_sync(self, request: InferRequest) -> InferResponse:
-        """Run ``request`` from synchronous model code (a worker or the model's own thread)."""
-        executor = self._executor()
+    def run_sync(self, work: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """Run the coroutine ``work()`` makes from synchronous model code and wait for its result.
+
+        From a worker thread (or a thread the model starts) it runs on the replica's loop;
+        with no loop at all (``initialize`` called outside one) on a loop of its own.
+        """
+        return self._submit(work).result() if self._loop_elsewhere() else asyncio.run(work())
+
+    def _loop_elsewhere(self) -> bool:
+        """Whether the replica's loop runs in another thread (and this thread may block on it)."""
         running = _running_loop()
         if running is not None and running is self.loop:
             if self.inline:
@@ -60,18 +80,152 @@ class BlsBridge:
                 "exec() cannot block the server's event loop: use 'await request.async_exec()' in an async execute"
             )
         if self.loop is not None and self.loop.is_running():
-            return asyncio.run_coroutine_threadsafe(executor.infer(request), self.loop).result()
+            return True
         if running is not None:
             raise TritonModelException("exec() cannot block a running event loop: use async_exec()")
-        return asyncio.run(executor.infer(request))
+        return False
+
+    def _submit(self, work: Callable[[], Coroutine[Any, Any, T]]) -> concurrent.futures.Future[T]:
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(work(), self.loop)
+
+    async def run_async(self, work: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """Run the coroutine ``work()`` makes from async model code, on the replica's loop."""
+        if self.loop is None or not self.loop.is_running() or _running_loop() is self.loop:
+            return await work()
+        return await asyncio.wrap_future(self._submit(work))
+
+    def infer_sync(self, request: InferRequest) -> InferResponse:
+        """Run ``request`` from synchronous model code (a worker or the model's own thread)."""
+        executor = self._executor()
+        return self.run_sync(lambda: _infer(executor, request))
 
     async def infer_async(self, request: InferRequest) -> InferResponse:
         """Run ``request`` from async model code, on whichever loop the model awaits from."""
         executor = self._executor()
-        if self.loop is None or not self.loop.is_running() or _running_loop() is self.loop:
-            return await executor.infer(request)
-        future = asyncio.run_coroutine_threadsafe(executor.infer(request), self.loop)
-        return await asyncio.wrap_future(future)
+        return await self.run_async(lambda: _infer(executor, request))
+
+    def stream_sync(self, request: InferRequest, memory: PreferredMemory | None = None) -> ResponseIterator:
+        """Start ``request`` on a decoupled model; its responses arrive through the iterator."""
+        executor = self._executor()
+        iterator = ResponseIterator(memory)
+        if self._loop_elsewhere():
+            iterator.future = self._submit(lambda: iterator.pump(_stream(executor, request)))
+        else:
+            asyncio.run(iterator.pump(_stream(executor, request)))
+        return iterator
+
+    async def stream_async(self, request: InferRequest) -> list[InferResponse]:
+        """Every response of ``request`` on a decoupled model, once the last has arrived."""
+        executor = self._executor()
+
+        async def collect() -> list[InferResponse]:
+            return [response async for response in _stream(executor, request)]
+
+        return await self.run_async(collect)
+
+    def control(self, method: str, *args: Any) -> Any:
+        """Call the executor's model control ``method`` (``load_model``, ``unload_model``, ``is_model_ready``)."""
+        executor = self._executor()
+        call = getattr(executor, method, None)
+        if call is None:
+            raise TritonModelException(
+                f"{method} is not supported: this server gives models no model control"
+            )
+
+        async def run() -> Any:
+            try:
+                return await call(*args)
+            except ServerError as error:
+                raise TritonModelException(error.message) from None
+
+        return self.run_sync(run)
+
+
+async def _infer(executor: ModelExecutor, request: InferRequest) -> InferResponse:
+    """One response for ``request``: the executor's errors and an expired timeout become error responses."""
+    try:
+        if request.timeout_us > 0:
+            return await asyncio.wait_for(executor.infer(request), request.timeout_us / 1e6)
+        return await executor.infer(request)
+    except TimeoutError:
+        return InferResponse(error=Unavailable(_TIMEOUT_MESSAGE), model_name=request.model_name)
+    except ServerError as error:
+        return InferResponse(error=error, model_name=request.model_name)
+
+
+async def _stream(executor: ModelExecutor, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
+    """Every response of ``request`` in order, the last one final (an error ends the stream)."""
+    stream = getattr(executor, "stream", None)
+    if stream is None:  # an executor without streaming: the one response it gives
+        response = await _infer(executor, request)
+        response.final = True
+        yield response
+        return
+    deadline = time.monotonic() + request.timeout_us / 1e6 if request.timeout_us > 0 else None
+    responses = stream(request)
+    try:
+        while True:
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            try:
+                response = await asyncio.wait_for(anext(responses), remaining)
+            except StopAsyncIteration:
+                return
+            yield response
+            if response.final:
+                return
+    except TimeoutError:
+        yield InferResponse(error=Unavailable(_TIMEOUT_MESSAGE), model_name=request.model_name)
+    except ServerError as error:
+        yield InferResponse(error=error, model_name=request.model_name)
+    finally:
+        await responses.aclose()
+
+
+_END = object()
+
+
+class ResponseIterator:
+    """The responses of a BLS call to a decoupled model, as they arrive (``exec(decoupled=True)``).
+
+    Iterating blocks until the next response; the last one carries the end of
+    the stream (it may have no output tensors). ``cancel()`` stops the call.
+    """
+
+    def __init__(self, memory: PreferredMemory | None = None) -> None:
+        self._memory = memory
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._cancelled = threading.Event()
+        self._done = False
+        self.future: concurrent.futures.Future[None] | None = None
+
+    async def pump(self, responses: AsyncGenerator[InferResponse, None]) -> None:
+        try:
+            async for response in responses:
+                if self._cancelled.is_set():
+                    break
+                self._queue.put(InferenceResponse.from_server(response, self._memory))
+        except Exception as error:  # never leave the reader waiting
+            self._queue.put(InferenceResponse(error=TritonError(f"{type(error).__name__}: {error}")))
+        finally:
+            await responses.aclose()
+            self._queue.put(_END)
+
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        if self._done:
+            raise StopIteration
+        item = self._queue.get()
+        if item is _END:
+            self._done = True
+            raise StopIteration
+        return item
+
+    def cancel(self) -> None:
+        """Stop receiving: the called model sees the request cancelled."""
+        self._cancelled.set()
 
 
 class NeedsWorkerThread(BaseException):
@@ -104,6 +258,12 @@ def reset_bridge(token: contextvars.Token[BlsBridge | None]) -> None:
     _BRIDGE.reset(token)
 
 
+def current_model_name() -> str:
+    """The name of the Python model whose code runs in this context ("" outside any)."""
+    bridge = _BRIDGE.get() or _default_bridge
+    return bridge.model_name if bridge is not None else ""
+
+
 def current_bridge() -> BlsBridge:
     bridge = _BRIDGE.get() or _default_bridge
     if bridge is None:
@@ -127,9 +287,12 @@ class InferenceResponse:
             output_tensors = []
         if not isinstance(output_tensors, list):
             raise TritonModelException('"output_tensors" must be a list.')
+        if error is not None and not isinstance(error, TritonError):
+            error = TritonError(str(error))
         self._output_tensors = output_tensors
         self._error = error
         self._parameters = _parameters_json(parameters)
+        self._final = True  # BLS: whether this is the last response of a decoupled model's stream
 
     def output_tensors(self) -> list[Tensor]:
         return self._output_tensors
@@ -159,19 +322,43 @@ class InferenceResponse:
         )
 
     @staticmethod
-    def from_server(response: InferResponse) -> InferenceResponse:
+    def from_server(response: InferResponse, memory: PreferredMemory | None = None) -> InferenceResponse:
+        """A BLS call's response; ``memory`` moves its outputs where the caller prefers them."""
         if response.error is not None:
-            return InferenceResponse([], error=from_server_error(response.error))
-        tensors = [Tensor(name, data) for name, data in response.outputs.items()]
-        return InferenceResponse(tensors, parameters=dict(response.parameters))
+            converted = InferenceResponse([], error=from_server_error(response.error))
+        else:
+            place = memory.place if memory is not None else _same
+            tensors = [Tensor(name, place(data)) for name, data in response.outputs.items()]
+            converted = InferenceResponse(tensors, parameters=dict(response.parameters))
+        converted._final = response.final
+        return converted
+
+
+def _same(data: Any) -> Any:
+    return data
 
 
 def _parameters_json(parameters: dict[str, Any] | str | None) -> str:
+    """Parameters as a JSON object string: from a dict of bool, int or str values, or a JSON string."""
     if parameters is None:
         return "{}"
-    if isinstance(parameters, str):
-        json.loads(parameters)  # must be valid JSON
-        return parameters
+    if isinstance(parameters, (str, bytes)):
+        try:
+            decoded = json.loads(parameters)
+        except ValueError as error:
+            raise TritonModelException(f"parameters must be a JSON object: {error}") from None
+        if not isinstance(decoded, dict):
+            raise TritonModelException("parameters must be a JSON object")
+        return parameters if isinstance(parameters, str) else parameters.decode()
+    if not isinstance(parameters, dict):
+        raise TritonModelException(
+            f"parameters must be a dict or a JSON string, not {type(parameters).__name__}"
+        )
+    for key, value in parameters.items():
+        if not isinstance(key, str) or not isinstance(value, (bool, int, str)):
+            raise TritonModelException(
+                f"parameter {key!r}: keys must be str and values bool, int or str, not {type(value).__name__}"
+            )
     return json.dumps(parameters)
 
 
@@ -232,8 +419,19 @@ class ResponseChannel:
 # --- requests ----------------------------------------------------------------------
 
 
+def _text(value: Any) -> str:
+    """A model name or version given as ``str``, ``bytes`` (a BYTES tensor element) or a number."""
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8")
+    return str(value)
+
+
 class InferenceRequest:
-    """A request a Python model receives, or builds to call another model (BLS)."""
+    """A request a Python model receives, or builds to call another model (BLS).
+
+    ``timeout`` is in microseconds, as in Triton; ``model_name`` may be ``str`` or
+    ``bytes``; ``parameters`` a dict (bool, int or str values) or a JSON string.
+    """
 
     def __init__(
         self,
@@ -241,25 +439,31 @@ class InferenceRequest:
         correlation_id: int | str = 0,
         inputs: list[Tensor] | None = None,
         requested_output_names: list[str] | None = None,
-        model_name: str = "",
-        model_version: int = -1,
+        model_name: str | bytes = "",
+        model_version: int | str = -1,
         flags: int = 0,
         timeout: int = 0,
-        preferred_memory: Any = None,
+        preferred_memory: PreferredMemory | None = None,
         trace: Any = None,
         parameters: dict[str, Any] | str | None = None,
     ) -> None:
-        self._request_id = request_id
-        self._correlation_id = correlation_id
+        if preferred_memory is not None and not isinstance(preferred_memory, PreferredMemory):
+            raise TritonModelException("preferred_memory must be a pb_utils.PreferredMemory")
+        self._request_id = _text(request_id)
+        self._correlation_id = (
+            correlation_id.decode() if isinstance(correlation_id, bytes) else correlation_id
+        )
         self._inputs = list(inputs or [])
-        self._requested_output_names = list(requested_output_names or [])
-        self._model_name = model_name
-        self._model_version = model_version
-        self._flags = flags
-        self._timeout = timeout
+        self._requested_output_names = [_text(n) for n in requested_output_names or []]
+        self._model_name = _text(model_name)
+        self._model_version = _version(model_version)
+        self._flags = int(flags)
+        self._timeout = int(timeout)
+        self._preferred_memory = preferred_memory
+        self._trace = trace
         self._parameters = _parameters_json(parameters)
         self._sender: InferenceResponseSender | None = None
-        self._release_flags = 0
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -283,13 +487,29 @@ class InferenceRequest:
         return self._flags
 
     def timeout(self) -> int:
+        """The request's timeout in microseconds (0: none)."""
         return self._timeout
 
     def parameters(self) -> str:
+        """The request's parameters as a JSON object string."""
         return self._parameters
 
+    def trace(self) -> Any:
+        return self._trace
+
     def set_release_flags(self, flags: int) -> None:
+        """``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``: run this request again in a later ``execute``."""
+        if flags not in (TRITONSERVER_REQUEST_RELEASE_ALL, TRITONSERVER_REQUEST_RELEASE_RESCHEDULE):
+            raise TritonModelException(
+                "release flags must be TRITONSERVER_REQUEST_RELEASE_ALL or TRITONSERVER_REQUEST_RELEASE_RESCHEDULE"
+            )
         self._release_flags = flags
+
+    def take_reschedule(self) -> bool:
+        """Whether the model asked to run this request again (and reset that for the next run)."""
+        rescheduled = self._release_flags == TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        return rescheduled and not (self._sender is not None and self._sender._channel.closed)
 
     def is_cancelled(self) -> bool:
         return self._sender.is_cancelled() if self._sender else False
@@ -303,10 +523,12 @@ class InferenceRequest:
 
     def to_server(self) -> InferRequest:
         """This BLS request as the server's request; tensors are passed on, not copied."""
+        if not self._model_name:
+            raise TritonModelException("a BLS request needs a model_name")
         outputs = [RequestedOutput(n) for n in self._requested_output_names] or None
         return InferRequest(
             model_name=self._model_name,
-            model_version="" if self._model_version in (-1, None) else str(self._model_version),
+            model_version="" if self._model_version < 0 else str(self._model_version),
             inputs={t.name(): t.data() for t in self._inputs},
             id=self._request_id,
             requested_outputs=outputs,
@@ -314,20 +536,28 @@ class InferenceRequest:
             correlation_id=self._correlation_id,
             sequence_start=bool(self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_START),
             sequence_end=bool(self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_END),
-            timeout_us=int(self._timeout) // 1000,
+            timeout_us=self._timeout,
         )
 
     def exec(self, decoupled: bool = False) -> Any:
-        """Run this request on its model and wait (an iterator of responses when ``decoupled``)."""
+        """Run this request on its model and wait for the response.
+
+        ``decoupled=True``: an iterator of the model's responses as they arrive,
+        the last one ending the stream (it may carry no tensors).
+        """
         bridge = current_bridge()
-        response = InferenceResponse.from_server(bridge.infer_sync(self.to_server()))
-        return iter([response]) if decoupled else response
+        if decoupled:
+            return bridge.stream_sync(self.to_server(), self._preferred_memory)
+        return InferenceResponse.from_server(bridge.infer_sync(self.to_server()), self._preferred_memory)
 
     async def async_exec(self, decoupled: bool = False) -> Any:
-        """Awaitable form of :meth:`exec`."""
+        """Awaitable form of :meth:`exec`; ``decoupled=True`` gives an iterable of every response."""
         bridge = current_bridge()
-        response = InferenceResponse.from_server(await bridge.infer_async(self.to_server()))
-        return _single(response) if decoupled else response
+        if decoupled:
+            responses = await bridge.stream_async(self.to_server())
+            return iter([InferenceResponse.from_server(r, self._preferred_memory) for r in responses])
+        response = await bridge.infer_async(self.to_server())
+        return InferenceResponse.from_server(response, self._preferred_memory)
 
     @staticmethod
     def from_server(
@@ -337,20 +567,47 @@ class InferenceRequest:
         flags = (TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if request.sequence_start else 0) | (
             TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if request.sequence_end else 0
         )
-        received = InferenceRequest(
-            request_id=request.id,
-            correlation_id=request.correlation_id,
-            inputs=[Tensor(name, data) for name, data in request.inputs.items()],
-            requested_output_names=request.output_names(output_names),
-            model_name=request.model_name,
-            model_version=int(request.model_version) if str(request.model_version).isdigit() else -1,
-            flags=flags,
-            timeout=request.timeout_us * 1000,
-            parameters=dict(request.parameters),
-        )
+        received = InferenceRequest.__new__(InferenceRequest)
+        received._request_id = request.id
+        received._correlation_id = request.correlation_id
+        received._inputs = [Tensor(name, data) for name, data in request.inputs.items()]
+        received._requested_output_names = request.output_names(output_names)
+        received._model_name = request.model_name
+        received._model_version = _version(request.model_version)
+        received._flags = flags
+        received._timeout = request.timeout_us
+        received._preferred_memory = None
+        received._trace = None
+        received._parameters = json.dumps(request.parameters)
+        received._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         received._sender = InferenceResponseSender(channel)
         return received
 
 
-async def _single(response: InferenceResponse) -> AsyncIterator[InferenceResponse]:
-    yield response
+def _version(value: Any) -> int:
+    text = _text(value).strip() if value is not None else ""
+    try:
+        return int(text) if text else -1
+    except ValueError:
+        raise TritonModelException(f"model_version must be an integer, not {text!r}") from None
+
+
+# --- model control (BLS) ----------------------------------------------------------------
+
+
+def load_model(model_name: str | bytes, config: str = "", files: dict[str, bytes] | None = None) -> None:
+    """Load (or reload) ``model_name`` from the repository; ``config`` a JSON override, ``files`` its files.
+
+    The server decides whether loading is allowed (its model control mode).
+    """
+    current_bridge().control("load_model", _text(model_name), config, dict(files or {}))
+
+
+def unload_model(model_name: str | bytes, unload_dependents: bool = False) -> None:
+    """Unload ``model_name`` (and the models that depend on it when ``unload_dependents``)."""
+    current_bridge().control("unload_model", _text(model_name), bool(unload_dependents))
+
+
+def is_model_ready(model_name: str | bytes, model_version: str = "") -> bool:
+    """Whether ``model_name`` (the given version, or the policy's choice) is ready for inference."""
+    return bool(current_bridge().control("is_model_ready", _text(model_name), _text(model_version)))

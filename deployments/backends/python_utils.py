@@ -9,12 +9,14 @@ copying; ``to_dlpack``/``from_dlpack`` share the buffer.
 from __future__ import annotations
 
 import logging
+import weakref
 from enum import IntEnum
 from typing import Any
 
 import numpy as np
 
 from deployments.backends import arrays
+from deployments.runtime import custom_metrics
 from repository_loader import datatypes
 from repository_loader.errors import ErrorCode, ServerError, error_for_code
 
@@ -23,6 +25,9 @@ TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+TRITONSERVER_MEMORY_CPU = 0
+TRITONSERVER_MEMORY_CPU_PINNED = 1
+TRITONSERVER_MEMORY_GPU = 2
 
 TRITON_STRING_TO_NUMPY: dict[str, Any] = {
     "TYPE_BOOL": bool,
@@ -122,6 +127,26 @@ class TritonModelException(Exception):
 
     def __str__(self) -> str:
         return self._message
+
+
+class PreferredMemory:
+    """Where a BLS call wants its output tensors: ``TRITONSERVER_MEMORY_CPU`` or ``_GPU`` and a device."""
+
+    def __init__(
+        self, preferred_memory_type: int = TRITONSERVER_MEMORY_CPU, preferred_device_id: int = 0
+    ) -> None:
+        self.preferred_memory_type = int(preferred_memory_type)
+        self.preferred_device_id = int(preferred_device_id)
+
+    def place(self, data: Any) -> Any:
+        """``data`` moved to the preferred memory (unchanged when it is there already)."""
+        if self.preferred_memory_type == TRITONSERVER_MEMORY_GPU:
+            if arrays.device_of(data) == ("cuda", self.preferred_device_id):
+                return data
+            if isinstance(data, np.ndarray) and data.dtype == np.object_:
+                return data  # BYTES stay on the host, as in Triton
+            return arrays.to_torch(data, f"cuda:{self.preferred_device_id}")
+        return data if arrays.is_host(data) else arrays.to_numpy(data)
 
 
 class _Capsule:
@@ -285,36 +310,145 @@ def deserialize_bytes_tensor(encoded_tensor: Any) -> np.ndarray:
 _log = logging.getLogger("triton_python_backend")
 
 
+class _LogLevel(IntEnum):
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+
+
+_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
+
+
+def _emit(level: int, message: Any) -> None:
+    """Log ``message`` under the current model's name, attributed to the model's own source line."""
+    from deployments.backends.python_requests import current_model_name
+
+    model = current_model_name()
+    text = f"model '{model}': {message}" if model else str(message)
+    _log.log(_LEVELS.get(int(level), logging.INFO), text, stacklevel=3)
+
+
 class Logger:
-    """``pb_utils.Logger``: messages go to the server's log."""
+    """``pb_utils.Logger``: messages go to the replica's Python log (logger ``triton_python_backend``).
 
-    class LogLevel(IntEnum):
-        INFO = 0
-        WARNING = 1
-        ERROR = 2
-        VERBOSE = 3
+    Each line names the model that logs it; VERBOSE is Python's DEBUG level.
+    """
 
-    _LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
-
-    @staticmethod
-    def log(message: str, level: int = 0) -> None:
-        _log.log(Logger._LEVELS.get(int(level), logging.INFO), message)
+    LogLevel = _LogLevel
+    INFO = _LogLevel.INFO
+    WARNING = _LogLevel.WARNING
+    ERROR = _LogLevel.ERROR
+    VERBOSE = _LogLevel.VERBOSE
 
     @staticmethod
-    def log_info(message: str) -> None:
-        _log.info(message)
+    def log(message: Any, level: int = _LogLevel.INFO) -> None:
+        _emit(level, message)
 
     @staticmethod
-    def log_warn(message: str) -> None:
-        _log.warning(message)
+    def log_info(message: Any) -> None:
+        _emit(_LogLevel.INFO, message)
 
     @staticmethod
-    def log_error(message: str) -> None:
-        _log.error(message)
+    def log_warn(message: Any) -> None:
+        _emit(_LogLevel.WARNING, message)
 
     @staticmethod
-    def log_verbose(message: str) -> None:
-        _log.debug(message)
+    def log_error(message: Any) -> None:
+        _emit(_LogLevel.ERROR, message)
+
+    @staticmethod
+    def log_verbose(message: Any) -> None:
+        _emit(_LogLevel.VERBOSE, message)
+
+
+# --- custom metrics ------------------------------------------------------------
+
+
+class _MetricKind(IntEnum):
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+
+
+_KIND_NAMES = {
+    _MetricKind.COUNTER: custom_metrics.COUNTER,
+    _MetricKind.GAUGE: custom_metrics.GAUGE,
+    _MetricKind.HISTOGRAM: custom_metrics.HISTOGRAM,
+}
+
+
+class MetricFamily:
+    """``pb_utils.MetricFamily``: a named counter, gauge or histogram family of this process.
+
+    ``buckets`` here is a default for the family's histograms; Triton's own
+    form gives them per metric (``family.Metric(labels, buckets)``).
+    """
+
+    MetricKind = _MetricKind
+    COUNTER = _MetricKind.COUNTER
+    GAUGE = _MetricKind.GAUGE
+    HISTOGRAM = _MetricKind.HISTOGRAM
+
+    def __init__(self, name: str, description: str, kind: int, buckets: list[float] | None = None) -> None:
+        try:
+            kind_name = _KIND_NAMES[_MetricKind(int(kind))]
+            self._state = custom_metrics.REGISTRY.family(str(name), str(description), kind_name)
+        except ValueError as error:
+            raise TritonModelException(str(error)) from None
+        self._buckets = buckets
+        weakref.finalize(self, custom_metrics.REGISTRY.release_family, self._state)
+
+    def Metric(  # noqa: N802 - Triton's method name
+        self, labels: dict[str, str] | None = None, buckets: list[float] | None = None
+    ) -> Metric:
+        """The metric of this family with ``labels`` (histograms: with ``buckets``)."""
+        return Metric(self, labels, buckets if buckets is not None else self._buckets)
+
+
+class Metric:
+    """One metric (one label set) of a :class:`MetricFamily`."""
+
+    def __init__(
+        self, family: MetricFamily, labels: dict[str, str] | None = None, buckets: list[float] | None = None
+    ) -> None:
+        self._family = family  # the family lives at least as long as its metrics, as in Triton
+        state = family._state
+        try:
+            self._cell = custom_metrics.REGISTRY.metric(state, labels, buckets)
+        except ValueError as error:
+            raise TritonModelException(str(error)) from None
+        self._kind = state.kind
+        weakref.finalize(self, custom_metrics.REGISTRY.release_metric, state, self._cell)
+
+    def increment(self, value: float) -> None:
+        """Add ``value`` (counters: never negative)."""
+        if self._kind == custom_metrics.HISTOGRAM:
+            raise TritonModelException("increment() is not supported on a histogram: use observe()")
+        if self._kind == custom_metrics.COUNTER and value < 0:
+            raise TritonModelException("a counter cannot be incremented by a negative value")
+        with custom_metrics.REGISTRY.lock:
+            self._cell.value += float(value)
+
+    def set(self, value: float) -> None:
+        """Set a gauge to ``value``."""
+        if self._kind != custom_metrics.GAUGE:
+            raise TritonModelException(f"set() is only supported on a gauge, not on a {self._kind}")
+        with custom_metrics.REGISTRY.lock:
+            self._cell.value = float(value)
+
+    def observe(self, value: float) -> None:
+        """Record one observation in a histogram."""
+        if self._kind != custom_metrics.HISTOGRAM:
+            raise TritonModelException(f"observe() is only supported on a histogram, not on a {self._kind}")
+        with custom_metrics.REGISTRY.lock:
+            self._cell.observe(float(value))
+
+    def value(self) -> float:
+        """The current value of a counter or gauge."""
+        if self._kind == custom_metrics.HISTOGRAM:
+            raise TritonModelException("value() is not supported on a histogram")
+        return self._cell.value
 
 
 def __getattr__(name: str) -> Any:

@@ -101,20 +101,31 @@ def test_config_helpers() -> None:
 
 
 def test_logger(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level("DEBUG", logger="triton_python_backend"):
-        pb_utils.Logger.log_info("info line")
-        pb_utils.Logger.log_warn("warn line")
-        pb_utils.Logger.log_error("error line")
-        pb_utils.Logger.log_verbose("verbose line")
-        pb_utils.Logger.log("leveled", pb_utils.Logger.LogLevel.ERROR)
+    from deployments.backends.python_requests import BlsBridge, reset_bridge, set_bridge
+
+    token = set_bridge(BlsBridge(None, model_name="m"), default=False)
+    try:
+        with caplog.at_level("DEBUG", logger="triton_python_backend"):
+            pb_utils.Logger.log_info("info line")
+            pb_utils.Logger.log_warn("warn line")
+            pb_utils.Logger.log_error("error line")
+            pb_utils.Logger.log_verbose("verbose line")
+            pb_utils.Logger.log("leveled", pb_utils.Logger.LogLevel.ERROR)
+            pb_utils.Logger.log("default level")
+            pb_utils.Logger.log("exported level", pb_utils.Logger.WARNING)
+    finally:
+        reset_bridge(token)
     levels = [(r.levelname, r.getMessage()) for r in caplog.records]
     assert levels == [
-        ("INFO", "info line"),
-        ("WARNING", "warn line"),
-        ("ERROR", "error line"),
-        ("DEBUG", "verbose line"),
-        ("ERROR", "leveled"),
+        ("INFO", "model 'm': info line"),
+        ("WARNING", "model 'm': warn line"),
+        ("ERROR", "model 'm': error line"),
+        ("DEBUG", "model 'm': verbose line"),
+        ("ERROR", "model 'm': leveled"),
+        ("INFO", "model 'm': default level"),
+        ("WARNING", "model 'm': exported level"),
     ]
+    assert {r.filename for r in caplog.records} == {"test_pb_utils.py"}  # the caller's line, as Triton logs
 
 
 def test_registry_errors(tmp_path) -> None:
@@ -131,3 +142,107 @@ def test_registry_errors(tmp_path) -> None:
     except ImportError:
         with pytest.raises(Unavailable, match="'tensorrt' package"):
             backend_class("tensorrt_plan", "plan_model")
+
+
+def test_metric_family_api() -> None:
+    from deployments.runtime import custom_metrics
+
+    family = pb_utils.MetricFamily("api_requests", "Requests", pb_utils.MetricFamily.COUNTER)
+    metric = family.Metric(labels={"model": "m", "version": "1"})
+    metric.increment(2)
+    metric.increment(0.5)
+    assert metric.value() == 2.5
+    same = pb_utils.MetricFamily("api_requests", "Requests", pb_utils.MetricFamily.COUNTER).Metric(
+        labels={"version": "1", "model": "m"}
+    )
+    assert same.value() == 2.5  # one metric per family and label set
+    with pytest.raises(pb_utils.TritonModelException, match="negative"):
+        metric.increment(-1)
+    with pytest.raises(pb_utils.TritonModelException, match="gauge"):
+        metric.set(3)
+    with pytest.raises(pb_utils.TritonModelException, match="kind and description"):
+        pb_utils.MetricFamily("api_requests", "Other", pb_utils.MetricFamily.GAUGE)
+    gauge = pb_utils.MetricFamily("api_temperature", "A gauge", pb_utils.MetricFamily.GAUGE).Metric()
+    gauge.set(-1.25)
+    gauge.increment(-1)
+    assert gauge.value() == -2.25
+    histogram_family = pb_utils.MetricFamily(
+        "api_latency", 'Latency "quoted"\\n', pb_utils.MetricFamily.HISTOGRAM, buckets=[0.1, 1]
+    )
+    histogram = histogram_family.Metric(labels={"path": 'a"b'})
+    for value in (0.05, 0.1, 0.5, 3):
+        histogram.observe(value)
+    with pytest.raises(pb_utils.TritonModelException, match="histogram"):
+        histogram.value()
+    with pytest.raises(pb_utils.TritonModelException, match="buckets"):
+        pb_utils.MetricFamily("api_nobuckets", "h", pb_utils.MetricFamily.HISTOGRAM).Metric()
+    text = custom_metrics.render_prometheus()
+    assert (
+        "# HELP api_requests Requests\n# TYPE api_requests counter\n"
+        'api_requests{model="m",version="1"} 2.5\n' in text
+    )
+    assert "# TYPE api_temperature gauge\napi_temperature -2.25\n" in text
+    assert (
+        '# HELP api_latency Latency "quoted"\\\\n\n# TYPE api_latency histogram\n'
+        'api_latency_count{path="a\\"b"} 4\n'
+        'api_latency_sum{path="a\\"b"} 3.65\n'
+        'api_latency_bucket{path="a\\"b",le="0.1"} 2\n'
+        'api_latency_bucket{path="a\\"b",le="1"} 3\n'
+        'api_latency_bucket{path="a\\"b",le="+Inf"} 4\n' in text
+    )
+    assert (
+        text.index("# TYPE api_requests")
+        < text.index("# TYPE api_temperature")
+        < text.index("# TYPE api_latency")
+    )
+    del metric, same, family
+    import gc
+
+    gc.collect()
+    assert "api_requests" not in custom_metrics.render_prometheus()  # gone with the model's objects
+
+
+def test_snapshots_sum_across_replicas() -> None:
+    from deployments.runtime.custom_metrics import format_value, merge_snapshots, render_prometheus
+
+    replica = [
+        {
+            "name": "c",
+            "description": "d",
+            "kind": "counter",
+            "metrics": [{"labels": {"model": "m"}, "value": 2.0}],
+        },
+        {
+            "name": "h",
+            "description": "d",
+            "kind": "histogram",
+            "metrics": [{"labels": {}, "buckets": [1.0], "counts": [1, 2], "sum": 7.5}],
+        },
+    ]
+    merged = merge_snapshots([replica, replica])
+    assert render_prometheus(merged) == (
+        '# HELP c d\n# TYPE c counter\nc{model="m"} 4\n'
+        "# HELP h d\n# TYPE h histogram\nh_count 6\nh_sum 15\n"
+        'h_bucket{le="1"} 2\nh_bucket{le="+Inf"} 6\n'
+    )
+    assert [format_value(v) for v in (1e20, 0.1, float("nan"), float("-inf"))] == [
+        "1e+20",
+        "0.1",
+        "Nan",
+        "-Inf",
+    ]
+
+
+def test_model_config_helpers_for_auto_complete() -> None:
+    config = pb_utils.ModelConfig('{"name": "m", "max_batch_size": 0, "input": [], "output": []}')
+    config.set_max_batch_size(4)
+    config.add_input({"name": "IN", "data_type": "TYPE_FP32", "dims": [2], "optional": True})
+    config.add_output({"name": "OUT", "data_type": "TYPE_FP32", "dims": [2]})
+    config.set_dynamic_batching()
+    config.set_model_transaction_policy({"decoupled": True})
+    completed = config.as_dict()
+    assert completed["max_batch_size"] == 4 and "dynamic_batching" in completed
+    assert completed["model_transaction_policy"] == {"decoupled": True}
+    assert pb_utils.get_input_config_by_name(completed, "IN")["optional"] is True
+    with pytest.raises(ValueError):
+        config.add_input({"name": "IN", "data_type": "TYPE_INT32", "dims": [2]})
