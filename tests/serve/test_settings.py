@@ -1,0 +1,134 @@
+"""The settings object and the one data plane over the server's registry (no Ray)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deployments.control import ModelController
+from deployments.protocol.dataplane import DataPlane, ModelDataPlane
+from deployments.serve.cli import add_parser, server_args
+from deployments.settings import DIRECT_ROUTES_ENV, ServerSettings, SettingsError
+from repository_loader.errors import NotFound, Unavailable
+from repository_loader.model import ModelDescription, ModelState, TensorSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_serve_config_args_and_environment_are_read_once() -> None:
+    settings = ServerSettings.from_args(
+        {
+            "model_repository": "examples/model_repository",
+            "model_control_mode": "EXPLICIT",
+            "load_model": "a",
+        },
+        {DIRECT_ROUTES_ENV: "0"},
+    )
+    assert settings.model_repository == str(ROOT / "examples" / "model_repository")
+    assert settings.model_control_mode == "explicit" and settings.load_models == ("a",)
+    assert settings.direct_routes is False and settings.auto_complete and settings.strict_readiness
+    assert ServerSettings.from_args(settings.to_args(), {DIRECT_ROUTES_ENV: "0"}) == settings
+    with pytest.raises(AttributeError):
+        settings.http_port = 1  # type: ignore[misc]
+
+
+def test_the_repository_stays_a_url() -> None:
+    settings = ServerSettings.from_args({"model_repository": "s3://bucket/models"}, {})
+    assert settings.model_repository == "s3://bucket/models" and isinstance(settings.model_repository, str)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({}, "model_repository is required"),
+        (
+            {"model_repository": "/r", "model_control_mode": "sometimes"},
+            "must be one of none, explicit, poll",
+        ),
+        ({"model_repository": "/r", "strict_readiness": "maybe"}, "strict_readiness must be true or false"),
+        ({"model_repository": "/r", "http_port": "eighty"}, "http_port must be a int"),
+        ({"model_repository": "/r", "deploy_timeout_s": 0}, "deploy_timeout_s must be positive"),
+        (
+            {"model_repository": "/r", "model_controll_mode": "none"},
+            "unknown server argument(s) ['model_controll_mode']",
+        ),
+    ],
+)
+def test_bad_arguments_say_what_is_wrong(args: dict[str, Any], message: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        ServerSettings.from_args(args, {})
+    assert message in str(caught.value)
+
+
+def test_cli_flags_are_the_same_arguments() -> None:
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    ns = parser.parse_args(
+        ["serve", "/repo", "--http-port", "9000", "--load-model", "m", "--no-strict-readiness"]
+    )
+    settings = ServerSettings.from_args(server_args(ns), {})
+    assert (settings.http_port, settings.load_models, settings.strict_readiness) == (9000, ("m",), False)
+
+
+class _Deployer:
+    def __init__(self) -> None:
+        self.deployed: list[str] = []
+
+    def prepare(self, models: dict[str, ModelDescription]) -> None:
+        pass
+
+    async def deploy(self, model: ModelDescription) -> None:
+        self.deployed.append(model.name)
+
+    async def delete(self, name: str) -> None:
+        pass
+
+
+def _model(name: str) -> ModelDescription:
+    spec = TensorSpec("x", "FP32", (4,))
+    return ModelDescription(
+        name=name, path=Path("/r") / name, platform="", backend="python", max_batch_size=0,
+        inputs=(spec,), outputs=(spec,), versions=(1, 3),
+    )  # fmt: skip
+
+
+class _Remote:
+    def __init__(self, model: ModelDescription) -> None:
+        self.description = model
+
+    def is_ready(self, version: str = "") -> bool:
+        return True
+
+    def metadata(self, version: str = "") -> dict[str, Any]:
+        return {"name": self.description.name}
+
+    def config(self, version: str = "") -> dict[str, Any]:
+        return {}
+
+    async def infer(self, request: Any) -> Any:
+        raise NotImplementedError
+
+    async def statistics(self, version: str = "") -> list[dict[str, Any]]:
+        return [{"name": self.description.name}]
+
+
+async def test_the_server_data_plane_is_the_one_data_plane_over_the_controller() -> None:
+    controller = ModelController(ServerSettings("/r", "explicit"), _Deployer(), remote=_Remote)
+    controller.entries = {}
+    await controller._load(_model("up"))
+    controller.entries["down"] = controller.entries["up"].__class__("down", ModelState.UNAVAILABLE, "broken")
+    plane: DataPlane = ModelDataPlane(controller)
+    assert isinstance(plane, DataPlane)
+    assert await plane.model_ready("up") and not await plane.model_ready("down")
+    assert await plane.model_metadata("up") == {"name": "up"}
+    assert await plane.model_statistics() == {"model_stats": [{"name": "up"}]}
+    with pytest.raises(Unavailable, match="model 'down' is not ready: broken"):
+        await plane.model_metadata("down")
+    with pytest.raises(NotFound, match="Request for unknown model: 'gone' is not found"):
+        await plane.model_ready("gone")
+    assert not await plane.ready()
+    with pytest.raises(Unavailable, match="not allowed if polling is enabled"):
+        await ModelDataPlane(ModelController(ServerSettings("/r"), _Deployer())).load_model("up", {})
