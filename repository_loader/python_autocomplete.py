@@ -37,9 +37,10 @@ class AutoCompleteModelConfig:
 
     def __init__(self, model_config: dict[str, Any] | str | bytes) -> None:
         # Triton's stub hands the configuration over as JSON text; a dict is accepted as well.
-        if isinstance(model_config, (str, bytes)):
-            model_config = json.loads(model_config)
-        self._model_config = copy.deepcopy(model_config)
+        config: dict[str, Any] = (
+            json.loads(model_config) if isinstance(model_config, (str, bytes)) else model_config
+        )
+        self._model_config = copy.deepcopy(config)
         self._model_config.setdefault("max_batch_size", 0)
         self._model_config.setdefault("input", [])
         self._model_config.setdefault("output", [])
