@@ -391,7 +391,17 @@ def make_scheduler(
     max_concurrent_batches: int = 1,
     on_batch: BatchCallback | None = None,
 ) -> Scheduler:
-    """The scheduler ``model``'s config asks for: the dynamic batcher, or one request at a time."""
+    """The scheduler ``model``'s config asks for: the sequence batcher, the dynamic batcher, or one at a time."""
+    if model.sequence_batching is not None:  # docs/sequence.md
+        from deployments.runtime.sequence import SequenceBatcher
+
+        return SequenceBatcher(
+            model,
+            execute,
+            max_concurrent_batches=max_concurrent_batches,
+            on_batch=on_batch,
+            dynamic_batcher=DynamicBatcher,
+        )
     if model.dynamic_batching is None:
         return PassThroughScheduler(
             model.max_batch_size,

@@ -1,0 +1,548 @@
+"""Triton's sequence batcher on asyncio: one replica's slots, backlog, idle reaper and strategies.
+
+Every request of a sequence (one correlation ID, from a START request to an
+END request) goes to the same batch slot of the same model instance for the
+sequence's life. Sequences beyond the free slots wait in a backlog, in
+arrival order, and take a slot when one frees. The control inputs
+(``CONTROL_SEQUENCE_START`` / ``_END`` / ``_READY`` / ``_CORRID``) and the
+implicit state inputs are added to each request before the backend sees it;
+the output state is taken back from the response (clients never see it).
+
+Two strategies, as ``sequence_batching`` picks:
+
+- ``direct``: ``max_batch_size`` slots per instance; a batch holds at most
+  one request per slot, and slots up to the highest ready one, so a model
+  can keep its state by row. A slot with nothing ready below that is padded
+  with a request whose READY control is false. ``max_queue_delay_microseconds``
+  with ``minimum_slot_utilization`` lets a batch wait to fill.
+- ``oldest``: ``max_candidate_sequences`` slots per instance; each slot hands
+  its next request, once the previous one finished, to a dynamic batcher
+  (preferred sizes, queue delay), so a batch holds requests of several
+  sequences, at most one of each, in order within a sequence.
+
+Plain asyncio, no Ray; see ``docs/sequence.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import heapq
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from deployments.inference import InferRequest, InferResponse, RequestedOutput
+from deployments.runtime.sequence_config import CORRID, SequenceSettings, backend_model
+from repository_loader.errors import InternalError, InvalidArgument, ServerError, Unavailable
+from repository_loader.model import DynamicBatching, ModelDescription
+
+logger = logging.getLogger(__name__)
+
+ExecuteFn = Callable[[list[InferRequest]], Awaitable[list[InferResponse]]]
+BatchCallback = Callable[[int, int, list[int]], None]
+BatcherClass = Callable[..., Any]
+"""``deployments.runtime.batching.DynamicBatcher``, passed in by ``make_scheduler`` (which imports this module)."""
+
+NEVER = 1 << 62
+_RELEASE = object()  # queued by the idle reaper: the slot's sequence is over once this is reached
+
+
+@dataclasses.dataclass(eq=False)
+class _Item:
+    request: InferRequest
+    future: asyncio.Future
+    enqueue_ns: int
+
+
+class _Slot:
+    """One batch slot of one instance; its queue holds the requests of the sequence(s) it serves, in order."""
+
+    __slots__ = ("busy", "index", "instance", "queue", "states")
+
+    def __init__(self, instance: Any, index: int) -> None:
+        self.instance = instance
+        self.index = index
+        self.queue: deque[Any] = deque()  # _Item or _RELEASE
+        self.states: dict[str, Any] | None = None  # implicit state inputs of the sequence in the slot
+        self.busy = False  # oldest: a request of this slot is in the dynamic batcher
+
+
+@dataclasses.dataclass(eq=False)
+class _Backlog:
+    correlation_id: int | str
+    items: deque[_Item]
+    expires_ns: int = NEVER
+
+
+class SequenceBatcher:
+    """The sequence batcher of one model in one replica (``max_concurrent_batches`` instances)."""
+
+    def __init__(
+        self,
+        model: ModelDescription,
+        execute: ExecuteFn,
+        *,
+        max_concurrent_batches: int = 1,
+        on_batch: BatchCallback | None = None,
+        dynamic_batcher: BatcherClass | None = None,
+    ) -> None:
+        self.settings = settings = SequenceSettings.from_model(model)
+        self.model_name = model.name
+        self._execute = execute
+        self._on_batch = on_batch
+        count = max(max_concurrent_batches, 1)
+        self.instances: list[_DirectInstance | _OldestInstance]
+        if settings.strategy == "oldest":
+            if dynamic_batcher is None:
+                raise ValueError("the oldest strategy needs the dynamic batcher class (dynamic_batcher=)")
+            self.instances = [_OldestInstance(self, i, model, dynamic_batcher) for i in range(count)]
+        else:
+            self.instances = [_DirectInstance(self, i) for i in range(count)]
+        self._free = [(slot.index, n) for n, inst in enumerate(self.instances) for slot in inst.slots]
+        heapq.heapify(self._free)
+        self._bound: dict[int | str, _Slot] = {}  # sequences holding a slot (until their END is queued)
+        self._last_ns: dict[int | str, int] = {}  # their last request's arrival, for the idle reaper
+        self._backlog: deque[_Backlog] = deque()
+        self._backlog_open: dict[int | str, _Backlog] = {}  # backlogged sequences whose END has not come
+        self._reaper: asyncio.TimerHandle | None = None
+        self._reaper_at = NEVER
+        self._changed: asyncio.Future | None = None
+        self._closing = False
+        self._closed = False
+
+    @property
+    def active_sequences(self) -> int:
+        return len(self._bound)
+
+    @property
+    def backlog_size(self) -> int:
+        return len(self._backlog)
+
+    # -- admission -------------------------------------------------------------
+
+    async def submit(self, request: InferRequest) -> InferResponse:
+        """Queue ``request`` in its sequence's slot (or the backlog); return its own response."""
+        error = self._admission_error(request)
+        if error is not None:
+            return InferResponse.failed(request, error)
+        item = _Item(request, asyncio.get_running_loop().create_future(), time.monotonic_ns())
+        self._enqueue(item)
+        return await item.future
+
+    def _admission_error(self, request: InferRequest) -> ServerError | None:
+        cid = request.correlation_id
+        if self._closed or (self._closing and request.sequence_start):
+            return Unavailable(
+                f"model '{self.model_name}' is shutting down and accepts no new sequences "
+                f"(request '{request.id}')"
+            )
+        if cid == 0 or cid == "":
+            return InvalidArgument(
+                f"inference request to model '{self.model_name}' must specify a non-zero or non-empty "
+                "correlation ID"
+            )
+        if self.settings.batched and request.batch_rows() != 1:
+            return InvalidArgument(
+                f"inference request to model '{self.model_name}' must specify batch-size 1 due to "
+                "requirements of sequence batcher"
+            )
+        if not request.sequence_start and cid not in self._bound and cid not in self._backlog_open:
+            return InvalidArgument(
+                f"inference request for sequence {cid} to model '{self.model_name}' must specify the "
+                "START flag on the first request of the sequence"
+            )
+        if CORRID in self.settings.controls:
+            try:
+                self.settings.control_tensors(False, False, True, cid)
+            except InvalidArgument as bad_id:
+                return bad_id
+        return None
+
+    def _enqueue(self, item: _Item) -> None:
+        request, now = item.request, item.enqueue_ns
+        cid = request.correlation_id
+        slot = self._bound.get(cid)
+        backlog = self._backlog_open.get(cid)
+        if request.sequence_start and (slot is not None or backlog is not None):
+            logger.warning(
+                "sequence %s for model '%s' started again before it ended; the earlier one ends here",
+                cid,
+                self.model_name,
+            )
+        if slot is None and backlog is None and self._free:
+            index, number = heapq.heappop(self._free)
+            slot = self.instances[number].slots[index]
+            self._bound[cid] = slot
+        if slot is not None:
+            self._last_ns[cid] = now
+            if request.sequence_end:
+                del self._bound[cid]
+                del self._last_ns[cid]
+            else:
+                self._arm_reaper(now + self.settings.idle_ns)
+            slot.queue.append(item)
+            slot.instance.wake(slot)
+            return
+        if backlog is None:
+            backlog = _Backlog(cid, deque())
+            self._backlog.append(backlog)
+            self._backlog_open[cid] = backlog
+        backlog.items.append(item)
+        if request.timeout_us > 0:
+            backlog.expires_ns = min(backlog.expires_ns, now + request.timeout_us * 1000)
+            self._arm_reaper(backlog.expires_ns)
+        if request.sequence_end:
+            del self._backlog_open[cid]
+
+    # -- slots -----------------------------------------------------------------
+
+    def settle(self, slot: _Slot) -> _Item | None:
+        """The slot's next live request, after releasing for reaper marks and skipping cancelled requests."""
+        queue = slot.queue
+        while queue:
+            front = queue[0]
+            if front is _RELEASE:
+                queue.popleft()
+                self.release(slot)
+                continue
+            if not front.future.done():
+                return front
+            queue.popleft()  # the client went away: its flags still count
+            if front.request.sequence_start:
+                slot.states = None
+            if front.request.sequence_end:
+                self.release(slot)
+        return None
+
+    def release(self, slot: _Slot) -> None:
+        """The slot's sequence ended: hand the slot to the oldest backlogged sequence, or free it."""
+        slot.states = None
+        self._notify()
+        if self._backlog:
+            backlog = self._backlog.popleft()
+            cid = backlog.correlation_id
+            if self._backlog_open.get(cid) is backlog:
+                del self._backlog_open[cid]
+                self._bound[cid] = slot
+                now = time.monotonic_ns()
+                self._last_ns[cid] = now
+                self._arm_reaper(now + self.settings.idle_ns)
+            slot.queue.extend(backlog.items)
+            return
+        heapq.heappush(self._free, (slot.index, slot.instance.number))
+
+    def prepare(self, slot: _Slot, item: _Item) -> InferRequest:
+        """The request as the backend sees it: control inputs and the sequence's state added."""
+        request = item.request
+        if request.sequence_start or slot.states is None:
+            slot.states = self.settings.initial_states()
+        controls = self.settings.control_tensors(
+            request.sequence_start, request.sequence_end, True, request.correlation_id
+        )
+        return self._with_inputs(request, {**controls, **slot.states})
+
+    def padding(self, like: InferRequest) -> InferRequest:
+        """A not-ready request for an empty slot below the batch's highest: ``like``'s inputs, READY false."""
+        controls = self.settings.control_tensors(False, False, False, 0)
+        padded = self._with_inputs(like, {**controls, **self.settings.initial_states()})
+        return dataclasses.replace(padded, id="", correlation_id=0, sequence_start=False, sequence_end=False)
+
+    def _with_inputs(self, request: InferRequest, added: dict[str, Any]) -> InferRequest:
+        requested = request.requested_outputs
+        if requested is not None and self.settings.states:
+            names = {o.name for o in requested}
+            requested = requested + [
+                RequestedOutput(name) for name in self.settings.state_outputs if name not in names
+            ]
+        return dataclasses.replace(request, inputs={**request.inputs, **added}, requested_outputs=requested)
+
+    def finish(self, slot: _Slot, item: _Item, response: InferResponse) -> None:
+        """Keep the output state of a sequence that goes on; answer the client without it."""
+        if self.settings.states and response.outputs:
+            taken = {
+                self.settings.state_outputs[name]: response.outputs.pop(name)
+                for name in list(response.outputs)
+                if name in self.settings.state_outputs
+            }
+            if taken and response.error is None and not item.request.sequence_end and slot.states is not None:
+                slot.states.update(taken)
+        _resolve(item.future, response)
+        self._notify()
+
+    def record(self, rows: int, queue_ns: list[int]) -> None:
+        """Report a Direct batch: ``rows`` counts padding, ``queue_ns`` the real requests."""
+        if self._on_batch is not None:
+            try:
+                self._on_batch(rows, len(queue_ns), queue_ns)
+            except Exception:
+                logger.exception("batch callback of model '%s' failed", self.model_name)
+
+    # -- idle sequences and backlog timeouts -----------------------------------
+
+    def _arm_reaper(self, at_ns: int) -> None:
+        if self._reaper is not None and self._reaper_at <= at_ns:
+            return
+        if self._reaper is not None:
+            self._reaper.cancel()
+        self._reaper_at = at_ns
+        delay = max(at_ns - time.monotonic_ns(), 0) / 1e9
+        self._reaper = asyncio.get_running_loop().call_later(delay, self._reap)
+
+    def _reap(self) -> None:
+        self._reaper, self._reaper_at = None, NEVER
+        now = time.monotonic_ns()
+        next_at = NEVER
+        for cid, last in list(self._last_ns.items()):
+            deadline = last + self.settings.idle_ns
+            if deadline > now:
+                next_at = min(next_at, deadline)
+                continue
+            logger.info("sequence %s of model '%s' idle too long; its slot is released", cid, self.model_name)
+            del self._last_ns[cid]
+            slot = self._bound.pop(cid)
+            slot.queue.append(_RELEASE)
+            slot.instance.wake(slot)
+        for backlog in list(self._backlog):
+            if backlog.expires_ns > now:
+                next_at = min(next_at, backlog.expires_ns)
+                continue
+            self._drop_backlog(backlog, Unavailable("timeout of the corresponding sequence has been expired"))
+        if next_at < NEVER:
+            self._arm_reaper(next_at)
+
+    def _drop_backlog(self, backlog: _Backlog, error: ServerError) -> None:
+        self._backlog.remove(backlog)
+        if self._backlog_open.get(backlog.correlation_id) is backlog:
+            del self._backlog_open[backlog.correlation_id]
+        for item in backlog.items:
+            _resolve(item.future, InferResponse.failed(item.request, error))
+        self._notify()
+
+    # -- closing ---------------------------------------------------------------
+
+    def _idle(self) -> bool:
+        return not self._backlog and all(inst.idle for inst in self.instances)
+
+    def _notify(self) -> None:
+        if self._changed is not None:
+            _resolve(self._changed)
+
+    async def close(self, drain: bool = True) -> None:
+        """Take no new sequences; run what is queued (``drain``) or reject it; wait for running batches."""
+        self._closing = True
+        if not drain:
+            error = Unavailable(f"model '{self.model_name}' is shutting down")
+            for backlog in list(self._backlog):
+                self._drop_backlog(backlog, error)
+            for instance in self.instances:
+                for slot in instance.slots:
+                    while slot.queue:
+                        item = slot.queue.popleft()
+                        if item is not _RELEASE:
+                            _resolve(item.future, InferResponse.failed(item.request, error))
+        for instance in self.instances:
+            for slot in instance.slots:
+                instance.wake(slot)
+        while not self._idle():
+            self._changed = asyncio.get_running_loop().create_future()
+            await self._changed
+            self._changed = None
+        self._closed = True
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
+        for instance in self.instances:
+            await instance.close()
+
+
+class _DirectInstance:
+    """One model instance of the Direct strategy: ``max_batch_size`` slots, one batch at a time."""
+
+    def __init__(self, owner: SequenceBatcher, number: int) -> None:
+        self.owner = owner
+        self.number = number
+        self.slots = [_Slot(self, i) for i in range(max(owner.settings.max_batch_size, 1))]
+        self._task: asyncio.Task | None = None
+        self._wakeup: asyncio.Future | None = None
+
+    @property
+    def idle(self) -> bool:
+        return self._task is None and not any(s.queue for s in self.slots)
+
+    def wake(self, slot: _Slot) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+        elif self._wakeup is not None:
+            _resolve(self._wakeup)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            await self._task
+
+    async def _run(self) -> None:
+        try:
+            await self._schedule()
+        except Exception:
+            logger.exception("sequence batcher of model '%s' failed", self.owner.model_name)
+            self._fail_queued()
+        finally:
+            self._task = None
+            self.owner._notify()
+
+    async def _schedule(self) -> None:
+        settings = self.owner.settings
+        while True:
+            ready = [(slot, item) for slot in self.slots if (item := self.owner.settle(slot)) is not None]
+            if not ready:
+                return
+            if settings.delay_ns > 0 and settings.minimum_slot_utilization > 0 and not self.owner._closing:
+                oldest = min(item.enqueue_ns for _, item in ready)
+                wait_ns = oldest + settings.delay_ns - time.monotonic_ns()
+                utilization = len(ready) / len(self.slots)
+                if wait_ns > 0 and utilization < settings.minimum_slot_utilization:
+                    await self._sleep(wait_ns)
+                    continue
+            await self._execute(ready)
+
+    async def _execute(self, ready: list[tuple[_Slot, _Item]]) -> None:
+        owner = self.owner
+        by_index = {slot.index: (slot, item) for slot, item in ready}
+        like = ready[0][1].request
+        requests: list[InferRequest] = []
+        taken: list[tuple[_Slot, _Item] | None] = []
+        now = time.monotonic_ns()
+        for index in range(max(by_index) + 1):
+            if index not in by_index:
+                requests.append(owner.padding(like))
+                taken.append(None)
+                continue
+            slot, item = by_index[index]
+            slot.queue.popleft()
+            requests.append(owner.prepare(slot, item))
+            taken.append((slot, item))
+            if item.request.sequence_end:
+                owner.release(slot)
+        owner.record(len(requests), [now - e[1].enqueue_ns for e in taken if e is not None])
+        responses = await _run_batch(owner._execute, requests, owner.model_name)
+        for entry, response in zip(taken, responses, strict=True):
+            if entry is not None:
+                owner.finish(entry[0], entry[1], response)
+
+    async def _sleep(self, wait_ns: int) -> None:
+        loop = asyncio.get_running_loop()
+        waiter = self._wakeup = loop.create_future()
+        handle = loop.call_later(wait_ns / 1e9, _resolve, waiter)
+        try:
+            await waiter
+        finally:
+            self._wakeup = None
+            handle.cancel()
+
+    def _fail_queued(self) -> None:
+        error = InternalError(f"the sequence batcher of model '{self.owner.model_name}' failed")
+        for slot in self.slots:
+            while slot.queue:
+                item = slot.queue.popleft()
+                if item is not _RELEASE:
+                    _resolve(item.future, InferResponse.failed(item.request, error))
+
+
+class _OldestInstance:
+    """One model instance of the Oldest strategy: candidate slots feeding one dynamic batcher."""
+
+    def __init__(
+        self, owner: SequenceBatcher, number: int, model: ModelDescription, batcher_class: BatcherClass
+    ) -> None:
+        settings = owner.settings
+        self.owner = owner
+        self.number = number
+        self.slots = [_Slot(self, i) for i in range(settings.max_candidate_sequences)]
+        self._tasks: set[asyncio.Task] = set()
+        config = DynamicBatching(
+            preferred_batch_size=settings.preferred_batch_size,
+            max_queue_delay_microseconds=settings.delay_ns // 1000,
+            preserve_ordering=settings.preserve_ordering,
+        )
+        self.batcher = batcher_class(
+            config,
+            settings.max_batch_size,
+            backend_model(model).inputs,
+            owner._execute,
+            on_batch=owner._on_batch,
+            model_name=model.name,
+        )
+
+    @property
+    def idle(self) -> bool:
+        return not self._tasks and not any(s.queue for s in self.slots)
+
+    def wake(self, slot: _Slot) -> None:
+        """Hand the slot's next request to the dynamic batcher, unless one of its requests is there."""
+        if slot.busy:
+            return
+        item = self.owner.settle(slot)
+        if item is None:
+            return
+        slot.queue.popleft()
+        slot.busy = True
+        request = self.owner.prepare(slot, item)
+        task = asyncio.get_running_loop().create_task(self._issue(slot, item, request))
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        self.owner._notify()
+
+    async def _issue(self, slot: _Slot, item: _Item, request: InferRequest) -> None:
+        try:
+            response = await self.batcher.submit(request)
+        finally:
+            slot.busy = False
+        if response is None:  # the batcher dropped it (shutting down)
+            response = InferResponse.failed(
+                item.request, Unavailable(f"model '{self.owner.model_name}' is shutting down")
+            )
+        self.owner.finish(slot, item, response)
+        if item.request.sequence_end:
+            self.owner.release(slot)
+        self.wake(slot)
+
+    async def close(self) -> None:
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self.batcher.close()
+
+
+async def _run_batch(
+    execute: ExecuteFn, requests: list[InferRequest], model_name: str
+) -> list[InferResponse]:
+    """Run ``execute``; if it fails or miscounts, every request of the batch gets the error."""
+    try:
+        responses = list(await execute(requests))
+    except ServerError as exc:
+        return [InferResponse.failed(r, exc) for r in requests]
+    except Exception as exc:  # a backend bug must not take the scheduler down
+        error: ServerError = InternalError(
+            f"model '{model_name}' failed to execute a batch of {len(requests)} requests: "
+            f"{type(exc).__name__}: {exc}"
+        )
+        return [InferResponse.failed(r, error) for r in requests]
+    if len(responses) != len(requests):
+        error = InternalError(
+            f"model '{model_name}' returned {len(responses)} responses for a batch of "
+            f"{len(requests)} requests; a backend must return exactly one response per request"
+        )
+        return [InferResponse.failed(r, error) for r in requests]
+    return responses
+
+
+def _resolve(future: asyncio.Future, result: object = None) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+__all__ = ["SequenceBatcher"]

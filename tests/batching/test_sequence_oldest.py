@@ -1,0 +1,61 @@
+"""The sequence batcher's Oldest strategy: dynamic batches across candidate sequences."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from deployments.runtime.batching import make_scheduler
+from tests.batching.sequence_models import Accumulator, req, run_sequences, running_sums, sequence_model
+
+
+def oldest(candidates: int = 8, preferred: str = "", delay_us: int = 0) -> str:
+    return (
+        f"oldest {{ max_candidate_sequences: {candidates} {preferred} "
+        f"max_queue_delay_microseconds: {delay_us} }}"
+    )
+
+
+async def test_batches_hold_several_sequences_at_most_one_request_each_in_order() -> None:
+    acc = Accumulator(delay=0.002)
+    batcher = make_scheduler(sequence_model(strategy=oldest(8, delay_us=2000), max_batch_size=8), acc)
+    rng = random.Random(3)
+    sequences = {cid: [float(rng.randint(1, 9)) for _ in range(rng.randint(2, 6))] for cid in range(1, 65)}
+    got = await run_sequences(batcher, sequences)
+    assert got == {cid: running_sums(values) for cid, values in sequences.items()}
+    assert max(len(b) for b in acc.batches) > 1
+    for batch in acc.batches:
+        ids = [row[0] for row in batch]
+        assert len(ids) == len(set(ids))  # one request per sequence per batch
+        assert all(row[3] for row in batch)  # no padding in Oldest
+    await batcher.close()
+
+
+async def test_requests_of_one_sequence_never_share_a_batch_and_keep_their_order() -> None:
+    acc = Accumulator(delay=0.005)
+    batcher = make_scheduler(sequence_model(strategy=oldest(4, delay_us=20000), max_batch_size=8), acc)
+    await batcher.submit(req(1, 1.0, start=True))
+    results = await asyncio.gather(*(batcher.submit(req(1, 1.0, end=i == 4)) for i in range(5)))
+    assert [r.outputs["OUT"][0, 0] for r in results] == [2.0, 3.0, 4.0, 5.0, 6.0]
+    assert all(len(b) == 1 for b in acc.batches)
+
+
+async def test_preferred_batch_size_cuts_the_batch_without_waiting() -> None:
+    acc = Accumulator()
+    model = sequence_model(
+        strategy=oldest(8, "preferred_batch_size: [ 4 ]", delay_us=500_000), max_batch_size=8
+    )
+    batcher = make_scheduler(model, acc)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await asyncio.gather(*(batcher.submit(req(c, 1.0, start=True)) for c in range(1, 5)))
+    assert loop.time() - started < 0.4
+    assert [len(b) for b in acc.batches] == [4]
+
+
+async def test_more_sequences_than_candidates_wait_in_the_backlog() -> None:
+    acc = Accumulator()
+    batcher = make_scheduler(sequence_model(strategy=oldest(2), max_batch_size=4), acc)
+    sequences = {cid: [1.0, 2.0, 3.0] for cid in range(1, 7)}
+    assert await run_sequences(batcher, sequences) == {cid: [1.0, 3.0, 6.0] for cid in sequences}
+    assert max(len(b) for b in acc.batches) <= 2
