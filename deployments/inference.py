@@ -4,17 +4,27 @@ The HTTP and gRPC front ends decode into these; the batcher, the backends and
 the ensemble scheduler consume them. Tensors are numpy arrays on the host
 (BYTES as ``object`` arrays of ``bytes``) or any DLPack-capable array on a
 device (torch, CuPy), never copied on the way through.
+
+Errors have one path: from the model runtime's boundary
+(:meth:`deployments.runtime.model.ModelRuntime.infer`) down through the
+schedulers and the backends, a request that fails gets an :class:`InferResponse`
+whose ``error`` is set (built by :meth:`InferResponse.failed`), never an
+exception, so that one request's failure never fails the others of its batch.
+Only a front end turns ``response.error`` into its protocol's status.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+
+from deployments.tensors import Tensor, device_of, shape_of
 from repository_loader.errors import ServerError
 
-Tensor = Any  # numpy.ndarray, or an object with __dlpack__ (torch.Tensor, cupy.ndarray)
+_NONE: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -45,9 +55,32 @@ class InferRequest:
     def batch_rows(self) -> int:
         """Rows this request adds to a batch (first dimension of its inputs)."""
         for t in self.inputs.values():
-            shape = getattr(t, "shape", ())
-            return int(shape[0]) if len(shape) else 1
+            shape = t.shape if isinstance(t, np.ndarray) else shape_of(t)
+            return int(shape[0]) if shape else 1
         return 1
+
+    def batch_key(self, ragged: frozenset[str] = _NONE, shape_tensors: frozenset[str] = _NONE) -> Hashable:
+        """What must be equal for two requests to share a batch (the dynamic batcher, the tensor backend).
+
+        Every input's dimensions after the batch dimension, except inputs in
+        ``ragged`` (``allow_ragged_batch``); the values of ``shape_tensors``;
+        which inputs are present (optional inputs given in one request and not
+        the other); and the device of tensors that are not numpy arrays.
+        """
+        parts: list[tuple] = []
+        for name, tensor in self.inputs.items():
+            if name in ragged:
+                parts.append((name, None))
+                continue
+            if isinstance(tensor, np.ndarray):
+                part: tuple = (name, tensor.shape[1:])
+            else:
+                part = (name, shape_of(tensor)[1:], device_of(tensor))
+            if name in shape_tensors:
+                part += (_tensor_values(tensor),)
+            parts.append(part)
+        parts.sort(key=_first)
+        return tuple(parts)
 
     def output_names(self, all_outputs: list[str]) -> list[str]:
         if self.requested_outputs is None:
@@ -65,9 +98,19 @@ class InferResponse:
     model_version: str = ""
     id: str = ""
 
+    @classmethod
+    def failed(cls, request: InferRequest, error: ServerError) -> InferResponse:
+        """The response of ``request`` when it fails: ``error`` and no outputs (the one error builder)."""
+        return cls(
+            error=error, model_name=request.model_name, model_version=request.model_version, id=request.id
+        )
+
 
 class ModelExecutor(Protocol):
-    """Runs an inference on another model (BLS, ensembles). Provided by the serving layer."""
+    """Runs an inference on another model (BLS, ensembles). Provided by the serving layer.
+
+    A request's failure comes back in ``response.error``, as from the model runtime.
+    """
 
     async def infer(self, request: InferRequest) -> InferResponse: ...
 
@@ -96,3 +139,13 @@ class ModelControlExecutor(Protocol):
     async def unload_model(self, name: str, unload_dependents: bool) -> None: ...
 
     async def is_model_ready(self, name: str, version: str) -> bool: ...
+
+
+def _first(part: tuple) -> str:
+    return part[0]
+
+
+def _tensor_values(tensor: object) -> tuple:
+    tolist = getattr(tensor, "tolist", None)
+    values = tolist() if tolist is not None else tensor
+    return tuple(map(repr, values)) if isinstance(values, list) else (repr(values),)

@@ -5,7 +5,7 @@ composing models (deployment handles, or backends loaded in the same replica).
 """
 
 from ensembles.graph import EnsembleGraph, StepNode, build_graph
-from ensembles.handoff import HandoffPolicy, IpcRegistry, Location, Route, export_tensor, open_payload
+from ensembles.handoff import Route
 from ensembles.placement import EnsemblePlacement, choose_placement, describe_placement
 from ensembles.scheduler import EnsembleScheduler, StepTiming
 
@@ -13,15 +13,10 @@ __all__ = [
     "EnsembleGraph",
     "EnsemblePlacement",
     "EnsembleScheduler",
-    "HandoffPolicy",
-    "IpcRegistry",
-    "Location",
     "Route",
     "StepNode",
     "StepTiming",
     "build_graph",
     "choose_placement",
     "describe_placement",
-    "export_tensor",
-    "open_payload",
 ]

@@ -12,7 +12,7 @@ through a deployment handle) otherwise.
 Tensors between hosted steps are handed on as the producer's objects, never
 copied: a step whose backend works in another framework (PyTorch, TensorRT:
 torch; ONNX Runtime on the host: numpy) gets a DLPack view of the same memory
-(:func:`ensembles.handoff.as_framework`); Python models get the objects as they
+(:func:`deployments.tensors.as_framework`); Python models get the objects as they
 are. With ``placement: separate`` (and no group named by a ``placement.<model>``
 parameter) nothing is hosted and every step goes to the serving layer's
 executor. :meth:`EnsembleBackend.hosted_statistics` reports the hosted models'
@@ -31,8 +31,8 @@ import numpy as np
 from deployments.backends.base import Backend, BackendContext
 from deployments.inference import InferRequest, InferResponse, ModelExecutor
 from deployments.runtime.model import ModelRuntime
+from deployments.tensors import Tensor, as_framework, is_host
 from ensembles.graph import StepNode, build_graph
-from ensembles.handoff import Tensor, as_framework, device_of
 from ensembles.placement import EnsemblePlacement, choose_placement
 from ensembles.scheduler import EnsembleScheduler
 from repository_loader.errors import Unavailable
@@ -49,7 +49,7 @@ def consumer_framework(model: ModelDescription, tensor: Tensor) -> str | None:
     framework = _FRAMEWORKS.get(model.kind)
     if isinstance(tensor, np.ndarray) and tensor.dtype == np.object_:
         return None  # BYTES exist only as numpy arrays
-    if framework == "numpy" and device_of(tensor) != "cpu":
+    if framework == "numpy" and not is_host(tensor):
         return None  # ONNX Runtime binds device tensors itself
     return framework
 

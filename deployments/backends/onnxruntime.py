@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from deployments.backends import arrays
+from deployments import tensors
 from deployments.backends.tensor import TensorBackend
 from deployments.inference import Tensor
 from repository_loader import datatypes
@@ -202,7 +202,7 @@ class OnnxRuntimeBackend(TensorBackend):
 
     def _run_bound(self, inputs: dict[str, Tensor], output_names: list[str]) -> dict[str, Tensor]:
         binding = self.session.io_binding()
-        if any(arrays.device_of(a)[0] == "cuda" for a in inputs.values()):
+        if any(tensors.device_of(a)[0] == "cuda" for a in inputs.values()):
             _wait_for_producers()
         for name, array in inputs.items():
             self._bind_input(binding, name, array)
@@ -225,8 +225,8 @@ class OnnxRuntimeBackend(TensorBackend):
             else:
                 binding.bind_cpu_input(name, np.ascontiguousarray(array))
             return
-        tensor = arrays.to_torch(array).contiguous()
-        device, device_id = arrays.device_of(tensor)
+        tensor = tensors.to_torch(array).contiguous()
+        device, device_id = tensors.device_of(tensor)
         if str(tensor.dtype) == "torch.bfloat16":
             binding.bind_ortvalue_input(name, ort.OrtValue.from_dlpack(tensor))
             return
@@ -234,7 +234,7 @@ class OnnxRuntimeBackend(TensorBackend):
             name,
             device,
             device_id,
-            datatypes.to_numpy_dtype(arrays.wire_datatype(tensor)),
+            datatypes.to_numpy_dtype(tensors.wire_datatype(tensor)),
             list(tensor.shape),
             tensor.data_ptr(),
         )
@@ -291,5 +291,5 @@ def _from_ortvalue(value: Any) -> Tensor:
 
         return torch.from_dlpack(value)
     if value.data_type() == "tensor(bfloat16)":
-        return arrays.to_numpy(arrays.to_torch(value))
+        return tensors.to_numpy(tensors.to_torch(value))
     return np.from_dlpack(value)

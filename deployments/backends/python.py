@@ -32,7 +32,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from deployments.backends import checks
 from deployments.backends.base import Backend, BackendContext
 from deployments.backends.python_requests import (
     BlsBridge,
@@ -266,21 +265,11 @@ class PythonBackend(Backend):
     async def execute(self, requests: Sequence[InferRequest]) -> list[InferResponse]:
         """One response per request; decoupled models: every response of every request, in order."""
         loop = asyncio.get_running_loop()
-        results: list[list[InferResponse]] = [[] for _ in requests]
-        accepted: list[int] = []
-        for index, request in enumerate(requests):
-            try:
-                checks.check_request(self.model, request, self._output_names)
-                accepted.append(index)
-            except ServerError as error:
-                results[index] = [self._server_response(request, error=error)]
-        if accepted:
-            channels = [ResponseChannel(loop) for _ in accepted]
-            batch = [requests[i] for i in accepted]
-            collected = await self._execute_batch(batch, channels)
-            for index, responses in zip(accepted, collected, strict=True):
-                results[index] = responses
-        return [response for responses in results for response in responses]
+        if not requests:
+            return []
+        channels = [ResponseChannel(loop) for _ in requests]
+        collected = await self._execute_batch(list(requests), channels)
+        return [response for responses in collected for response in responses]
 
     async def _execute_batch(
         self, batch: list[InferRequest], channels: list[ResponseChannel]
@@ -291,7 +280,7 @@ class PythonBackend(Backend):
         ]
         returned, error = await self._invoke_rescheduled(pb_requests)
         if error is not None:
-            return [[self._server_response(r, error=error)] for r in batch]
+            return [[InferResponse.failed(r, error)] for r in batch]
         if returned is not None and not self.model.decoupled:
             return [[response] for response in self._returned(batch, returned)]
         if returned is not None:
@@ -308,11 +297,6 @@ class PythonBackend(Backend):
         if not self.model.decoupled:
             for response in await self.execute([request]):
                 yield response
-            return
-        try:
-            checks.check_request(self.model, request, self._output_names)
-        except ServerError as error:
-            yield self._server_response(request, error=error)
             return
         channel = ResponseChannel(asyncio.get_running_loop())
         pb_request = InferenceRequest.from_server(request, self._output_names, channel)
@@ -406,7 +390,7 @@ class PythonBackend(Backend):
                 f"model '{self.model.name}': execute must return a list of {len(batch)} responses, one per "
                 f"request, got {count}"
             )
-            return [self._server_response(r, error=error) for r in batch]
+            return [InferResponse.failed(r, error) for r in batch]
         return [self._convert(request, response) for request, response in zip(batch, returned, strict=True)]
 
     def _convert(self, request: InferRequest, response: Any, final: bool = True) -> InferResponse:
@@ -414,7 +398,7 @@ class PythonBackend(Backend):
             error = InternalError(
                 f"model '{self.model.name}': execute returned a {type(response).__name__}, not an InferenceResponse"
             )
-            return self._server_response(request, error=error)
+            return InferResponse.failed(request, error)
         converted = response.to_server(
             self.model.name, str(self.context.version), request.id, request.output_names(self._output_names)
         )
@@ -427,9 +411,14 @@ class PythonBackend(Backend):
     def _from_item(self, request: InferRequest, item: tuple[Any, bool, Any]) -> InferResponse:
         response, final, error = item
         if error is not None:
-            return self._server_response(request, error=error)
+            return InferResponse.failed(request, error)
         if response is None:
-            return self._server_response(request, final=final)
+            return InferResponse(
+                final=final,
+                model_name=self.model.name,
+                model_version=str(self.context.version),
+                id=request.id,
+            )
         return self._convert(request, response, final)
 
     def _one_response(self, request: InferRequest, responses: list[InferResponse]) -> InferResponse:
@@ -441,18 +430,7 @@ class PythonBackend(Backend):
             f"model '{self.model.name}' is not decoupled and must send exactly one response per request, "
             f"sent {len(sent)}"
         )
-        return self._server_response(request, error=error)
-
-    def _server_response(
-        self, request: InferRequest, error: ServerError | None = None, final: bool = True
-    ) -> InferResponse:
-        return InferResponse(
-            error=error,
-            final=final,
-            model_name=self.model.name,
-            model_version=str(self.context.version),
-            id=request.id,
-        )
+        return InferResponse.failed(request, error)
 
 
 def _collected(responses: list[InferResponse]) -> list[InferResponse]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from deployments.backends import arrays
+from deployments import tensors as arrays
 from deployments.runtime import custom_metrics
 from repository_loader import datatypes
 from repository_loader.errors import ErrorCode, ServerError, error_for_code

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from deployments.backends import arrays
+from deployments import tensors
 from deployments.backends.tensor import TensorBackend
 from deployments.inference import Tensor
 from repository_loader.errors import InternalError, InvalidArgument, Unavailable
@@ -92,7 +92,7 @@ class PyTorchBackend(TensorBackend):
         if name in self._bytes_inputs:
             flat = np.asarray(array, dtype=object).reshape(-1)
             return [b.decode("utf-8") if isinstance(b, bytes) else str(b) for b in flat]
-        return arrays.to_torch(array, self.device)
+        return tensors.to_torch(array, self.device)
 
     def _map_outputs(self, result: Any) -> dict[str, Tensor]:
         names = [o.name for o in self.model.outputs]

@@ -1,12 +1,15 @@
 """Base class of the framework backends: one ``run`` over the rows of a whole batch.
 
 :class:`TensorBackend` turns the requests of a batch into one framework call:
-it checks each request, groups requests whose inputs can be joined, joins
-their rows (numpy on the host, torch for device arrays), reshapes wire shapes
-to model shapes (``reshape`` in the config), calls :meth:`TensorBackend.run`,
-reshapes back and hands every request exactly its own rows of the outputs it
-asked for. A request that breaks a rule, or a framework call that fails, gets
-a response carrying a :class:`ServerError`; the other requests are unaffected.
+it groups requests whose inputs can be joined (:meth:`InferRequest.batch_key`,
+the dynamic batcher's key), joins their rows (numpy on the host, torch for
+device arrays), reshapes wire shapes to model shapes (``reshape`` in the
+config), calls :meth:`TensorBackend.run`, reshapes back and hands every request
+exactly its own rows of the outputs it asked for. Requests were checked at the
+model runtime's boundary (:mod:`deployments.runtime.checks`) and are trusted
+here. A framework call that fails gives every request of its group a response
+carrying a :class:`ServerError` (:meth:`InferResponse.failed`); the other
+groups are unaffected.
 """
 
 from __future__ import annotations
@@ -14,13 +17,14 @@ from __future__ import annotations
 import abc
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
-from deployments.backends import arrays, checks
+from deployments import tensors
 from deployments.backends.base import Backend, BackendContext
 from deployments.inference import InferRequest, InferResponse, Tensor
 from repository_loader.errors import InternalError, ServerError
+from repository_loader.model import TensorSpec
 
 _EMA = 0.2  # weight of the newest run in the running time estimate
 
@@ -41,6 +45,7 @@ class TensorBackend(Backend):
         self._seconds_per_row: float | None = None  # None until the first run is measured
         self._output_names = [o.name for o in self.model.outputs]
         self._batched = self.model.max_batch_size > 0
+        self._shape_tensors = frozenset(t.name for t in self.model.inputs if t.is_shape_tensor)
 
     @abc.abstractmethod
     def run(self, inputs: dict[str, Tensor], output_names: list[str]) -> dict[str, Tensor]:
@@ -48,14 +53,11 @@ class TensorBackend(Backend):
 
     async def execute(self, requests: Sequence[InferRequest]) -> list[InferResponse]:
         responses: list[InferResponse | None] = [None] * len(requests)
-        groups: dict[tuple[Any, ...], list[int]] = {}
+        groups: dict[Hashable, list[int]] = {}
         for index, request in enumerate(requests):
-            try:
-                checks.check_request(self.model, request, self._output_names)
-            except ServerError as error:
-                responses[index] = self._error_response(request, error)
-                continue
-            groups.setdefault(checks.batch_key(self.model, request), []).append(index)
+            # ragged inputs join only at equal shapes here: the framework call takes dense tensors
+            key = request.batch_key(shape_tensors=self._shape_tensors) if self._batched else index
+            groups.setdefault(key, []).append(index)
         for indexes in groups.values():
             group = [requests[i] for i in indexes]
             for index, response in zip(indexes, await self._execute_group(group), strict=True):
@@ -71,19 +73,19 @@ class TensorBackend(Backend):
             outputs = await self._call_run(inputs, names, self._rows(group))
             outputs = self._wire_outputs(outputs, names)
         except ServerError as error:
-            return [self._error_response(r, error) for r in group]
+            return [InferResponse.failed(r, error) for r in group]
         except Exception as error:  # a framework error must not fail the replica
             wrapped = InternalError(
                 f"model '{self.model.name}' failed to execute: {type(error).__name__}: {error}"
             )
-            return [self._error_response(r, wrapped) for r in group]
+            return [InferResponse.failed(r, wrapped) for r in group]
         if len(group) == 1:
             return [self._response(group[0], outputs)]
         responses = []
         start = 0
         for request in group:
             stop = start + request.batch_rows()
-            rows = {name: arrays.slice_rows(a, start, stop) for name, a in outputs.items()}
+            rows = {name: tensors.slice_rows(a, start, stop) for name, a in outputs.items()}
             responses.append(self._response(request, rows))
             start = stop
         return responses
@@ -100,9 +102,9 @@ class TensorBackend(Backend):
     def _join_inputs(self, group: list[InferRequest]) -> dict[str, Tensor]:
         joined: dict[str, Tensor] = {}
         for name in group[0].inputs:
-            array = arrays.concat_rows([r.inputs[name] for r in group])
+            array = tensors.concat_rows([r.inputs[name] for r in group])
             spec = self.model.input(name)
-            shape = checks.to_model_shape(spec, array, self._batched) if spec else None
+            shape = to_model_shape(spec, array, self._batched) if spec else None
             joined[name] = array if shape is None else self._reshape(array, shape, name)
         return joined
 
@@ -113,16 +115,16 @@ class TensorBackend(Backend):
                 raise InternalError(f"model '{self.model.name}' produced no output '{name}'")
             array = outputs[name]
             spec = self.model.output(name)
-            shape = checks.to_wire_shape(spec, array, self._batched) if spec else None
+            shape = to_wire_shape(spec, array, self._batched) if spec else None
             result[name] = array if shape is None else self._reshape(array, shape, name)
         return result
 
     def _reshape(self, array: Tensor, shape: tuple[int, ...], name: str) -> Tensor:
         try:
-            return arrays.reshape(array, shape)
+            return tensors.reshape(array, shape)
         except (ValueError, RuntimeError) as error:
             raise InternalError(
-                f"tensor '{name}' of model '{self.model.name}' with shape {list(arrays.shape_of(array))} "
+                f"tensor '{name}' of model '{self.model.name}' with shape {list(tensors.shape_of(array))} "
                 f"cannot take the configured reshape {list(shape)}: {error}"
             ) from None
 
@@ -155,10 +157,21 @@ class TensorBackend(Backend):
             id=request.id,
         )
 
-    def _error_response(self, request: InferRequest, error: ServerError) -> InferResponse:
-        return InferResponse(
-            error=error,
-            model_name=self.model.name,
-            model_version=str(self.context.version),
-            id=request.id,
-        )
+
+def to_model_shape(spec: TensorSpec, array: Any, batched: bool) -> tuple[int, ...] | None:
+    """The shape the framework expects for a wire-shaped input (``None``: unchanged)."""
+    if spec.reshape is None:
+        return None
+    shape = tensors.shape_of(array)
+    return (shape[0], *spec.reshape) if batched else tuple(spec.reshape)
+
+
+def to_wire_shape(spec: TensorSpec, array: Any, batched: bool) -> tuple[int, ...] | None:
+    """The shape clients see for a model-shaped output (``None``: unchanged)."""
+    if spec.reshape is None:
+        return None
+    dims = tuple(spec.dims)
+    if dims.count(-1) > 1:
+        return None
+    shape = tensors.shape_of(array)
+    return (shape[0], *dims) if batched else dims

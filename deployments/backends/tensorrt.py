@@ -18,7 +18,7 @@ from typing import Any
 import tensorrt as trt
 import torch
 
-from deployments.backends import arrays
+from deployments import tensors
 from deployments.backends.tensor import TensorBackend
 from deployments.inference import Tensor
 from repository_loader.errors import InternalError, InvalidArgument, Unavailable, Unsupported
@@ -113,7 +113,7 @@ class TensorRTBackend(TensorBackend):
     def _device_input(self, name: str, array: Any) -> Any:
         if name not in self._inputs:
             raise InvalidArgument(f"model '{self.model.name}': the plan has no input '{name}'")
-        tensor = arrays.to_torch(array, self.device).contiguous()
+        tensor = tensors.to_torch(array, self.device).contiguous()
         expected = _TORCH_OF_TRT[self.engine.get_tensor_dtype(name)]
         if tensor.dtype != expected:
             raise InvalidArgument(

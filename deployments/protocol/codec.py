@@ -10,6 +10,13 @@ are numpy views on the body (``np.frombuffer``), never copies; BYTES tensors are
 A response body is JSON, with the outputs asked for in binary form appended
 after it (each with ``parameters.binary_data_size``), in the order of the
 header's ``outputs`` list.
+
+Decoding only parses: a well-formed body, JSON and binary tensors whose sizes
+match their data types and shapes. Whether a request fits its model (names,
+data types, shapes, batch sizes, outputs) is checked once, at the model
+runtime's boundary (:mod:`deployments.runtime.checks`), whatever the request's
+origin. Encoding reads the model's schema for the classification extension's
+labels.
 """
 
 from __future__ import annotations
@@ -24,10 +31,10 @@ import numpy as np
 
 from deployments.inference import InferRequest, InferResponse, RequestedOutput
 from deployments.runtime.checks import ModelSchema
+from deployments.tensors import to_numpy, wire_datatype
 from repository_loader.datatypes import (
     BY_WIRE,
     deserialize_bytes_tensor,
-    from_numpy_dtype,
     serialize_bytes_tensor,
     to_numpy_dtype,
 )
@@ -45,7 +52,6 @@ def _numpy_types() -> dict[str, np.dtype]:
 
 
 _DTYPES = _numpy_types()
-_WIRE_OF: dict[np.dtype, str] = {dtype: wire for wire, dtype in _DTYPES.items() if wire != "BYTES"}
 _DECODER = json.JSONDecoder()
 _ITEMSIZE = {w: BY_WIRE[w].size for w in BY_WIRE}
 _RESERVED = frozenset(("sequence_id", "sequence_start", "sequence_end", "priority", "timeout"))
@@ -73,22 +79,21 @@ def parse_header_length(value: bytes | str | None, body_size: int) -> int | None
 def decode_infer_request(
     body: bytes,
     header_length: int | None,
-    schema: ModelSchema | None,
     model_name: str,
     model_version: str = "",
 ) -> tuple[InferRequest, bool]:
     """Decode an infer request body.
 
     Returns the request and the request-level ``binary_data_output`` flag (the
-    default form of outputs the request does not list). Tensors are checked
-    against ``schema`` where given. Raises :class:`InvalidArgument` naming the
+    default form of outputs the request does not list). Tensors take the data
+    types the request declares. Raises :class:`InvalidArgument` naming the
     tensor or field at fault.
     """
     split = len(body) if header_length is None else header_length
     doc = _parse_json(body if header_length is None else body[:split])
     if type(doc) is not dict:
         raise InvalidArgument("the inference request JSON must be an object")
-    inputs = _decode_inputs(_list(doc, "inputs", required=True), body, split, header_length, schema)
+    inputs = _decode_inputs(_list(doc, "inputs", required=True), body, split, header_length)
     request = InferRequest(model_name=model_name, inputs=inputs, model_version=model_version)
     request_id = doc.get("id")
     if request_id is not None:
@@ -98,7 +103,7 @@ def decode_infer_request(
     binary_output = _apply_parameters(request, doc.get("parameters"))
     outputs = doc.get("outputs")
     if outputs is not None:
-        request.requested_outputs = _decode_outputs(_list(doc, "outputs"), schema)
+        request.requested_outputs = _decode_outputs(_list(doc, "outputs"))
     return request, binary_output
 
 
@@ -125,20 +130,16 @@ def _decode_inputs(
     body: bytes,
     offset: int,
     header_length: int | None,
-    schema: ModelSchema | None,
 ) -> dict[str, Any]:
     inputs: dict[str, Any] = {}
-    batch_sizes: set[int] = set()
     for item in items:
         name, datatype, shape = _tensor_header(item)
         if name in inputs:
             raise InvalidArgument(f"input '{name}' appears more than once in the request")
-        if schema is not None:
-            schema.check_input(name, datatype, shape)
-            if schema.max_batch_size > 0:
-                batch_sizes.add(shape[0])
-        elif datatype not in BY_WIRE:
-            raise InvalidArgument(f"input '{name}' has unknown data-type '{datatype}'")
+        if datatype not in BY_WIRE:
+            raise InvalidArgument(
+                f"inference input '{name}' data-type is '{datatype}', not a Triton data-type"
+            )
         params = item.get("parameters")
         size = _binary_size(name, params)
         if size is None:
@@ -162,8 +163,6 @@ def _decode_inputs(
             f"the request body holds {len(body) - offset} bytes beyond the JSON header of "
             f"{header_length} bytes ({HEADER_LENGTH}) and the inputs' binary_data_size"
         )
-    if schema is not None:
-        schema.check_complete(list(inputs), batch_sizes)
     return inputs
 
 
@@ -312,14 +311,12 @@ def _natural(params: dict, key: str) -> int:
     return value
 
 
-def _decode_outputs(items: list, schema: ModelSchema | None) -> list[RequestedOutput]:
+def _decode_outputs(items: list) -> list[RequestedOutput]:
     outputs: list[RequestedOutput] = []
     for item in items:
         if type(item) is not dict or type(item.get("name")) is not str:
             raise InvalidArgument("each entry of 'outputs' must be an object with a 'name' string")
         name = item["name"]
-        if schema is not None:
-            schema.check_output(name)
         requested = RequestedOutput(name)
         params = item.get("parameters")
         if params:
@@ -372,7 +369,7 @@ def encode_infer_response(
             if ro.class_count:
                 labels = schema.labels(ro.name) if schema is not None else None
                 batched = schema.batched if schema is not None else False
-                tensor = classify(_to_numpy(tensor), ro.class_count, batched, labels)
+                tensor = classify(to_numpy(tensor), ro.class_count, batched, labels)
             binary = binary_output if ro.binary is None else ro.binary
             _encode_output(outputs, blobs, ro.name, tensor, binary)
     doc: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
@@ -389,8 +386,8 @@ def encode_infer_response(
 
 
 def _encode_output(outputs: list, blobs: list, name: str, tensor: Any, binary: bool) -> None:
-    array = _to_numpy(tensor)
-    datatype = _WIRE_OF.get(array.dtype) or from_numpy_dtype(array.dtype)
+    array = to_numpy(tensor)
+    datatype = wire_datatype(array)
     entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
     if binary:
         if datatype == "BYTES":
@@ -421,18 +418,6 @@ def _as_text(item: Any) -> str:
     if isinstance(item, bytes):
         return item.decode("utf-8")
     return item if isinstance(item, str) else str(item)
-
-
-def _to_numpy(tensor: Any) -> np.ndarray:
-    if isinstance(tensor, np.ndarray):
-        return tensor
-    if hasattr(tensor, "__dlpack__"):
-        try:
-            return np.from_dlpack(tensor)
-        except (RuntimeError, TypeError, BufferError, ValueError):
-            if hasattr(tensor, "cpu"):  # a device tensor (torch)
-                return np.asarray(tensor.cpu())
-    return np.asarray(tensor)
 
 
 def classify(array: np.ndarray, count: int, batched: bool, labels: Sequence[str] | None) -> np.ndarray:

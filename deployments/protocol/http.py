@@ -255,7 +255,7 @@ class _BaseApp:
         if encoding:
             body = compression.decompress(body, encoding)
         header_length = codec.parse_header_length(call.header(b"inference-header-content-length"), len(body))
-        request, binary_output = codec.decode_infer_request(body, header_length, schema, name, version)
+        request, binary_output = codec.decode_infer_request(body, header_length, name, version)
         response = await self.dataplane.infer(request)
         if response.error is not None:
             raise response.error

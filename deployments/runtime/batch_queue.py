@@ -58,34 +58,8 @@ class Entry:
         return self.future.done()
 
 
-def shape_key(request: InferRequest, ragged: frozenset[str], shape_tensors: frozenset[str]) -> Hashable:
-    """What must be equal for two requests to share a batch.
-
-    Every input's dimensions after the batch dimension, except inputs that
-    allow ragged batching; the values of shape tensors; and which inputs are
-    present (optional inputs given in one request and not the other).
-    """
-    parts: list[tuple] = []
-    for name, tensor in request.inputs.items():
-        if name in ragged:
-            parts.append((name, None))
-            continue
-        shape = tuple(getattr(tensor, "shape", ()))
-        if name in shape_tensors:
-            parts.append((name, shape[1:], _tensor_values(tensor)))
-        else:
-            parts.append((name, shape[1:]))
-    return tuple(sorted(parts, key=lambda p: p[0]))
-
-
-def _tensor_values(tensor: object) -> tuple:
-    tolist = getattr(tensor, "tolist", None)
-    values = tolist() if tolist is not None else tensor
-    return tuple(map(repr, values)) if isinstance(values, list) else (repr(values),)
-
-
 def grouping_inputs(inputs: Sequence[TensorSpec]) -> tuple[frozenset[str], frozenset[str]]:
-    """Names of the ragged inputs and of the shape-tensor inputs of a model."""
+    """Names of the ragged inputs and of the shape-tensor inputs of a model, for :meth:`InferRequest.batch_key`."""
     ragged = frozenset(t.name for t in inputs if t.allow_ragged_batch)
     shape_tensors = frozenset(t.name for t in inputs if t.is_shape_tensor)
     return ragged, shape_tensors
@@ -286,6 +260,5 @@ __all__ = [
     "PriorityQueues",
     "grouping_inputs",
     "plan_batch",
-    "shape_key",
     "timeout_error",
 ]

@@ -3,8 +3,10 @@
 Both take requests one by one (``submit``) and hand the backend's ``execute``
 a list of requests, exactly as Triton hands a batch to a backend. Each
 ``submit`` returns that request's own ``InferResponse``; every error, including
-rejections by the queue policy, comes back in ``response.error`` (never
-raised). Plain asyncio, no Ray: the replica owns one scheduler per model
+rejections by the queue policy and a failing ``execute``, comes back in
+``response.error`` (built by ``InferResponse.failed``, never raised: the rule
+of :mod:`deployments.inference`). Statistics are the caller's, through the
+``on_batch`` callback. Plain asyncio, no Ray: the replica owns one scheduler per model
 version and calls it from its event loop. See ``docs/batching.md``.
 """
 
@@ -13,9 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Protocol
 
 from deployments.inference import InferRequest, InferResponse
@@ -26,7 +26,6 @@ from deployments.runtime.batch_queue import (
     PriorityQueues,
     grouping_inputs,
     plan_batch,
-    shape_key,
 )
 from repository_loader.errors import InternalError, ServerError, Unavailable
 from repository_loader.model import DynamicBatching, ModelDescription, TensorSpec
@@ -40,40 +39,12 @@ BatchCallback = Callable[[int, int, list[int]], None]
 """Called as each batch starts: ``(rows, requests, queue_ns_per_request)``."""
 
 
-@dataclass
-class SchedulerStats:
-    """What the scheduler did, for the statistics endpoint and metrics."""
-
-    batch_counts: Counter[int] = field(default_factory=Counter)  # rows of a batch -> executions
-    executed_batches: int = 0
-    executed_requests: int = 0
-    executed_rows: int = 0
-    queue_ns: int = 0  # total time requests waited before their batch started
-    rejected: int = 0  # queue full, timeout expired (REJECT), shutting down
-
-    def record(self, rows: int, queue_ns: Sequence[int]) -> None:
-        self.batch_counts[rows] += 1
-        self.executed_batches += 1
-        self.executed_requests += len(queue_ns)
-        self.executed_rows += rows
-        self.queue_ns += sum(queue_ns)
-
-
 class Scheduler(Protocol):
-    """What the model replica calls: submit requests, read statistics, close."""
-
-    stats: SchedulerStats
+    """What the model replica calls: submit requests, close."""
 
     async def submit(self, request: InferRequest) -> InferResponse: ...
 
     async def close(self, drain: bool = True) -> None: ...
-
-
-def error_response(request: InferRequest, error: ServerError) -> InferResponse:
-    """A response carrying only ``error``, addressed to ``request``."""
-    return InferResponse(
-        error=error, model_name=request.model_name, model_version=request.model_version, id=request.id
-    )
 
 
 async def run_batch(execute: ExecuteFn, requests: list[InferRequest], model_name: str) -> list[InferResponse]:
@@ -81,19 +52,19 @@ async def run_batch(execute: ExecuteFn, requests: list[InferRequest], model_name
     try:
         responses = list(await execute(requests))
     except ServerError as exc:
-        return [error_response(r, exc) for r in requests]
+        return [InferResponse.failed(r, exc) for r in requests]
     except Exception as exc:  # a backend bug must not take the scheduler down
         error = InternalError(
             f"model '{model_name}' failed to execute a batch of {len(requests)} requests: "
             f"{type(exc).__name__}: {exc}"
         )
-        return [error_response(r, error) for r in requests]
+        return [InferResponse.failed(r, error) for r in requests]
     if len(responses) != len(requests):
         error = InternalError(
             f"model '{model_name}' returned {len(responses)} responses for a batch of "
             f"{len(requests)} requests; a backend must return exactly one response per request"
         )
-        return [error_response(r, error) for r in requests]
+        return [InferResponse.failed(r, error) for r in requests]
     return responses
 
 
@@ -129,7 +100,6 @@ class DynamicBatcher:
     ) -> None:
         self.config = config
         self.model_name = model_name
-        self.stats = SchedulerStats()
         self._count_rows = max_batch_size > 0  # max_batch_size 0: every request is a batch of its own
         self._max_rows = max(max_batch_size, 1)
         self._preferred = frozenset(p for p in config.preferred_batch_size if 0 < p <= self._max_rows)
@@ -162,13 +132,11 @@ class DynamicBatcher:
     async def submit(self, request: InferRequest) -> InferResponse:
         """Queue ``request`` and return its own response once its batch ran."""
         if self._closing:
-            self.stats.rejected += 1
-            return error_response(request, _closed_error(request, self.model_name))
+            return InferResponse.failed(request, _closed_error(request, self.model_name))
         level = self._queues.level_of(request)
         rejection = self._queues.admit_error(level, request)
         if rejection is not None:
-            self.stats.rejected += 1
-            return error_response(request, rejection)
+            return InferResponse.failed(request, rejection)
         loop = asyncio.get_running_loop()
         entry = self._new_entry(request, level, loop.create_future())
         self._queues.push(level, entry)
@@ -182,7 +150,7 @@ class DynamicBatcher:
     def _new_entry(self, request: InferRequest, level: LevelQueue, future: asyncio.Future) -> Entry:
         now = time.monotonic_ns()
         rows = request.batch_rows() if self._count_rows else 1
-        key = shape_key(request, self._ragged, self._shape_tensors) if self._count_rows else None
+        key = request.batch_key(self._ragged, self._shape_tensors) if self._count_rows else None
         deadline = self._queues.deadline_for(level, request, now)
         entry = Entry(request, future, rows, key, self._next_seq, now, deadline)
         self._next_seq += 1
@@ -193,10 +161,8 @@ class DynamicBatcher:
         self._closing = True
         if not drain:
             for entry in self._queues.drain():
-                self.stats.rejected += 1
-                self._deliver(
-                    entry, error_response(entry.request, _closed_error(entry.request, self.model_name))
-                )
+                error = _closed_error(entry.request, self.model_name)
+                self._deliver(entry, InferResponse.failed(entry.request, error))
         self._wake()
         if self._loop_task is not None:
             await self._loop_task
@@ -214,7 +180,7 @@ class DynamicBatcher:
             )
             error = InternalError(f"the dynamic batcher of model '{self.model_name}' failed")
             for entry in self._queues.drain():
-                self._deliver(entry, error_response(entry.request, error))
+                self._deliver(entry, InferResponse.failed(entry.request, error))
         finally:
             self._loop_task = None
 
@@ -250,8 +216,7 @@ class DynamicBatcher:
         rejected: list = []
         self._queues.expire(now, rejected)
         for entry, error in rejected:
-            self.stats.rejected += 1
-            self._deliver(entry, error_response(entry.request, error))
+            self._deliver(entry, InferResponse.failed(entry.request, error))
 
     async def _launch(self, count: int) -> None:
         dropped: list[Entry] = []
@@ -260,7 +225,6 @@ class DynamicBatcher:
         now = time.monotonic_ns()
         rows = sum(e.rows for e in entries)
         queue_ns = [now - e.enqueue_ns for e in entries]
-        self.stats.record(rows, queue_ns)
         if self._on_batch is not None:
             try:
                 self._on_batch(rows, len(entries), queue_ns)
@@ -347,7 +311,6 @@ class PassThroughScheduler:
         model_name: str = "",
     ) -> None:
         self.model_name = model_name
-        self.stats = SchedulerStats()
         self._count_rows = max_batch_size > 0
         self._execute = execute
         self._on_batch = on_batch
@@ -359,15 +322,13 @@ class PassThroughScheduler:
     async def submit(self, request: InferRequest) -> InferResponse:
         """Execute ``request`` alone once an instance is free; return its response."""
         if self._closing:
-            self.stats.rejected += 1
-            return error_response(request, _closed_error(request, self.model_name))
+            return InferResponse.failed(request, _closed_error(request, self.model_name))
         enqueued = time.monotonic_ns()
         self._active += 1
         try:
             async with self._slots:
                 queue_ns = [time.monotonic_ns() - enqueued]
                 rows = request.batch_rows() if self._count_rows else 1
-                self.stats.record(rows, queue_ns)
                 if self._on_batch is not None:
                     self._on_batch(rows, 1, queue_ns)
                 return (await run_batch(self._execute, [request], self.model_name))[0]
@@ -427,8 +388,6 @@ __all__ = [
     "ExecuteFn",
     "PassThroughScheduler",
     "Scheduler",
-    "SchedulerStats",
-    "error_response",
     "make_scheduler",
     "run_batch",
 ]

@@ -1,20 +1,28 @@
-"""What the protocol front end checks a request against: one model's inputs, outputs and labels.
+"""The one request check: every request against one model's inputs, outputs and batching limit.
 
 A :class:`ModelSchema` is compiled once from a :class:`ModelDescription` (dict
 lookups instead of scans, numpy dtypes resolved) and reused for every request
-of that model. The checks follow Triton's: unknown or missing inputs, the data
-type, the shape against the configured dims (``-1`` is any size), and the batch
-dimension against ``max_batch_size``.
+of that model. :meth:`ModelSchema.check_request` runs once per request at the
+model runtime's boundary (:class:`deployments.runtime.model.VersionRuntime`),
+whatever its origin (HTTP, gRPC, BLS, an ensemble step, warmup); the
+schedulers and backends behind it trust their input. The checks and their
+wording follow Triton's: unknown or missing inputs, the data type, the shape
+against the configured dims (``-1`` is any size), the batch dimension against
+``max_batch_size``, one batch size for all inputs, and requested outputs the
+model has. The protocol decoders only parse; they use the schema for what
+encoding needs (output labels for the classification extension).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from deployments.inference import InferRequest
+from deployments.tensors import shape_of, wire_datatype
 from repository_loader.datatypes import to_numpy_dtype
 from repository_loader.errors import InvalidArgument
 from repository_loader.model import ModelDescription, TensorSpec
@@ -82,6 +90,19 @@ class ModelSchema:
             raise InvalidArgument(f"unexpected inference input '{name}' for model '{self.name}'")
         return rule
 
+    def check_request(self, request: InferRequest) -> None:
+        """Raise :class:`InvalidArgument` naming the first of Triton's rules ``request`` breaks."""
+        inputs = request.inputs
+        batch_sizes: set[int] = set()
+        for name, tensor in inputs.items():
+            shape = tensor.shape if type(tensor) is np.ndarray else shape_of(tensor)
+            self.check_input(name, _datatype(tensor), shape)
+            if self.max_batch_size > 0:
+                batch_sizes.add(shape[0])
+        self.check_complete(inputs, batch_sizes)
+        for out in request.requested_outputs or ():
+            self.check_output(out.name)
+
     def check_input(self, name: str, datatype: str, shape: Sequence[int]) -> InputRule:
         """Check one input's name, data type and shape; return its rule."""
         rule = self.input_rule(name)
@@ -104,10 +125,10 @@ class ModelSchema:
         rule.check_shape(shape, self.name, self.max_batch_size)
         return rule
 
-    def check_complete(self, names: Sequence[str], batch_sizes: set[int]) -> None:
+    def check_complete(self, names: Collection[str], batch_sizes: set[int]) -> None:
         """After every input: no required input missing, one batch size for all."""
-        missing = self.required.difference(names)
-        if missing:
+        if len(names) < len(self.required) or not self.required.issubset(names):
+            missing = self.required.difference(names)
             raise InvalidArgument(
                 f"expected {len(self.required)} inputs but got {len(names)} inputs for model "
                 f"'{self.name}'. Got input(s) {sorted(names)}, but missing required input(s) "
@@ -146,6 +167,14 @@ def _rule(spec: TensorSpec) -> InputRule:
     except InvalidArgument:
         dtype = None
     return InputRule(spec.name, spec.datatype, dtype, tuple(spec.dims), spec.optional)
+
+
+def _datatype(tensor: object) -> str:
+    """The wire data type of ``tensor``; its own type name where Triton has none (the check then names it)."""
+    try:
+        return wire_datatype(tensor)
+    except (InvalidArgument, TypeError, AttributeError):
+        return str(getattr(tensor, "dtype", type(tensor).__name__))
 
 
 def _fmt(shape: Sequence[int]) -> str:

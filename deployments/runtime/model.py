@@ -1,10 +1,15 @@
 """The model data plane of one replica: every served version of one model.
 
 Ray-free: the Serve deployment (``deployments.serve.app``) holds one
-:class:`ModelRuntime` and puts its HTTP app in front of it. A request is checked
-against the model's configuration, queued in the version's scheduler (dynamic
-batcher or one-at-a-time), executed by the backend, and accounted for in
-statistics and metrics.
+:class:`ModelRuntime` and puts its HTTP app in front of it. Every request,
+whatever its origin (HTTP, gRPC, BLS, an ensemble step), is checked here once
+against the model's configuration (:meth:`ModelSchema.check_request`), queued
+in the version's scheduler (dynamic batcher or one-at-a-time), executed by the
+backend, and accounted for in statistics and metrics.
+
+Errors: :meth:`ModelRuntime.infer` never raises for a request's fault (unknown
+version, a broken rule, a rejection, a failing model); the response carries it
+in ``error``, as everything behind it does (see :mod:`deployments.inference`).
 """
 
 from __future__ import annotations
@@ -20,38 +25,12 @@ from deployments.runtime.checks import ModelSchema
 from deployments.runtime.metrics import TritonMetrics, tags_for
 from deployments.runtime.stats import ModelStats
 from deployments.runtime.warmup import warmup_requests
-from repository_loader import datatypes
 from repository_loader.errors import InvalidArgument, NotFound, ServerError, Unavailable
 from repository_loader.model import InstanceKind, ModelDescription
 
 logger = logging.getLogger(__name__)
 
 ExecuteFn = Callable[[Sequence[InferRequest]], Awaitable[list[InferResponse]]]
-
-
-def check_request(schema: ModelSchema, request: InferRequest) -> None:
-    """Triton's request checks, for requests that did not come through a protocol decoder (BLS, ensembles)."""
-    batches: set[int] = set()
-    for name, tensor in request.inputs.items():
-        shape = [int(s) for s in getattr(tensor, "shape", ())]
-        schema.check_input(name, _wire_type(getattr(tensor, "dtype", None)), shape)
-        if schema.batched and shape:
-            batches.add(shape[0])
-    schema.check_complete(list(request.inputs), batches)
-    for out in request.requested_outputs or ():
-        schema.check_output(out.name)
-
-
-def _wire_type(dtype: Any) -> str:
-    """Wire name of a numpy or torch dtype ("?" when it has none)."""
-    if dtype is None:
-        return "?"
-    for convert in (datatypes.from_numpy_dtype, datatypes.from_torch_dtype):
-        try:
-            return convert(dtype)
-        except (ServerError, TypeError):
-            continue
-    return str(dtype)
 
 
 async def release_backend(backend: Backend) -> None:
@@ -96,13 +75,15 @@ class VersionRuntime:
         self._metrics.batch(self._tags, rows, sum(queue), 0, infer_ns, 0, len(requests))
         return responses
 
-    async def infer(self, request: InferRequest, checked: bool = False) -> InferResponse:
-        """Run ``request``; ``checked`` says a protocol decoder already checked it against the model."""
+    async def infer(self, request: InferRequest) -> InferResponse:
+        """Check ``request`` against the model, run it; a failure comes back in ``response.error``."""
         arrival = request.arrival_ns = request.arrival_ns or time.monotonic_ns()
         ok = False
         try:
-            if not checked:
-                check_request(self.schema, request)
+            try:
+                self.schema.check_request(request)
+            except ServerError as error:
+                return InferResponse.failed(request, error)
             response = await self.scheduler.submit(request)
             ok = response.error is None
             return response
@@ -113,11 +94,16 @@ class VersionRuntime:
 
     async def warmup(self) -> None:
         for request in warmup_requests(self.model, self.version):
-            response = await self.backend.execute([request])
-            if response and response[0].error is not None:
+            try:
+                self.schema.check_request(request)
+                response = await self.backend.execute([request])
+                error = response[0].error if response else None
+            except ServerError as exc:
+                error = exc
+            if error is not None:
                 raise Unavailable(
                     f"model '{self.model.name}' version {self.version}: warmup '{request.id}' failed: "
-                    f"{response[0].error.message}"
+                    f"{error.message}"
                 )
 
     async def close(self) -> None:
@@ -194,11 +180,17 @@ class ModelRuntime:
             raise NotFound(f"Request for unknown model: '{self.model.name}' version {number} is not found")
         return runtime
 
-    async def infer(self, request: InferRequest, checked: bool = False) -> InferResponse:
-        runtime = self.version(request.model_version)
-        if not runtime.ready:
-            raise Unavailable(f"model '{self.model.name}' version {runtime.version} is not ready")
-        response = await runtime.infer(request, checked)
+    async def infer(self, request: InferRequest) -> InferResponse:
+        """Run ``request`` on the version it names; every failure comes back in ``response.error``."""
+        try:
+            runtime = self.version(request.model_version)
+            if not runtime.ready:
+                raise Unavailable(f"model '{self.model.name}' version {runtime.version} is not ready")
+        except ServerError as error:
+            response = InferResponse.failed(request, error)
+            response.model_name = self.model.name
+            return response
+        response = await runtime.infer(request)
         response.model_name = self.model.name
         response.model_version = str(runtime.version)
         response.id = request.id

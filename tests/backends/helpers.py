@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from deployments.backends.base import BackendContext
-from deployments.inference import InferRequest, ModelExecutor, RequestedOutput
+from deployments.backends.base import Backend, BackendContext
+from deployments.inference import InferRequest, InferResponse, ModelExecutor, RequestedOutput
 from repository_loader.model import InstanceKind, ModelDescription, TensorSpec
 
 
@@ -52,6 +53,15 @@ def context(
 def request(model: str, outputs: Sequence[str] | None = None, **inputs: Any) -> InferRequest:
     requested = None if outputs is None else [RequestedOutput(n) for n in outputs]
     return InferRequest(model_name=model, inputs=dict(inputs), requested_outputs=requested)
+
+
+async def infer_through_runtime(backend: Backend, requests: Sequence[InferRequest]) -> list[InferResponse]:
+    """Run ``requests`` as the model runtime does: each checked at its boundary, then executed by ``backend``."""
+    from deployments.runtime.metrics import TritonMetrics
+    from deployments.runtime.model import VersionRuntime
+
+    runtime = VersionRuntime(backend.model, backend.context.version, backend, TritonMetrics())
+    return list(await asyncio.gather(*(runtime.infer(r) for r in requests)))
 
 
 def version_dir(root: Path, name: str) -> Path:

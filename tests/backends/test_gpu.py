@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from onnx import TensorProto, helper  # noqa: E402
 
-from deployments.backends import arrays  # noqa: E402
+from deployments import tensors  # noqa: E402
 from deployments.backends.registry import create_backend  # noqa: E402
 from repository_loader.model import InstanceKind  # noqa: E402
 from tests.backends.helpers import context, describe, request, save_onnx, spec, version_dir  # noqa: E402
@@ -64,7 +64,7 @@ async def test_onnxruntime_cuda_iobinding_keeps_tensors_on_device(tmp_path: Path
     assert isinstance(out0, torch.Tensor) and out0.is_cuda
     torch.testing.assert_close(out0, a + b)
     torch.testing.assert_close(on_device.outputs["OUTPUT1"], a - b)
-    np.testing.assert_allclose(arrays.to_numpy(from_host.outputs["OUTPUT0"]), 2 * host)
+    np.testing.assert_allclose(tensors.to_numpy(from_host.outputs["OUTPUT0"]), 2 * host)
     print("ORT CUDA IOBinding output", out0.device, tuple(out0.shape))
 
 
@@ -125,7 +125,7 @@ async def test_torchscript_on_cuda(tmp_path: Path) -> None:
     )
     assert on_device.outputs["OUTPUT0"].is_cuda
     torch.testing.assert_close(on_device.outputs["OUTPUT0"], a + b)
-    np.testing.assert_allclose(arrays.to_numpy(from_host.outputs["OUTPUT1"]), np.zeros((1, 4)))
+    np.testing.assert_allclose(tensors.to_numpy(from_host.outputs["OUTPUT1"]), np.zeros((1, 4)))
 
 
 async def test_gpu_dlpack_handoff_keeps_one_device_buffer(tmp_path: Path) -> None:
@@ -147,13 +147,13 @@ async def test_gpu_dlpack_handoff_keeps_one_device_buffer(tmp_path: Path) -> Non
     )
     x = torch.arange(6, dtype=torch.float32, device="cuda").reshape(2, 3)
     (first,) = await ort_backend.execute([request("double", X=x)])
-    address = arrays.data_ptr(first.outputs["Y"])
+    address = tensors.data_ptr(first.outputs["Y"])
     (second,) = await torch_backend.execute([request("passthrough", X=first.outputs["Y"])])
     (third,) = await python_backend.execute([request("dlpack_identity", X=second.outputs["Y"])])
-    assert arrays.device_of(third.outputs["Y"])[0] == "cuda"
-    assert arrays.data_ptr(second.outputs["Y"]) == address
-    assert arrays.data_ptr(third.outputs["Y"]) == address
+    assert tensors.device_of(third.outputs["Y"])[0] == "cuda"
+    assert tensors.data_ptr(second.outputs["Y"]) == address
+    assert tensors.data_ptr(third.outputs["Y"]) == address
     assert not python_backend._instance.seen_is_cpu
-    torch.testing.assert_close(arrays.to_torch(third.outputs["Y"]), 2 * x)
+    torch.testing.assert_close(tensors.to_torch(third.outputs["Y"]), 2 * x)
     python_backend.unload()
     print("GPU hand-off kept buffer", hex(address))

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper  # noqa: E402
 
-from deployments.backends import arrays  # noqa: E402
+from deployments import tensors  # noqa: E402
 from deployments.backends.registry import create_backend  # noqa: E402
 from tests.backends.helpers import context, describe, request, save_onnx, spec, version_dir  # noqa: E402
 
@@ -55,14 +55,14 @@ async def test_onnxruntime_torch_python_share_one_buffer(tmp_path: Path) -> None
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     (first,) = await ort_backend.execute([request("scale", X=x)])
     produced = first.outputs["Y"]
-    address = arrays.data_ptr(produced)
+    address = tensors.data_ptr(produced)
     (second,) = await torch_backend.execute([request("passthrough", X=produced)])
-    assert arrays.data_ptr(second.outputs["Y"]) == address
+    assert tensors.data_ptr(second.outputs["Y"]) == address
     (third,) = await python_backend.execute([request("dlpack_identity", X=second.outputs["Y"])])
     final = third.outputs["Y"]
-    assert arrays.data_ptr(final) == address
+    assert tensors.data_ptr(final) == address
     assert python_backend._instance.seen_is_cpu
-    np.testing.assert_array_equal(arrays.to_numpy(final), 2 * x)
+    np.testing.assert_array_equal(tensors.to_numpy(final), 2 * x)
     python_backend.unload()
 
 
@@ -74,6 +74,6 @@ async def test_read_only_request_buffers_still_share(tmp_path: Path) -> None:
     assert not x.flags.writeable
     (through_torch,) = await torch_backend.execute([request("passthrough", X=x)])
     (through_python,) = await python_backend.execute([request("dlpack_identity", X=x)])
-    assert arrays.data_ptr(through_torch.outputs["Y"]) == x.ctypes.data
-    assert arrays.data_ptr(through_python.outputs["Y"]) == x.ctypes.data
+    assert tensors.data_ptr(through_torch.outputs["Y"]) == x.ctypes.data
+    assert tensors.data_ptr(through_python.outputs["Y"]) == x.ctypes.data
     python_backend.unload()

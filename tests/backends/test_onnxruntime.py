@@ -16,7 +16,16 @@ from deployments.backends.registry import create_backend  # noqa: E402
 from repository_loader import datatypes  # noqa: E402
 from repository_loader.errors import ErrorCode, InvalidArgument, Unavailable  # noqa: E402
 from repository_loader.model import InstanceKind  # noqa: E402
-from tests.backends.helpers import context, describe, random_array, request, save_onnx, spec, version_dir  # noqa: E402
+from tests.backends.helpers import (  # noqa: E402
+    context,
+    describe,
+    infer_through_runtime,
+    random_array,
+    request,
+    save_onnx,
+    spec,
+    version_dir,
+)
 
 ONNX_TYPES = {
     "BOOL": TensorProto.BOOL,
@@ -155,7 +164,7 @@ async def test_bad_requests_get_errors_and_others_still_run(tmp_path: Path) -> N
         request("add_sub", INPUT0=a, INPUT1=a, EXTRA=a),  # unknown input
     ]
     good = request("add_sub", INPUT0=a, INPUT1=a)
-    responses = await backend.execute([*bad, good])
+    responses = await infer_through_runtime(backend, [*bad, good])
     for response in responses[:-1]:
         assert isinstance(response.error, InvalidArgument), response
         assert "add_sub" in response.error.message

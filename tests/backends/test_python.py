@@ -15,7 +15,7 @@ from deployments.backends.registry import create_backend
 from deployments.inference import InferRequest, InferResponse
 from repository_loader.errors import ErrorCode, InvalidArgument, NotFound, Unavailable
 from repository_loader.model import InstanceKind
-from tests.backends.helpers import context, describe, request, spec
+from tests.backends.helpers import context, describe, infer_through_runtime, request, spec
 
 MODELS = Path(__file__).parent / "python_models"
 
@@ -282,7 +282,9 @@ async def test_model_errors_become_responses_with_codes(mode: bytes, code: Error
 
 async def test_invalid_request_is_rejected_before_the_model() -> None:
     backend = _add_sub()
-    (response,) = await backend.execute([request("add_sub", INPUT0=np.ones((1, 4), np.float32))])
+    (response,) = await infer_through_runtime(
+        backend, [request("add_sub", INPUT0=np.ones((1, 4), np.float32))]
+    )
     assert isinstance(response.error, InvalidArgument) and "INPUT1" in response.error.message
     backend.unload()
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -72,6 +74,24 @@ class Recorder:
             return [InferResponse(outputs={"OUT": r.inputs["IN"] * 2}, id=r.id) for r in requests]
         finally:
             self.active -= 1
+
+
+@dataclass
+class SchedulerStats:
+    """What a scheduler did, counted through its ``on_batch`` callback (pass ``stats.record``)."""
+
+    batch_counts: Counter[int] = field(default_factory=Counter)  # rows of a batch -> executions
+    executed_batches: int = 0
+    executed_requests: int = 0
+    executed_rows: int = 0
+    queue_ns: int = 0  # total time requests waited before their batch started
+
+    def record(self, rows: int, requests: int, queue_ns: Sequence[int]) -> None:
+        self.batch_counts[rows] += 1
+        self.executed_batches += 1
+        self.executed_requests += requests
+        self.executed_rows += rows
+        self.queue_ns += sum(queue_ns)
 
 
 async def until(predicate: Callable[[], bool], steps: int = 2000) -> None:

@@ -9,7 +9,7 @@ import numpy as np
 
 from deployments.inference import InferRequest, InferResponse
 from deployments.runtime.batching import DynamicBatcher
-from tests.batching.fakes import INPUTS, RAGGED_INPUTS, Recorder, config, request, until
+from tests.batching.fakes import INPUTS, RAGGED_INPUTS, Recorder, SchedulerStats, config, request, until
 
 
 async def submit_all(batcher: DynamicBatcher, reqs: list[InferRequest]) -> list[InferResponse]:
@@ -18,12 +18,13 @@ async def submit_all(batcher: DynamicBatcher, reqs: list[InferRequest]) -> list[
 
 async def test_rows_are_counted_not_requests() -> None:
     rec = Recorder()
-    batcher = DynamicBatcher(config(), 8, INPUTS, rec)
+    stats = SchedulerStats()
+    batcher = DynamicBatcher(config(), 8, INPUTS, rec, on_batch=stats.record)
     reqs = [request("a", rows=3), request("b", rows=3), request("c", rows=2), request("d", rows=1)]
     await submit_all(batcher, reqs)
     assert rec.batches == [["a", "b", "c"], ["d"]]
     assert rec.rows == [8, 1]
-    assert batcher.stats.batch_counts == {8: 1, 1: 1}
+    assert stats.batch_counts == {8: 1, 1: 1}
 
 
 async def test_each_request_gets_its_own_rows_back() -> None:
@@ -61,12 +62,15 @@ async def test_queue_delay_lets_a_batch_grow_from_trickling_requests() -> None:
 
 async def test_lone_request_waits_out_the_queue_delay() -> None:
     rec = Recorder()
-    batcher = DynamicBatcher(config(max_queue_delay_microseconds=100_000), 16, INPUTS, rec)
+    stats = SchedulerStats()
+    batcher = DynamicBatcher(
+        config(max_queue_delay_microseconds=100_000), 16, INPUTS, rec, on_batch=stats.record
+    )
     start = time.monotonic()
     response = await batcher.submit(request("a"))
     assert response.error is None
     assert time.monotonic() - start >= 0.09
-    assert batcher.stats.queue_ns >= 90_000_000
+    assert stats.queue_ns >= 90_000_000
 
 
 async def test_lone_request_without_delay_runs_at_once_without_a_timer() -> None:
@@ -147,13 +151,19 @@ async def test_thousand_concurrent_requests_get_their_own_rows() -> None:
         return [InferResponse(outputs={"OUT": p}, id=r.id) for p, r in zip(parts, requests, strict=True)]
 
     sizes: list[int] = []
+    stats = SchedulerStats()
+
+    def on_batch(rows: int, n: int, queue_ns: list[int]) -> None:
+        sizes.append(rows)
+        stats.record(rows, n, queue_ns)
+
     batcher = DynamicBatcher(
         config(max_queue_delay_microseconds=2_000),
         32,
         INPUTS,
         merged_execute,
         max_concurrent_batches=2,
-        on_batch=lambda rows, n, queue_ns: sizes.append(rows),
+        on_batch=on_batch,
     )
     reqs = [request(str(i), rows=1 + i % 2, value=float(i)) for i in range(1000)]
     responses = await submit_all(batcher, reqs)
@@ -163,4 +173,4 @@ async def test_thousand_concurrent_requests_get_their_own_rows() -> None:
         assert np.all(response.outputs["OUT"] == 2 * i + 1)
     assert sum(sizes) == sum(1 + i % 2 for i in range(1000))
     assert max(sizes) > 1 and max(sizes) <= 32
-    assert batcher.stats.executed_requests == 1000
+    assert stats.executed_requests == 1000

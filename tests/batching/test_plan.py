@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from deployments.runtime.batch_queue import NEVER, Entry, plan_batch, shape_key
+from deployments.runtime.batch_queue import NEVER, Entry, plan_batch
 from tests.batching.fakes import request
 
 
@@ -78,11 +78,11 @@ def test_empty_queue_plans_nothing() -> None:
     assert plan([]).count == 0 and plan([]).wake_ns == NEVER
 
 
-def test_shape_key_ignores_batch_dim_and_ragged_inputs() -> None:
+def test_batch_key_ignores_batch_dim_and_ragged_inputs() -> None:
     none: frozenset[str] = frozenset()
-    assert shape_key(request("a", rows=1, width=3), none, none) == shape_key(
-        request("b", rows=5, width=3), none, none
+    assert request("a", rows=1, width=3).batch_key(none, none) == request("b", rows=5, width=3).batch_key(
+        none, none
     )
-    assert shape_key(request("a", width=3), none, none) != shape_key(request("b", width=4), none, none)
+    assert request("a", width=3).batch_key(none, none) != request("b", width=4).batch_key(none, none)
     ragged = frozenset({"IN"})
-    assert shape_key(request("a", width=3), ragged, none) == shape_key(request("b", width=4), ragged, none)
+    assert request("a", width=3).batch_key(ragged, none) == request("b", width=4).batch_key(ragged, none)

@@ -19,8 +19,8 @@ import ensembles.backend as ensemble_backend
 from deployments.backends.base import BackendContext
 from deployments.inference import InferRequest, InferResponse
 from deployments.runtime.model import ModelRuntime
+from deployments.tensors import data_ptr, to_numpy
 from ensembles.backend import EnsembleBackend, PlacedExecutor, consumer_framework, hand_on
-from ensembles.handoff import buffer_address, to_host
 from repository_loader.errors import ConfigError, Unavailable
 from repository_loader.model import (
     DynamicBatching,
@@ -128,12 +128,12 @@ async def test_hosted_steps_share_one_buffer(started) -> None:
     x = np.arange(32, dtype=np.float32).reshape(2, 16)
     response = await infer(backend, x)
     made = address(response, "make_out")
-    assert made != buffer_address(x)  # make writes a fresh buffer: the one that must travel on
+    assert made != data_ptr(x)  # make writes a fresh buffer: the one that must travel on
     for name in ("scale", "shift", "read"):
         assert address(response, f"{name}_in") == made, f"{name} received a copy"
         assert address(response, f"{name}_out") == made, f"{name} returned a copy"
-    assert buffer_address(response.outputs["OUTPUT"]) == made
-    np.testing.assert_array_equal(to_host(response.outputs["OUTPUT"]), expected(x))
+    assert data_ptr(response.outputs["OUTPUT"]) == made
+    np.testing.assert_array_equal(to_numpy(response.outputs["OUTPUT"]), expected(x))
     assert outer.calls == []
 
 
@@ -160,7 +160,7 @@ async def test_separate_sends_every_step_to_the_executor(started) -> None:
         assert backend.hosted == {} and backend.hosted_statistics() == []
         x = np.ones((1, 16), dtype=np.float32)
         response = await infer(backend, x)
-        np.testing.assert_array_equal(to_host(response.outputs["OUTPUT"]), expected(x))
+        np.testing.assert_array_equal(to_numpy(response.outputs["OUTPUT"]), expected(x))
         assert [name for name, _ in outer.calls] == ["make", "scale", "shift", "read"]
     finally:
         outer.close()
@@ -177,7 +177,7 @@ async def test_steps_outside_the_hosted_group_go_to_the_executor(started) -> Non
         response = await infer(backend, x)
         assert outer.calls == [("scale", 1)]
         assert address(response, "read_in") == address(response, "shift_out")
-        np.testing.assert_array_equal(to_host(response.outputs["OUTPUT"]), expected(x))
+        np.testing.assert_array_equal(to_numpy(response.outputs["OUTPUT"]), expected(x))
     finally:
         outer.close()
 
@@ -192,12 +192,12 @@ async def test_bls_inside_a_hosted_model_reaches_the_executor(started) -> None:
         8,
     )
     outer = NumpyExecutor({})
-    outer.add("times_ten", lambda inputs: {"Y": to_host(inputs["X"]) * 10})
+    outer.add("times_ten", lambda inputs: {"Y": to_numpy(inputs["X"]) * 10})
     backend = await start(started, ens, models, outer)
     assert list(backend.hosted) == ["make", "ask"]
     x = np.ones((1, 16), dtype=np.float32)
     response = await infer(backend, x)
-    np.testing.assert_array_equal(to_host(response.outputs["OUTPUT"]), (x + 1) * 10)
+    np.testing.assert_array_equal(to_numpy(response.outputs["OUTPUT"]), (x + 1) * 10)
     assert [c.model_name for c in outer.calls] == ["times_ten"]
 
 
@@ -227,7 +227,7 @@ async def test_nested_ensembles_run_inline_on_the_hosted_models(started) -> None
     x = np.zeros((1, 16), dtype=np.float32)
     response = await infer(backend, x)
     assert address(response, "scale_in") == address(response, "read_in") == address(response, "make_out")
-    np.testing.assert_array_equal(to_host(response.outputs["OUTPUT"]), expected(x))
+    np.testing.assert_array_equal(to_numpy(response.outputs["OUTPUT"]), expected(x))
     assert outer.calls == []
 
 
@@ -286,7 +286,7 @@ async def test_the_model_runtime_starts_and_stops_the_hosted_group() -> None:
         x = np.ones((2, 16), dtype=np.float32)
         response = await runtime.infer(InferRequest("chain", {"INPUT": x}))
         assert response.error is None
-        np.testing.assert_array_equal(to_host(response.outputs["OUTPUT"]), expected(x))
+        np.testing.assert_array_equal(to_numpy(response.outputs["OUTPUT"]), expected(x))
         backend = runtime.version(1).backend
         assert isinstance(backend, EnsembleBackend)
         hosted = list(backend.hosted.values())
@@ -310,9 +310,9 @@ def test_hand_on_gives_each_backend_its_framework_without_copies() -> None:
     onnx_model = model("o", [], [], backend="onnxruntime", platform="onnxruntime_onnx")
     python_model = model("p", [], [])
     as_torch = hand_on(torch_model, array)
-    assert isinstance(as_torch, torch.Tensor) and buffer_address(as_torch) == buffer_address(array)
+    assert isinstance(as_torch, torch.Tensor) and data_ptr(as_torch) == data_ptr(array)
     back = hand_on(onnx_model, as_torch)
-    assert isinstance(back, np.ndarray) and buffer_address(back) == buffer_address(array)
+    assert isinstance(back, np.ndarray) and data_ptr(back) == data_ptr(array)
     assert hand_on(python_model, as_torch) is as_torch
     strings = np.array([b"a", b"b"], dtype=object)
     assert hand_on(torch_model, strings) is strings

@@ -8,23 +8,20 @@ import numpy as np
 import pytest
 import torch
 
-from deployments.inference import InferRequest
-from ensembles.graph import StepNode, build_graph
-from ensembles.handoff import (
+from bench.cuda_ipc import (
     CudaIpcPayload,
     HandoffPolicy,
     HostPayload,
     InProcessPayload,
     IpcRegistry,
     Location,
-    Route,
-    as_framework,
-    buffer_address,
-    device_of,
     export_tensor,
     open_payload,
-    to_host,
 )
+from deployments.inference import InferRequest
+from deployments.tensors import as_framework, data_ptr, device_of, to_numpy
+from ensembles.graph import StepNode, build_graph
+from ensembles.handoff import Route
 from ensembles.scheduler import EnsembleScheduler
 from repository_loader.errors import InternalError, Unsupported
 from tests.ensembles.helpers import NumpyExecutor, ensemble, model, step
@@ -61,12 +58,12 @@ async def test_zero_copy_across_three_steps() -> None:
         x = inputs["X"]
         expected = torch.Tensor if frameworks[name] == "torch" else np.ndarray
         assert isinstance(x, expected)
-        seen[name] = buffer_address(x)
+        seen[name] = data_ptr(x)
         return x
 
     def make(inputs: dict) -> dict:
         out = inputs["X"] + 1.0  # a fresh buffer: the one that must travel on
-        seen["made"] = buffer_address(out)
+        seen["made"] = data_ptr(out)
         return {"Y": out}
 
     def scale(inputs: dict) -> dict:
@@ -91,7 +88,7 @@ async def test_zero_copy_across_three_steps() -> None:
     response = await scheduler.infer(InferRequest("chain", {"INPUT": data}))
     assert response.error is None
     assert seen["scale"] == seen["shift"] == seen["read"] == seen["made"]
-    assert buffer_address(response.outputs["OUTPUT"]) == seen["made"]
+    assert data_ptr(response.outputs["OUTPUT"]) == seen["made"]
     np.testing.assert_array_equal(np.from_dlpack(response.outputs["OUTPUT"]), (data + 1) * 2 + 3)
 
 
@@ -112,14 +109,14 @@ def test_in_process_payload_is_the_same_object() -> None:
     assert isinstance(payload, InProcessPayload)
     assert open_payload(payload) is t
     view = open_payload(payload, "numpy")
-    assert isinstance(view, np.ndarray) and buffer_address(view) == t.data_ptr()
+    assert isinstance(view, np.ndarray) and data_ptr(view) == t.data_ptr()
 
 
 def test_host_payload_carries_the_bytes_for_the_object_store() -> None:
     t = torch.arange(6, dtype=torch.float32)
     payload = export_tensor(t, Route.HOST)
     assert isinstance(payload, HostPayload)
-    assert buffer_address(payload.array) == t.data_ptr()  # a host tensor is not copied to pack it
+    assert data_ptr(payload.array) == t.data_ptr()  # a host tensor is not copied to pack it
     copy = pickle.loads(pickle.dumps(payload))
     np.testing.assert_array_equal(open_payload(copy), np.arange(6, dtype=np.float32))
     assert isinstance(open_payload(copy, "torch"), torch.Tensor)
@@ -127,9 +124,9 @@ def test_host_payload_carries_the_bytes_for_the_object_store() -> None:
 
 def test_framework_and_device_checks() -> None:
     a = np.zeros(3, dtype=np.float32)
-    assert device_of(a) == "cpu" and device_of(torch.zeros(1)) == "cpu"
-    assert to_host(a) is a
-    assert buffer_address(as_framework(a, "torch")) == buffer_address(a)
+    assert device_of(a) == ("cpu", 0) and device_of(torch.zeros(1)) == ("cpu", 0)
+    assert to_numpy(a) is a
+    assert data_ptr(as_framework(a, "torch")) == data_ptr(a)
     with pytest.raises(Unsupported, match="unknown tensor framework 'jax'"):
         as_framework(a, "jax")
     with pytest.raises(Unsupported, match="device tensors only"):

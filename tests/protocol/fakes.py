@@ -20,6 +20,7 @@ from deployments.protocol.dataplane import (
     model_metadata_document,
     server_metadata_document,
 )
+from deployments.runtime.checks import ModelSchema
 from repository_loader.errors import InvalidArgument, NotFound, Unavailable
 from repository_loader.model import ModelDescription, ModelState, TensorSpec
 
@@ -94,6 +95,10 @@ class FakeDataPlane:
         version = self._version(model, request.model_version)
         if not model.ready:
             raise Unavailable(f"model '{request.model_name}' is not ready")
+        try:  # the model runtime checks every request first
+            ModelSchema.from_description(model.description).check_request(request)
+        except InvalidArgument as error:
+            return InferResponse.failed(request, error)
         self.requests.append(request)
         start = time.perf_counter_ns()
         outputs = model.compute(request.inputs, version)

@@ -1,4 +1,4 @@
-"""The HTTP infer codec: decoding, checks against the model, encoding, compression."""
+"""The HTTP infer codec: decoding, encoding, compression; with the runtime's check of decoded requests."""
 
 from __future__ import annotations
 
@@ -40,7 +40,10 @@ def fp32_inputs(a, b, binary=True):
 
 
 def decode(body, length=None, schema=ADD_SUB, name="add_sub"):
-    return codec.decode_infer_request(body, length, schema, name)
+    """Decode as the HTTP front end does, then check as the model runtime does with every request."""
+    request, binary_output = codec.decode_infer_request(body, length, name)
+    schema.check_request(request)
+    return request, binary_output
 
 
 def json_body(inputs, **extra):
@@ -147,7 +150,7 @@ def test_string_sequence_id():
 
 def test_without_schema_decodes_by_declared_types():
     body = json_body([{"name": "x", "datatype": "INT64", "shape": [2, 2], "data": [[1, 2], [3, 4]]}])
-    request, _ = codec.decode_infer_request(body, None, None, "anything")
+    request, _ = codec.decode_infer_request(body, None, "anything")
     assert request.inputs["x"].dtype == np.int64 and request.inputs["x"].tolist() == [[1, 2], [3, 4]]
 
 

@@ -1,10 +1,12 @@
-"""Array hand-off between numpy, torch and any DLPack producer, without copies.
+"""The one home of tensor helpers: numpy, torch and any DLPack producer, without copies.
 
 A tensor in the server is either a numpy array on the host (BYTES as ``object``
 arrays of ``bytes``) or any object that speaks DLPack (a torch tensor, a CuPy
-array, an ONNX Runtime ``OrtValue``). These helpers tell them apart, convert
-between them by sharing the buffer, and join/split them along the batch
-dimension.
+array, an ONNX Runtime ``OrtValue``). These helpers tell them apart (device,
+wire data type, shape, buffer address), convert between them by sharing the
+buffer (:func:`to_torch`, :func:`to_numpy`, :func:`as_framework`), and
+join/split them along the batch dimension. The request check, the codec, the
+backends and the ensemble hand-off all use them.
 """
 
 from __future__ import annotations
@@ -14,9 +16,25 @@ from typing import Any
 import numpy as np
 
 from repository_loader import datatypes
+from repository_loader.errors import InvalidArgument, Unsupported
 
-_DLPACK_CPU = 1  # DLDeviceType kDLCPU
+Tensor = Any  # numpy.ndarray, or an object with __dlpack__ (torch.Tensor, cupy.ndarray)
+
 _DLPACK_CUDA = (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+
+
+def _wire_names() -> dict[np.dtype, str]:
+    names: dict[np.dtype, str] = {np.dtype(object): "BYTES"}
+    for wire in datatypes.BY_WIRE:
+        try:
+            dtype = datatypes.to_numpy_dtype(wire)
+        except InvalidArgument:  # BF16 without ml_dtypes
+            continue
+        names.setdefault(dtype, wire)
+    return names
+
+
+_WIRE_OF = _wire_names()  # numpy dtype -> wire name: one dict lookup on the request path
 
 
 def is_numpy(array: Any) -> bool:
@@ -46,9 +64,9 @@ def is_host(array: Any) -> bool:
 
 
 def wire_datatype(array: Any) -> str:
-    """Triton wire name of an array's element type."""
+    """Triton wire name of an array's element type (:class:`InvalidArgument` where it has none)."""
     if isinstance(array, np.ndarray):
-        return datatypes.from_numpy_dtype(array.dtype)
+        return _WIRE_OF.get(array.dtype) or datatypes.from_numpy_dtype(array.dtype)
     if is_torch(array):
         return datatypes.from_torch_dtype(array.dtype)
     dtype = getattr(array, "dtype", None)
@@ -58,6 +76,9 @@ def wire_datatype(array: Any) -> str:
 
 
 def shape_of(array: Any) -> tuple[int, ...]:
+    """The shape as a tuple of ints (an ``OrtValue``'s ``shape()`` too)."""
+    if isinstance(array, np.ndarray):
+        return array.shape
     shape = array.shape() if callable(getattr(array, "shape", None)) else array.shape
     return tuple(int(d) for d in shape)
 
@@ -85,9 +106,11 @@ def to_torch(array: Any, device: Any = None) -> Any:
 
 
 def to_numpy(array: Any) -> np.ndarray:
-    """A host numpy array for ``array``; shares the buffer when it is on the host already."""
+    """A host numpy array for ``array``: a view for host tensors, a copy only for device tensors."""
     if isinstance(array, np.ndarray):
         return array
+    if not hasattr(array, "__dlpack__") and not is_torch(array):
+        return np.asarray(array)  # lists, scalars
     if is_torch(array):
         tensor = array.detach()
         if tensor.device.type != "cpu":
@@ -109,8 +132,25 @@ def _torch_int16() -> Any:
     return torch.int16
 
 
+def as_framework(array: Any, framework: str | None) -> Any:
+    """The same memory seen as a ``"numpy"`` or ``"torch"`` array (``None``: as it is).
+
+    A zero-copy DLPack view; a device tensor cannot be seen as numpy and is
+    refused rather than copied.
+    """
+    if framework is None:
+        return array
+    if framework == "numpy":
+        if not is_host(array):
+            raise Unsupported("a device tensor cannot be handed on as numpy without a copy to the host")
+        return to_numpy(array)
+    if framework == "torch":
+        return to_torch(array)
+    raise Unsupported(f"unknown tensor framework '{framework}' (expected 'numpy' or 'torch')")
+
+
 def data_ptr(array: Any) -> int:
-    """Address of the first element."""
+    """Address of the first element: equal addresses mean the same memory."""
     if isinstance(array, np.ndarray):
         return int(array.ctypes.data)
     if is_torch(array) or hasattr(array, "data_ptr"):
