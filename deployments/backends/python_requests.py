@@ -25,6 +25,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from deployments.backends import python_utils
 from deployments.backends.python_utils import (
     TRITONSERVER_REQUEST_FLAG_SEQUENCE_END,
     TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
@@ -262,6 +263,9 @@ def current_model_name() -> str:
     """The name of the Python model whose code runs in this context ("" outside any)."""
     bridge = _BRIDGE.get() or _default_bridge
     return bridge.model_name if bridge is not None else ""
+
+
+python_utils.current_model_name = current_model_name
 
 
 def current_bridge() -> BlsBridge:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import Callable
 from enum import IntEnum
 from typing import Any
 
@@ -320,10 +321,16 @@ class _LogLevel(IntEnum):
 _LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
 
 
+def _no_model() -> str:
+    return ""
+
+
+# Set by the request layer (``python_requests``), which knows which model's code runs in a context.
+current_model_name: Callable[[], str] = _no_model
+
+
 def _emit(level: int, message: Any) -> None:
     """Log ``message`` under the current model's name, attributed to the model's own source line."""
-    from deployments.backends.python_requests import current_model_name
-
     model = current_model_name()
     text = f"model '{model}': {message}" if model else str(message)
     _log.log(_LEVELS.get(int(level), logging.INFO), text, stacklevel=3)
