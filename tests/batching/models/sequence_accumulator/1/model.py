@@ -6,6 +6,7 @@ and which sequence a row belongs to (CORRID). The same file runs on Triton.
 """
 
 import numpy as np
+
 import triton_python_backend_utils as pb_utils
 
 
