@@ -17,7 +17,7 @@ from typing import Any
 
 from deployments.inference import InferRequest, InferResponse, ModelExecutor, RequestedOutput
 from ensembles.graph import EnsembleGraph, StepNode
-from repository_loader.errors import InternalError, InvalidArgument, ServerError, error_for_code
+from repository_loader.errors import InternalError, ServerError, error_for_code
 
 Tensor = Any
 
@@ -80,40 +80,24 @@ class EnsembleScheduler:
         self._nested: dict[str, EnsembleScheduler] = {}
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        """Run ``request``; errors come back in the response, as from any executor."""
+        """Run ``request``; errors come back in the response, as from any executor.
+
+        ``request`` was checked against the ensemble's inputs and outputs at the runtime's boundary
+        (``deployments.runtime.checks``), like a request to any model.
+        """
         response = InferResponse(
             model_name=self.graph.name,
             model_version=str(self.graph.ensemble.latest_version),
             id=request.id,
         )
         try:
-            outputs = self._requested_outputs(request)
-            self._check_inputs(request)
+            outputs = request.output_names(self.graph.output_names)
             tensors = await self._run(self._plan(outputs), request, outputs)
         except ServerError as error:
             response.error = error
             return response
         response.outputs = {name: tensors[name] for name in outputs}
         return response
-
-    def _requested_outputs(self, request: InferRequest) -> list[str]:
-        names = request.output_names(self.graph.output_names)
-        for name in names:
-            if self.graph.ensemble.output(name) is None:
-                raise InvalidArgument(
-                    f"unexpected inference output '{name}' for ensemble '{self.graph.name}'"
-                )
-        return names
-
-    def _check_inputs(self, request: InferRequest) -> None:
-        for name in request.inputs:
-            if self.graph.ensemble.input(name) is None:
-                raise InvalidArgument(f"unexpected inference input '{name}' for ensemble '{self.graph.name}'")
-        for spec in self.graph.ensemble.inputs:
-            if not spec.optional and spec.name not in request.inputs:
-                raise InvalidArgument(
-                    f"expected input '{spec.name}' for ensemble '{self.graph.name}' is missing"
-                )
 
     def _plan(self, outputs: list[str]) -> EnsembleGraph:
         key = tuple(sorted(outputs))

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from deployments.inference import InferRequest, InferResponse, RequestedOutput
+from deployments.runtime.checks import ModelSchema
 from ensembles.graph import EnsembleGraph, build_graph
 from ensembles.scheduler import EnsembleScheduler, StepTiming
 from repository_loader.errors import ErrorCode, InternalError, InvalidArgument, Unavailable
@@ -139,15 +140,15 @@ async def test_unexpected_exception_and_missing_output_are_internal_errors() -> 
     )
 
 
-async def test_request_checks() -> None:
-    scheduler = EnsembleScheduler(diamond_graph(), executor())
-    unknown = await scheduler.infer(request(["t0"]))
-    assert isinstance(unknown.error, InvalidArgument)
-    assert "unexpected inference output 't0' for ensemble 'diamond'" in unknown.error.message
-    missing = await scheduler.infer(InferRequest("diamond", {}))
-    assert "expected input 'INPUT' for ensemble 'diamond' is missing" in missing.error.message
-    extra = await scheduler.infer(InferRequest("diamond", {"INPUT": fp32(1, 1), "X": fp32(1, 1)}))
-    assert "unexpected inference input 'X'" in extra.error.message
+def test_ensemble_requests_meet_the_one_request_check() -> None:
+    """An ensemble's requests are checked where every model's are, with the same wording."""
+    schema = ModelSchema.from_description(diamond_graph().ensemble)
+    with pytest.raises(InvalidArgument, match="unexpected inference output 't0' for model 'diamond'"):
+        schema.check_request(request(["t0"]))
+    with pytest.raises(InvalidArgument, match="missing required input"):
+        schema.check_request(InferRequest("diamond", {}))
+    with pytest.raises(InvalidArgument, match="unexpected inference input 'X' for model 'diamond'"):
+        schema.check_request(InferRequest("diamond", {"INPUT": fp32(1, 1), "X": fp32(1, 1)}))
 
 
 async def test_step_timings_are_reported() -> None:
