@@ -4,7 +4,6 @@
   implementation :class:`ModelDataPlane` over a :class:`ModelRegistry` of :class:`ServedModel`.
 - ``codec``: infer request and response bodies (JSON and binary tensors).
 - ``compression``: gzip / deflate bodies.
-- ``schema``: a model's inputs and outputs compiled for request checks.
 - ``http``: the route table and the bare ASGI applications.
 """
 

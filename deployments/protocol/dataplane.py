@@ -78,7 +78,7 @@ class DataPlane(Protocol):
         ...
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        """Run one inference; an error may be raised or set on the response."""
+        """Run one inference: an unknown or unready model raises; the inference's own failure is ``response.error``."""
         ...
 
     async def model_statistics(self, name: str | None = None, version: str = "") -> dict[str, Any]:
