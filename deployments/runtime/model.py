@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from deployments.backends.base import Backend, BackendContext
@@ -92,6 +92,34 @@ class VersionRuntime:
             self.stats.record_request(ok, duration)
             self._metrics.request(self._tags, ok, duration)
 
+    async def infer_stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
+        """Check ``request``, then every response the backend streams for it (the last ``final``).
+
+        Decoupled requests bypass the scheduler (Triton does not batch them across streams); the
+        request counts once in the statistics, its execution as one batch of one. A consumer that
+        stops early (a cancelled client) closes the backend's stream, which cancels the request.
+        """
+        arrival = request.arrival_ns = request.arrival_ns or time.monotonic_ns()
+        ok = False
+        try:
+            try:
+                self.schema.check_request(request)
+            except ServerError as error:
+                yield InferResponse.failed(request, error)
+                return
+            start = time.monotonic_ns()
+            ok = True
+            async for response in self.backend.stream(request):
+                ok = ok and response.error is None
+                yield response
+            infer_ns = time.monotonic_ns() - start
+            self.stats.record_batch(1, 1, [start - arrival], 0, infer_ns, 0)
+            self._metrics.batch(self._tags, 1, start - arrival, 0, infer_ns, 0, 1)
+        finally:
+            duration = time.monotonic_ns() - arrival
+            self.stats.record_request(ok, duration)
+            self._metrics.request(self._tags, ok, duration)
+
     async def warmup(self) -> None:
         for request in warmup_requests(self.model, self.version):
             try:
@@ -138,10 +166,14 @@ class ModelRuntime:
     async def load(self) -> None:
         """Load every version and run its warmup; a version is ready only after both."""
         from deployments.backends.registry import create_backend
+        from deployments.runtime.sequence_config import backend_model
 
+        # A stateful model's backend also sees the control and state tensors (docs/sequence.md);
+        # the request check stays on the model's own inputs.
+        seen_by_backend = backend_model(self.model) if self.model.sequence_batching else self.model
         for version in self.model.versions:
             context = BackendContext(
-                model=self.model,
+                model=seen_by_backend,
                 version=version,
                 instance_kind=self.instance_kind,
                 device_id=self.device_id,
@@ -195,6 +227,28 @@ class ModelRuntime:
         response.model_version = str(runtime.version)
         response.id = request.id
         return response
+
+    async def infer_stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
+        """Every response of ``request`` (0..N from a decoupled model, the last ``final``); failures
+        come back in ``response.error``, as from :meth:`infer`."""
+        try:
+            runtime = self.version(request.model_version)
+            if not runtime.ready:
+                raise Unavailable(f"model '{self.model.name}' version {runtime.version} is not ready")
+        except ServerError as error:
+            failed = InferResponse.failed(request, error)
+            failed.model_name = self.model.name
+            yield failed
+            return
+        stream = runtime.infer_stream(request)
+        try:
+            async for response in stream:
+                response.model_name = self.model.name
+                response.model_version = str(runtime.version)
+                response.id = request.id
+                yield response
+        finally:
+            await stream.aclose()
 
     def is_ready(self, version: str | int | None = None) -> bool:
         try:
