@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Any
 
 from deployments.inference import InferRequest, InferResponse
@@ -40,6 +40,9 @@ class LocalModel:
 
     async def infer(self, request: InferRequest) -> InferResponse:
         return await self.runtime.infer(request)
+
+    def infer_stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
+        return self.runtime.infer_stream(request)
 
     async def statistics(self, version: str = "") -> list[dict[str, Any]]:
         if version:

@@ -23,7 +23,7 @@ description, so every served model reports them alike.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from deployments.inference import InferRequest, InferResponse
@@ -81,6 +81,12 @@ class DataPlane(Protocol):
         """Run one inference: an unknown or unready model raises; the inference's own failure is ``response.error``."""
         ...
 
+    def infer_stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
+        """Run one inference and yield every response as it comes (a decoupled model: 0..N, the
+        last with ``final`` set; any other model: one). Closing the iterator early cancels the
+        request. Errors as in :meth:`infer`."""
+        ...
+
     async def model_statistics(self, name: str | None = None, version: str = "") -> dict[str, Any]:
         """``{"model_stats": [...]}`` for one model (every model when ``name`` is None)."""
         ...
@@ -113,6 +119,10 @@ class ServedModel(Protocol):
     def config(self, version: str = "") -> dict[str, Any]: ...
 
     async def infer(self, request: InferRequest) -> InferResponse: ...
+
+    def infer_stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
+        """Every response of ``request`` in order; closing the iterator early cancels it."""
+        ...
 
     async def statistics(self, version: str = "") -> list[dict[str, Any]]:
         """The model's ``model_stats`` entries (every version when ``version`` is "")."""
@@ -183,6 +193,9 @@ class ModelDataPlane:
 
     async def infer(self, request: InferRequest) -> InferResponse:
         return await self.registry.get(request.model_name).infer(request)
+
+    def infer_stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
+        return self.registry.get(request.model_name).infer_stream(request)
 
     async def model_statistics(self, name: str | None = None, version: str = "") -> dict[str, Any]:
         if name is not None:

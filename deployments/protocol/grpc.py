@@ -26,7 +26,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import grpc
 
@@ -52,15 +52,6 @@ _COMPRESSION = {
     "gzip": grpc.Compression.Gzip,
     "deflate": grpc.Compression.Deflate,
 }
-
-
-@runtime_checkable
-class StreamingDataPlane(DataPlane, Protocol):
-    """A data plane that can also run decoupled models (0..N responses per request)."""
-
-    def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
-        """Run one inference of a decoupled model: its responses in order, the last with ``final`` set."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -123,7 +114,6 @@ class GRPCInferenceServicer:
     def __init__(self, dataplane: DataPlane, options: GrpcOptions | None = None) -> None:
         self.dataplane = dataplane
         self.options = options or GrpcOptions()
-        self._streaming = isinstance(dataplane, StreamingDataPlane)
         self._schemas: dict[tuple[str, str], tuple[ModelDescription, ModelSchema]] = {}
 
     def handler(self) -> grpc.GenericRpcHandler:
@@ -229,29 +219,24 @@ class GRPCInferenceServicer:
                 )
                 return
             empty_final = request.parameters.get(_ENABLE_EMPTY_FINAL) is True
-            async for response in self._infer_stream(request):
-                if response.error is not None:
-                    raise response.error
-                if response.final and not response.outputs and not empty_final:
-                    continue
-                response.parameters[_FINAL] = response.final
-                put(
-                    pb.ModelStreamInferResponse(
-                        infer_response=self._encode(response, request, description, schema)
+            # aclosing: a cancelled task (the client went away) closes the model's stream at once
+            async with contextlib.aclosing(self.dataplane.infer_stream(request)) as responses:
+                async for response in responses:
+                    if response.error is not None:
+                        raise response.error
+                    if response.final and not response.outputs and not empty_final:
+                        continue
+                    response.parameters[_FINAL] = response.final
+                    put(
+                        pb.ModelStreamInferResponse(
+                            infer_response=self._encode(response, request, description, schema)
+                        )
                     )
-                )
         except ServerError as e:
             put(_stream_error(message, e.message))
         except Exception as e:
             logger.exception("internal error answering a stream request for model '%s'", message.model_name)
             put(_stream_error(message, f"internal error: {type(e).__name__}: {e}"))
-
-    def _infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
-        if not self._streaming:
-            raise Unsupported(
-                f"this server cannot stream the responses of decoupled model '{request.model_name}'"
-            )
-        return self.dataplane.infer_stream(request)  # type: ignore[attr-defined]
 
     def _encode(
         self,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 from deployments.inference import InferRequest, InferResponse
@@ -36,14 +36,42 @@ class HandleExecutor:
         try:
             response: InferResponse = await handle.infer_internal.remote(request)
             return response
-        except ServerError:
-            raise
         except Exception as exc:
-            cause = getattr(exc, "cause", None) or getattr(exc, "__cause__", None)
-            if isinstance(cause, ServerError):
-                raise cause from None
-            self._handles.pop(request.model_name, None)
-            raise Unavailable(f"model '{request.model_name}' is unavailable: {exc}") from None
+            raise self._failure(request.model_name, exc) from None
+
+    async def stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
+        """Every response of ``request`` from the model's replica (``infer_stream_internal``), in order.
+
+        Closing this iterator early (or cancelling the task reading it) cancels the call on the
+        replica, where the model sees ``request.is_cancelled()``.
+        """
+        handle = self.handle(request.model_name)
+        responses = handle.options(stream=True).infer_stream_internal.remote(request)
+        finished = False
+        try:
+            while True:
+                try:
+                    response: InferResponse = await responses.__anext__()
+                except StopAsyncIteration:
+                    finished = True
+                    return
+                except Exception as exc:
+                    finished = True
+                    raise self._failure(request.model_name, exc) from None
+                yield response
+        finally:
+            if not finished:
+                responses.cancel()
+
+    def _failure(self, model: str, exc: Exception) -> ServerError:
+        """The server error a failed handle call stands for (Unavailable when the replica is gone)."""
+        if isinstance(exc, ServerError):
+            return exc
+        cause = getattr(exc, "cause", None) or getattr(exc, "__cause__", None)
+        if isinstance(cause, ServerError):
+            return cause
+        self._handles.pop(model, None)
+        return Unavailable(f"model '{model}' is unavailable: {exc}")
 
 
 class RemoteModel:
@@ -91,6 +119,9 @@ class RemoteModel:
 
     async def infer(self, request: InferRequest) -> InferResponse:
         return await self._executor.infer(request)
+
+    def infer_stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
+        return self._executor.stream(request)
 
     async def statistics(self, version: str = "") -> list[dict[str, Any]]:
         served = {str(v) for v in self._version(version)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from ray import serve
@@ -86,6 +87,19 @@ class ModelDeployment:
         if self.load_error is not None:
             raise Unavailable(f"model '{self.model.name}' is unavailable: {self.load_error}")
         return await self.runtime.infer(request)
+
+    async def infer_stream_internal(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
+        """Every response of ``request`` as the model sends it (a decoupled model: 0..N, the last
+        ``final``). Called with ``handle.options(stream=True)``; a caller that cancels the stream
+        cancels the request (the Python model sees ``request.is_cancelled()``)."""
+        if self.load_error is not None:
+            raise Unavailable(f"model '{self.model.name}' is unavailable: {self.load_error}")
+        stream = self.runtime.infer_stream(request)
+        try:
+            async for response in stream:
+                yield response
+        finally:
+            await stream.aclose()
 
     def stats_snapshot(self) -> list[dict[str, Any]]:
         return self.runtime.statistics()

@@ -7,7 +7,7 @@ tested end to end with real clients, without Ray.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,6 +109,10 @@ class FakeDataPlane:
         stats["inference_stats"]["success"]["count"] += 1
         stats["inference_stats"]["success"]["ns"] += elapsed
         return InferResponse(outputs=outputs, model_name=request.model_name, model_version=str(version))
+
+    async def infer_stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
+        """A model that is not decoupled streams its one response."""
+        yield await self.infer(request)
 
     async def model_statistics(self, name: str | None = None, version: str = "") -> dict[str, Any]:
         chosen = self.models.values() if name is None else [self._model(name)]

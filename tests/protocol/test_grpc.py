@@ -22,10 +22,10 @@ from tritonclient.grpc import service_pb2 as triton_pb
 from tritonclient.grpc import service_pb2_grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
+from deployments.protocol.dataplane import DataPlane
 from deployments.protocol.grpc import (
     GRPCInferenceServicer,
     GrpcOptions,
-    StreamingDataPlane,
     build_grpc_server,
 )
 from deployments.protocol.proto import grpc_service_pb2 as pb
@@ -144,7 +144,7 @@ def test_every_rpc_has_a_method():
 
 
 def test_the_fake_streams(dataplane):
-    assert isinstance(dataplane, StreamingDataPlane)
+    assert isinstance(dataplane, DataPlane)
 
 
 def test_generated_module_is_current(tmp_path):
