@@ -22,6 +22,18 @@ from pathlib import Path
 from typing import Any
 
 CONTROL_MODES = ("none", "explicit", "poll")
+# Triton's API groups for --http-restricted-api / --grpc-restricted-api.
+API_GROUPS = (
+    "health",
+    "metadata",
+    "inference",
+    "shared-memory",
+    "model-config",
+    "model-repository",
+    "statistics",
+    "trace",
+    "logging",
+)
 # "0" sends every request through Serve's wrapper (Serve's request metrics, ``max_ongoing_requests``).
 DIRECT_ROUTES_ENV = "TRITON_SERVE_DIRECT_ROUTES"
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -31,16 +43,96 @@ class SettingsError(ValueError):
     """A server argument is missing or has a value the server cannot use."""
 
 
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one request may ask of a replica; a request over a limit is refused before the memory is
+    spent, with a Triton-form JSON error (413 for sizes, 429 for concurrency, 400 otherwise).
+
+    ``max_input_size`` is Triton's ``--http-max-input-size`` (64 MiB by default) and holds for the
+    body as received; ``max_decompressed_size`` holds for a ``Content-Encoding: gzip``/``deflate``
+    body while it is inflated (never after). ``max_concurrent_requests`` caps the inference requests
+    one replica holds at once, on top of a model's own ``max_queue_size`` (0: no cap, as in Triton).
+    ``max_url_bytes`` and ``max_header_bytes`` are checked by the application; HAProxy refuses a
+    request head larger than its ``tune.bufsize`` (16 KiB) first, with its own HTML 400.
+    """
+
+    max_input_size: int = 64 * MIB
+    max_decompressed_size: int = 64 * MIB
+    max_tensor_elements: int = 1 << 30
+    max_shape_rank: int = 32
+    max_url_bytes: int = 8192
+    max_header_bytes: int = 16384
+    max_concurrent_requests: int = 0
+
+    def __post_init__(self) -> None:
+        for name in LIMIT_ARGS:
+            value = getattr(self, name)
+            if type(value) is not int or value < 0 or (value == 0 and name != "max_concurrent_requests"):
+                raise SettingsError(f"{name} must be a positive integer, not {value!r}")
+
+
+LIMIT_ARGS = (
+    "max_input_size",
+    "max_decompressed_size",
+    "max_tensor_elements",
+    "max_shape_rank",
+    "max_url_bytes",
+    "max_header_bytes",
+    "max_concurrent_requests",
+)
+
+
+@dataclass(frozen=True)
+class RestrictedApi:
+    """Triton's restricted API: the groups answered only when header ``key`` carries ``value``.
+
+    Written as Triton writes it: ``<group>[,<group>...]:<key>=<value>``.
+    """
+
+    groups: frozenset[str]
+    key: str
+    value: str
+
+    @classmethod
+    def parse(cls, text: str) -> RestrictedApi:
+        groups, sep, rule = str(text).partition(":")
+        key, eq, value = rule.partition("=")
+        names = frozenset(g.strip() for g in groups.split(",") if g.strip())
+        if not sep or not eq or not key.strip() or not names:
+            raise SettingsError(f"a restricted API is written '<api>[,<api>...]:<key>=<value>', not '{text}'")
+        unknown = sorted(names - set(API_GROUPS))
+        if unknown:
+            raise SettingsError(f"unknown restricted API group(s) {unknown}; known: {list(API_GROUPS)}")
+        return cls(names, key.strip().lower(), value)
+
+    def to_text(self) -> str:
+        return f"{','.join(sorted(self.groups))}:{self.key}={self.value}"
+
+
+def restriction_for(restricted: tuple[RestrictedApi, ...], group: str) -> RestrictedApi | None:
+    """The rule guarding API ``group`` (None: it is open)."""
+    return next((r for r in restricted if group in r.groups), None)
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     """Everything the server application and its model applications are configured with."""
 
-    model_repository: str  # a local path (absolute once resolved) or a URL such as s3://bucket/models
+    model_repository: str  # the first repository: a local path (absolute once resolved) or a URL
+    model_repositories: tuple[str, ...] = ()  # every repository (Triton's repeated --model-repository)
     model_control_mode: str = "none"  # none | explicit | poll
     load_models: tuple[str, ...] = ()  # explicit mode: loaded at start ("*" = all)
+    repository_poll_secs: float = 15.0  # poll mode: how often the repositories are compared
     model_config_name: str | None = None  # configs/<name>.pbtxt instead of config.pbtxt
     auto_complete: bool = True
     strict_readiness: bool = True
+    exit_on_error: bool = True  # a model failing at startup fails the server (Triton's default)
+    allow_model_file_upload: bool = False  # load with ``file:<version>/<name>`` contents (runs code)
+    http_restricted_api: tuple[RestrictedApi, ...] = ()
+    grpc_restricted_api: tuple[RestrictedApi, ...] = ()
     access_log: bool = False  # one Serve access-log line per model request (Triton logs none)
     http_host: str = "127.0.0.1"  # the address HAProxy binds (``triton-serve serve`` only)
     http_port: int = 8000
@@ -48,10 +140,17 @@ class ServerSettings:
     deploy_timeout_s: float = 600.0  # how long one model's application may take to start
     stats_push_interval_s: float = 1.0  # how often replicas push statistics to the server application
     control_app_cpus: float = 0.1  # CPUs kept free for the server application at /v2
+    limits: RequestLimits = RequestLimits()  # per-request limits of every HTTP front end
 
     def __post_init__(self) -> None:
         if not self.model_repository:
             raise SettingsError("model_repository is required (the path or URL of a Triton model repository)")
+        if not self.model_repositories:
+            object.__setattr__(self, "model_repositories", (self.model_repository,))
+        if self.model_repositories[0] != self.model_repository:
+            raise SettingsError("model_repository must be the first of model_repositories")
+        if self.repository_poll_secs <= 0:
+            raise SettingsError(f"repository_poll_secs must be positive, not {self.repository_poll_secs}")
         if self.model_control_mode not in CONTROL_MODES:
             raise SettingsError(
                 f"model_control_mode must be one of {', '.join(CONTROL_MODES)}, not '{self.model_control_mode}'"
@@ -71,7 +170,8 @@ class ServerSettings:
         Names: ``model_repository`` (required), ``model_control_mode``, ``load_model`` (a name or a
         list), ``model_config_name``, ``disable_auto_complete_config``, ``strict_readiness``,
         ``access_log``, ``http_host``, ``http_port``, ``deploy_timeout_s``, ``stats_push_interval_s``,
-        ``control_app_cpus``. An unknown name is an error, so a misspelt argument is not ignored.
+        ``control_app_cpus``, and the :class:`RequestLimits` by their field names (``max_input_size``,
+        ...). An unknown name is an error, so a misspelt argument is not ignored.
         """
         unknown = sorted(set(args) - _ARG_NAMES)
         if unknown:
@@ -80,18 +180,24 @@ class ServerSettings:
         repo = args.get("model_repository")
         if not repo:
             raise SettingsError("args.model_repository is required (the path of a Triton model repository)")
-        load = args.get("load_model") or ()
+        repos = tuple(resolve_repository(r) for r in _texts(repo))
         values: dict[str, Any] = {
-            "model_repository": resolve_repository(str(repo)),
+            "model_repository": repos[0],
+            "model_repositories": repos,
             "model_control_mode": str(args.get("model_control_mode", "none")).lower(),
-            "load_models": tuple([load] if isinstance(load, str) else (str(m) for m in load)),
+            "load_models": _texts(args.get("load_model")),
             "model_config_name": args.get("model_config_name") or None,
             "auto_complete": not _flag(args, "disable_auto_complete_config", False),
             "strict_readiness": _flag(args, "strict_readiness", True),
+            "exit_on_error": _flag(args, "exit_on_error", True),
+            "allow_model_file_upload": _flag(args, "allow_model_file_upload", False),
+            "http_restricted_api": tuple(RestrictedApi.parse(t) for t in _texts(args.get("http_restricted_api"))),
+            "grpc_restricted_api": tuple(RestrictedApi.parse(t) for t in _texts(args.get("grpc_restricted_api"))),
             "access_log": _flag(args, "access_log", False),
             "direct_routes": env.get(DIRECT_ROUTES_ENV, "1").strip() != "0",
         }
         for name, kind in (
+            ("repository_poll_secs", float),
             ("http_host", str),
             ("http_port", int),
             ("deploy_timeout_s", float),
@@ -100,23 +206,32 @@ class ServerSettings:
         ):
             if args.get(name) is not None:
                 values[name] = _typed(name, args[name], kind)
+        limits = {n: _typed(n, args[n], int) for n in LIMIT_ARGS if args.get(n) is not None}
+        if limits:
+            values["limits"] = RequestLimits(**limits)
         return cls(**values)
 
     def to_args(self) -> dict[str, Any]:
         """The application ``args`` that :meth:`from_args` reads back into these settings."""
         return {
-            "model_repository": self.model_repository,
+            "model_repository": list(self.model_repositories),
             "model_control_mode": self.model_control_mode,
             "load_model": list(self.load_models),
+            "repository_poll_secs": self.repository_poll_secs,
             "model_config_name": self.model_config_name,
             "disable_auto_complete_config": not self.auto_complete,
             "strict_readiness": self.strict_readiness,
+            "exit_on_error": self.exit_on_error,
+            "allow_model_file_upload": self.allow_model_file_upload,
+            "http_restricted_api": [r.to_text() for r in self.http_restricted_api],
+            "grpc_restricted_api": [r.to_text() for r in self.grpc_restricted_api],
             "access_log": self.access_log,
             "http_host": self.http_host,
             "http_port": self.http_port,
             "deploy_timeout_s": self.deploy_timeout_s,
             "stats_push_interval_s": self.stats_push_interval_s,
             "control_app_cpus": self.control_app_cpus,
+            **{name: getattr(self.limits, name) for name in LIMIT_ARGS},
         }
 
     def replace(self, **changes: Any) -> ServerSettings:
@@ -127,18 +242,33 @@ _ARG_NAMES = {
     "model_repository",
     "model_control_mode",
     "load_model",
+    "repository_poll_secs",
     "model_config_name",
     "disable_auto_complete_config",
     "strict_readiness",
+    "exit_on_error",
+    "allow_model_file_upload",
+    "http_restricted_api",
+    "grpc_restricted_api",
     "access_log",
     "http_host",
     "http_port",
     "deploy_timeout_s",
     "stats_push_interval_s",
     "control_app_cpus",
+    *LIMIT_ARGS,
 }
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
+
+
+def _texts(value: Any) -> tuple[str, ...]:
+    """A name or a list of names (``serve_config.yaml`` takes either) as a tuple."""
+    if value is None or value == "":
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    return tuple(str(v) for v in value)
 
 
 def _flag(args: Mapping[str, Any], name: str, default: bool) -> bool:

@@ -94,6 +94,26 @@ class ConfigError(InvalidArgument):
     """A model's configuration or files break one of Triton's rules."""
 
 
+class TooLarge(InvalidArgument):
+    """A request over one of the server's size limits: HTTP 413, gRPC RESOURCE_EXHAUSTED."""
+
+    @property
+    def http_status(self) -> int:
+        return 413
+
+    @property
+    def grpc_status(self) -> str:
+        return "RESOURCE_EXHAUSTED"
+
+
+class TooBusy(Unavailable):
+    """More requests at once than a replica accepts: HTTP 429, gRPC UNAVAILABLE (retry later)."""
+
+    @property
+    def http_status(self) -> int:
+        return 429
+
+
 _BY_CODE: dict[ErrorCode, type[ServerError]] = {
     cls.code: cls
     for cls in (
