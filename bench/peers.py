@@ -208,6 +208,33 @@ def backend_directory() -> Path:
     return TS_DIR / "backends"
 
 
+STUB_ENV = TOOLS_DIR / "stub-env"
+STUB_REQUIREMENTS = ("numpy<2",)
+
+
+def install_stub_environment() -> Path:
+    """A venv of the running Python with ``numpy<2`` for the peer's Python-backend stub; returns its ``bin``.
+
+    The 2.51 stub embeds this Python and finds its packages through the first ``python3`` on ``PATH``
+    (the wrapper puts this venv first). It reads numpy 1's array layout: with numpy 2 every output
+    fails ("output tensor shape does not match size of output"), so the project's own venv cannot serve.
+    """
+    bin_dir = STUB_ENV / "bin"
+    probe = [str(bin_dir / "python"), "-c", "import numpy, sys; sys.exit(int(numpy.__version__[0]) >= 2)"]
+    if (bin_dir / "python").exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+        return bin_dir
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", "--clear", str(STUB_ENV)], check=True, capture_output=True)
+    result = subprocess.run(
+        [str(bin_dir / "python"), "-m", "pip", "install", "-q", *STUB_REQUIREMENTS],
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        raise PeerSetupError(f"could not install {STUB_REQUIREMENTS} for the stub: {result.stderr[-500:]}")
+    return bin_dir
+
+
 def install_tritonserver() -> Path:
     """Unpack ``tritonserver`` 2.51 from the PyTriton wheel and write its wrapper; returns the wrapper."""
     server = TS_DIR / "tritonserver" / "bin" / "tritonserver"
@@ -224,7 +251,7 @@ def install_tritonserver() -> Path:
         shutil.copytree(TS_DIR / "tritonserver" / "backends", backends, dirs_exist_ok=True)
         shutil.copy2(stub_src, backends / "python" / "triton_python_backend_stub")
     libs = f"{sysconfig.get_config_var('LIBDIR')}:{TS_DIR / 'nvidia_pytriton.libs'}"
-    venv_bin = Path(sys.executable).parent
+    venv_bin = install_stub_environment()
     _write_wrapper(
         tritonserver_path(),
         f'export LD_LIBRARY_PATH="{libs}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"\n'

@@ -7,7 +7,10 @@ The serving layer calls ``load`` then ``await start()``, and ``await stop()`` th
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Mapping, Sequence
+import contextvars
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -26,6 +29,47 @@ class BackendContext:
     instance_name: str = ""
     executor: ModelExecutor | None = None  # BLS / nested inference, from the serving layer
     composing: Mapping[str, ModelDescription] = field(default_factory=dict, compare=False)  # ensemble steps
+
+
+@dataclass
+class ComputeTimes:
+    """How long one batch spent preparing inputs and producing outputs, in nanoseconds (Triton's
+    ``compute_input`` and ``compute_output``); the rest of the backend's time is ``compute_infer``."""
+
+    input_ns: int = 0
+    output_ns: int = 0
+
+
+_TIMES: contextvars.ContextVar[ComputeTimes | None] = contextvars.ContextVar("compute_times", default=None)
+
+
+def begin_compute_times() -> tuple[ComputeTimes, contextvars.Token[ComputeTimes | None]]:
+    """The runtime, before ``execute``: a fresh record the backend's :func:`timed` phases add to."""
+    times = ComputeTimes()
+    return times, _TIMES.set(times)
+
+
+def end_compute_times(token: contextvars.Token[ComputeTimes | None]) -> None:
+    _TIMES.reset(token)
+
+
+@contextmanager
+def timed(phase: str) -> Iterator[None]:
+    """Book the time of the block as ``"input"`` or ``"output"`` of the batch being executed
+    (nothing outside a runtime's execution, e.g. warmup or a unit test calling a backend directly)."""
+    times = _TIMES.get()
+    if times is None:
+        yield
+        return
+    start = time.perf_counter_ns()
+    try:
+        yield
+    finally:
+        elapsed = time.perf_counter_ns() - start
+        if phase == "input":
+            times.input_ns += elapsed
+        else:
+            times.output_ns += elapsed
 
 
 class Backend(abc.ABC):

@@ -32,7 +32,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from deployments.backends.base import Backend, BackendContext
+from deployments.backends.base import Backend, BackendContext, timed
 from deployments.backends.python_requests import (
     BlsBridge,
     InferenceRequest,
@@ -274,10 +274,11 @@ class PythonBackend(Backend):
     async def _execute_batch(
         self, batch: list[InferRequest], channels: list[ResponseChannel]
     ) -> list[list[InferResponse]]:
-        pb_requests = [
-            InferenceRequest.from_server(r, self._output_names, c)
-            for r, c in zip(batch, channels, strict=True)
-        ]
+        with timed("input"):
+            pb_requests = [
+                InferenceRequest.from_server(r, self._output_names, c)
+                for r, c in zip(batch, channels, strict=True)
+            ]
         returned, error = await self._invoke_rescheduled(pb_requests)
         if error is not None:
             return [[InferResponse.failed(r, error)] for r in batch]
@@ -399,9 +400,13 @@ class PythonBackend(Backend):
                 f"model '{self.model.name}': execute returned a {type(response).__name__}, not an InferenceResponse"
             )
             return InferResponse.failed(request, error)
-        converted = response.to_server(
-            self.model.name, str(self.context.version), request.id, request.output_names(self._output_names)
-        )
+        with timed("output"):
+            converted = response.to_server(
+                self.model.name,
+                str(self.context.version),
+                request.id,
+                request.output_names(self._output_names),
+            )
         converted.final = final
         return converted
 

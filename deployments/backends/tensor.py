@@ -21,7 +21,7 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from deployments import tensors
-from deployments.backends.base import Backend, BackendContext
+from deployments.backends.base import Backend, BackendContext, timed
 from deployments.inference import InferRequest, InferResponse, Tensor
 from repository_loader.errors import InternalError, ServerError
 from repository_loader.model import TensorSpec
@@ -69,9 +69,11 @@ class TensorBackend(Backend):
     async def _execute_group(self, group: list[InferRequest]) -> list[InferResponse]:
         names = self._outputs_for(group)
         try:
-            inputs = self._join_inputs(group)
+            with timed("input"):
+                inputs = self._join_inputs(group)
             outputs = await self._call_run(inputs, names, self._rows(group))
-            outputs = self._wire_outputs(outputs, names)
+            with timed("output"):
+                outputs = self._wire_outputs(outputs, names)
         except ServerError as error:
             return [InferResponse.failed(r, error) for r in group]
         except Exception as error:  # a framework error must not fail the replica
@@ -79,6 +81,11 @@ class TensorBackend(Backend):
                 f"model '{self.model.name}' failed to execute: {type(error).__name__}: {error}"
             )
             return [InferResponse.failed(r, wrapped) for r in group]
+        with timed("output"):
+            return self._split(group, outputs)
+
+    def _split(self, group: list[InferRequest], outputs: dict[str, Tensor]) -> list[InferResponse]:
+        """Every request's own rows of the joined outputs."""
         if len(group) == 1:
             return [self._response(group[0], outputs)]
         responses = []

@@ -19,8 +19,9 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from deployments.backends.base import Backend, BackendContext
+from deployments.backends.base import Backend, BackendContext, begin_compute_times, end_compute_times
 from deployments.inference import InferRequest, InferResponse, ModelExecutor
+from deployments.runtime import custom_metrics
 from deployments.runtime.checks import ModelSchema
 from deployments.runtime.metrics import TritonMetrics, tags_for
 from deployments.runtime.stats import ModelStats
@@ -63,34 +64,54 @@ class VersionRuntime:
         self.scheduler = make_scheduler(model, self._execute, max_concurrent_batches=max_concurrent)
         self.ready = False
         self.schema = ModelSchema.from_description(model)
+        self._waiting: set[int] = set()  # requests accepted and not yet handed to the backend
+        self.failures: dict[str, int] = {}  # failed requests by Triton's reason (OTHER, BACKEND, ...)
+
+    @property
+    def pending(self) -> int:
+        """Requests waiting for execution (Triton's ``nv_inference_pending_request_count``)."""
+        return len(self._waiting)
 
     async def _execute(self, requests: Sequence[InferRequest]) -> list[InferResponse]:
         start = time.monotonic_ns()
         queue = [start - (r.arrival_ns or start) for r in requests]
-        responses = await self.backend.execute(requests)
+        for request in requests:
+            self._waiting.discard(id(request))
+        times, token = begin_compute_times()
+        try:
+            responses = await self.backend.execute(requests)
+        finally:
+            end_compute_times(token)
         end = time.monotonic_ns()
         rows = sum(r.batch_rows() for r in requests) if self.model.max_batch_size > 0 else len(requests)
-        infer_ns = end - start
-        self.stats.record_batch(rows, len(requests), queue, 0, infer_ns, 0)
-        self._metrics.batch(self._tags, rows, sum(queue), 0, infer_ns, 0, len(requests))
+        input_ns, output_ns = times.input_ns, times.output_ns
+        infer_ns = max(end - start - input_ns - output_ns, 0)
+        self.stats.record_batch(rows, len(requests), queue, input_ns, infer_ns, output_ns)
+        self._metrics.batch(self._tags, rows, sum(queue), input_ns, infer_ns, output_ns, len(requests))
         return responses
 
     async def infer(self, request: InferRequest) -> InferResponse:
         """Check ``request`` against the model, run it; a failure comes back in ``response.error``."""
         arrival = request.arrival_ns = request.arrival_ns or time.monotonic_ns()
         ok = False
+        reason = "OTHER"
         try:
             try:
                 self.schema.check_request(request)
             except ServerError as error:
                 return InferResponse.failed(request, error)
+            self._waiting.add(id(request))
+            reason = "BACKEND"
             response = await self.scheduler.submit(request)
             ok = response.error is None
             return response
         finally:
+            self._waiting.discard(id(request))
             duration = time.monotonic_ns() - arrival
             self.stats.record_request(ok, duration)
             self._metrics.request(self._tags, ok, duration)
+            if not ok:
+                self.failures[reason] = self.failures.get(reason, 0) + 1
 
     async def infer_stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
         """Check ``request``, then every response the backend streams for it (the last ``final``).
@@ -265,6 +286,17 @@ class ModelRuntime:
         if version in (None, ""):
             return [self.versions[v].stats.to_json() for v in sorted(self.versions)]
         return [self.version(version).stats.to_json()]
+
+    def metrics_snapshot(self) -> dict[str, Any]:
+        """What Triton's metrics endpoint prints of this replica, as plain data (see
+        :func:`deployments.runtime.metrics.render_triton`): statistics, pending requests and failures
+        by reason per version, and this process's custom metric families."""
+        return {
+            "stats": self.statistics(),
+            "pending": {str(v): r.pending for v, r in self.versions.items()},
+            "failures": {str(v): dict(r.failures) for v, r in self.versions.items()},
+            "custom": custom_metrics.snapshot(),
+        }
 
     def hosted_statistics(self) -> dict[str, list[dict[str, Any]]]:
         """Statistics of the models an ensemble hosts in this replica, by model name (empty otherwise)."""
