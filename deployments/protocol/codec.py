@@ -12,7 +12,16 @@ after it (each with ``parameters.binary_data_size``), in the order of the
 header's ``outputs`` list.
 
 Decoding only parses: a well-formed body, JSON and binary tensors whose sizes
-match their data types and shapes. Whether a request fits its model (names,
+match their data types and shapes, within the server's :class:`RequestLimits`
+(shape rank, elements per tensor). JSON tensor data must match its data type
+exactly, as Triton reads it: numbers for the floating-point types (integers
+included; ``NaN``/``Infinity`` as Triton's bare tokens or as the strings
+``"NaN"``, ``"Infinity"``, ``"-Infinity"``), integers within range for the
+integer types, ``true``/``false`` only for BOOL, strings only for BYTES; never
+``null``. Responses stay strict JSON: a non-finite floating-point value is
+written as one of those three strings (``tritonclient``'s ``as_numpy`` reads
+them back), where Triton writes bare ``NaN``/``Infinity`` tokens that strict
+JSON parsers refuse. Whether a request fits its model (names,
 data types, shapes, batch sizes, outputs) is checked once, at the model
 runtime's boundary (:mod:`deployments.runtime.checks`), whatever the request's
 origin. Encoding reads the model's schema for the classification extension's
@@ -31,6 +40,7 @@ import numpy as np
 
 from deployments.inference import InferRequest, InferResponse, RequestedOutput
 from deployments.runtime.checks import ModelSchema
+from deployments.settings import RequestLimits
 from deployments.tensors import to_numpy, wire_datatype
 from repository_loader.datatypes import (
     BY_WIRE,
@@ -38,7 +48,7 @@ from repository_loader.datatypes import (
     serialize_bytes_tensor,
     to_numpy_dtype,
 )
-from repository_loader.errors import InvalidArgument, Unsupported
+from repository_loader.errors import InvalidArgument, TooLarge, Unsupported
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -56,8 +66,23 @@ _DECODER = json.JSONDecoder()
 _ITEMSIZE = {w: BY_WIRE[w].size for w in BY_WIRE}
 _RESERVED = frozenset(("sequence_id", "sequence_start", "sequence_end", "priority", "timeout"))
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
-_JSON_NATIVE = frozenset("biuf")
-_MAX_DIMS = 32  # numpy's limit  # numpy kinds whose tolist() JSON encodes as is
+_JSON_NATIVE = frozenset("biuf")  # numpy kinds whose tolist() JSON encodes as is
+_DEFAULT_LIMITS = RequestLimits()
+_NUMBERS = frozenset((int, float))
+_FLOATS = frozenset(("FP16", "FP32", "FP64", "BF16"))
+# Python types each data type takes in JSON data (after the nested lists are flattened).
+_JSON_TYPES: dict[str, frozenset[type]] = {
+    **{
+        w: frozenset((int,))
+        for w in ("INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64")
+    },
+    **dict.fromkeys(_FLOATS, _NUMBERS),
+    "BOOL": frozenset((bool,)),
+}
+_TAKES = {"BOOL": "true or false", **dict.fromkeys(_FLOATS, "numbers")}
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+_NON_FINITE_TEXT = {math.inf: "Infinity", -math.inf: "-Infinity"}
+_MAX_LENGTH_DIGITS = 20
 
 
 # --- request ---------------------------------------------------------------
@@ -67,10 +92,9 @@ def parse_header_length(value: bytes | str | None, body_size: int) -> int | None
     """The ``Inference-Header-Content-Length`` value, checked against the body; None when absent."""
     if value is None:
         return None
-    try:
-        length = int(value)
-    except ValueError:
-        raise InvalidArgument(f"{HEADER_LENGTH} must be an integer, got '{_text(value)}'") from None
+    if not (value.isascii() and value.isdigit() and len(value) <= _MAX_LENGTH_DIGITS):
+        raise InvalidArgument(f"{HEADER_LENGTH} must be an integer (decimal digits only), got '{_text(value)[:40]}'")
+    length = int(value)
     if length < 0 or length > body_size:
         raise InvalidArgument(f"{HEADER_LENGTH} is {length} but the request body holds {body_size} bytes")
     return length
@@ -81,19 +105,20 @@ def decode_infer_request(
     header_length: int | None,
     model_name: str,
     model_version: str = "",
+    limits: RequestLimits = _DEFAULT_LIMITS,
 ) -> tuple[InferRequest, bool]:
     """Decode an infer request body.
 
     Returns the request and the request-level ``binary_data_output`` flag (the
     default form of outputs the request does not list). Tensors take the data
     types the request declares. Raises :class:`InvalidArgument` naming the
-    tensor or field at fault.
+    tensor or field at fault (:class:`TooLarge` for a tensor over ``limits``).
     """
     split = len(body) if header_length is None else header_length
     doc = _parse_json(body if header_length is None else body[:split])
     if type(doc) is not dict:
         raise InvalidArgument("the inference request JSON must be an object")
-    inputs = _decode_inputs(_list(doc, "inputs", required=True), body, split, header_length)
+    inputs = _decode_inputs(_list(doc, "inputs", required=True), body, split, header_length, limits)
     request = InferRequest(model_name=model_name, inputs=inputs, model_version=model_version)
     request_id = doc.get("id")
     if request_id is not None:
@@ -130,10 +155,11 @@ def _decode_inputs(
     body: bytes,
     offset: int,
     header_length: int | None,
+    limits: RequestLimits,
 ) -> dict[str, Any]:
     inputs: dict[str, Any] = {}
     for item in items:
-        name, datatype, shape = _tensor_header(item)
+        name, datatype, shape = _tensor_header(item, limits)
         if name in inputs:
             raise InvalidArgument(f"input '{name}' appears more than once in the request")
         if datatype not in BY_WIRE:
@@ -166,7 +192,7 @@ def _decode_inputs(
     return inputs
 
 
-def _tensor_header(item: Any) -> tuple[str, str, list[int]]:
+def _tensor_header(item: Any, limits: RequestLimits) -> tuple[str, str, list[int]]:
     if type(item) is not dict:
         raise InvalidArgument("each entry of 'inputs' must be an object")
     name = item.get("name")
@@ -178,8 +204,14 @@ def _tensor_header(item: Any) -> tuple[str, str, list[int]]:
     shape = item.get("shape")
     if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
         raise InvalidArgument(f"input '{name}' needs a 'shape' list of non-negative integers")
-    if len(shape) > _MAX_DIMS:
-        raise InvalidArgument(f"input '{name}' has {len(shape)} dimensions, more than {_MAX_DIMS}")
+    if len(shape) > limits.max_shape_rank:
+        raise InvalidArgument(
+            f"input '{name}' has {len(shape)} dimensions, more than the limit of {limits.max_shape_rank}"
+        )
+    if math.prod(shape) > limits.max_tensor_elements:
+        raise TooLarge(
+            f"input '{name}' of shape {shape} has more than the limit of {limits.max_tensor_elements} elements"
+        )
     return name, datatype, shape
 
 
@@ -229,17 +261,57 @@ def _json_tensor(name: str, datatype: str, shape: list[int], data: Any) -> Any:
     if datatype == "BYTES":
         return _json_bytes(name, shape, count, data)
     dtype = _dtype(name, datatype)
-    if type(data) is not list:
-        data = [data]
-    try:
-        array = np.asarray(data, dtype=dtype)
-    except (ValueError, TypeError, OverflowError) as e:
-        raise InvalidArgument(f"input '{name}' has data that is not {datatype}: {e}") from None
-    if array.size != count:
+    flat = data if type(data) is list else [data]
+    kinds = set(map(type, flat))
+    if list in kinds:
+        flat = []
+        _flatten(data, flat)
+        kinds = set(map(type, flat))
+    allowed = _JSON_TYPES.get(datatype, _NUMBERS)
+    if not kinds <= allowed:
+        flat = _strict_values(name, datatype, flat, allowed)
+    if len(flat) != count:
         raise InvalidArgument(
-            f"input '{name}' has {array.size} elements of data but shape {shape} needs {count}"
+            f"input '{name}' has {len(flat)} elements of data but shape {shape} needs {count}"
         )
+    try:
+        array = np.array(flat, dtype=dtype)
+    except OverflowError:
+        raise InvalidArgument(f"input '{name}' has data out of the range of {datatype}") from None
+    except (ValueError, TypeError) as e:
+        raise InvalidArgument(f"input '{name}' has data that is not {datatype}: {e}") from None
     return array.reshape(shape)
+
+
+def _flatten(items: list, out: list) -> None:
+    for item in items:
+        if type(item) is list:
+            _flatten(item, out)
+        else:
+            out.append(item)
+
+
+def _strict_values(name: str, datatype: str, flat: list, allowed: frozenset[type]) -> list:
+    """``flat`` with Triton's non-finite strings read for the floating-point types; anything else that
+    is not of the data type's JSON kind raises."""
+    floats = datatype in _FLOATS
+    values = []
+    for item in flat:
+        if type(item) in allowed:
+            values.append(item)
+        elif floats and type(item) is str and item in _NON_FINITE:
+            values.append(_NON_FINITE[item])
+        else:
+            takes = _TAKES.get(datatype, "integers")
+            raise InvalidArgument(
+                f"input '{name}' of data-type {datatype} takes {takes}, got {_json_text(item)}"
+            )
+    return values
+
+
+def _json_text(item: Any) -> str:
+    text = _ENCODER.encode(item) if item is None or type(item) in (bool, int, float, str) else repr(item)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _json_bytes(name: str, shape: list[int], count: int, data: Any) -> np.ndarray:
@@ -411,7 +483,10 @@ def _json_data(name: str, array: np.ndarray, datatype: str) -> list:
             ) from None
     if array.dtype.kind not in _JSON_NATIVE and datatype != "BOOL":
         array = array.astype(np.float32)  # BF16
-    return array.reshape(-1).tolist()
+    values = array.reshape(-1).tolist()
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        return [_NON_FINITE_TEXT.get(v, "NaN") if v != v or v in _NON_FINITE_TEXT else v for v in values]
+    return values
 
 
 def _as_text(item: Any) -> str:
