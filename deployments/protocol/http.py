@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,8 @@ from typing import Any
 from deployments.protocol import codec, compression
 from deployments.protocol.dataplane import DataPlane
 from deployments.runtime.checks import ModelSchema
-from repository_loader.errors import InvalidArgument, NotFound, ServerError
+from deployments.settings import RequestLimits
+from repository_loader.errors import InvalidArgument, NotFound, ServerError, TooBusy, TooLarge
 from repository_loader.model import ModelDescription
 
 logger = logging.getLogger(__name__)
@@ -76,6 +78,11 @@ _JSON = [(b"content-type", b"application/json")]
 _BINARY = b"application/octet-stream"
 _TEXT = [(b"content-type", b"text/plain; charset=utf-8")]
 _ERROR_ENCODER = json.JSONEncoder(separators=(",", ":"))
+_DEFAULT_LIMITS = RequestLimits()
+_ESCAPE = re.compile(rb"%([0-9A-Fa-f]{2})")
+# Characters a path never needs to percent-encode (RFC 3986 "unreserved"), and "/": a path that
+# encodes one of them is refused rather than routed one way by HAProxy and another way here.
+_NEEDLESS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~/")
 
 
 class _Router:
@@ -146,8 +153,12 @@ class _Disconnected(Exception):
 class _BaseApp:
     """The handlers of every route, over one data plane; subclasses decide which routes they serve."""
 
-    def __init__(self, dataplane: DataPlane, routes: tuple[Route, ...]) -> None:
+    def __init__(
+        self, dataplane: DataPlane, routes: tuple[Route, ...], limits: RequestLimits = _DEFAULT_LIMITS
+    ) -> None:
         self.dataplane = dataplane
+        self.limits = limits
+        self._inflight = 0  # inference requests this app holds now (``limits.max_concurrent_requests``)
         self._router = _Router(routes)
         self._schemas: dict[tuple[str, str], tuple[ModelDescription, ModelSchema]] = {}
 
@@ -171,8 +182,12 @@ class _BaseApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            body = await _read_body(receive)
+            _check_head(scope, self.limits)
+            body = await _read_body(receive, self.limits.max_input_size)
         except _Disconnected:
+            return
+        except ServerError as e:  # refused before the body is read in full
+            await _respond(send, error_reply(e))
             return
         try:
             reply = await self._dispatch(scope, body)
@@ -247,15 +262,25 @@ class _BaseApp:
         return 200, [], b""
 
     async def _infer(self, call: _Call) -> Reply:
+        cap = self.limits.max_concurrent_requests
+        if cap and self._inflight >= cap:
+            raise TooBusy(f"the replica already holds {cap} inference requests (max_concurrent_requests)")
+        self._inflight += 1
+        try:
+            return await self._infer_admitted(call)
+        finally:
+            self._inflight -= 1
+
+    async def _infer_admitted(self, call: _Call) -> Reply:
         name = call.params["m"]
         version = call.params.get("v", "")
         description, schema = await self._schema(name, version)
         body = call.body
         encoding = call.header_text(b"content-encoding")
         if encoding:
-            body = compression.decompress(body, encoding)
+            body = compression.decompress(body, encoding, self.limits.max_decompressed_size)
         header_length = codec.parse_header_length(call.header(b"inference-header-content-length"), len(body))
-        request, binary_output = codec.decode_infer_request(body, header_length, name, version)
+        request, binary_output = codec.decode_infer_request(body, header_length, name, version, self.limits)
         response = await self.dataplane.infer(request)
         if response.error is not None:
             raise response.error
@@ -297,8 +322,10 @@ class ModelHTTPApp(_BaseApp):
     paths relative to the mount point when no ``root_path`` is given.
     """
 
-    def __init__(self, dataplane: DataPlane, model_name: str) -> None:
-        super().__init__(dataplane, MODEL_ROUTES)
+    def __init__(
+        self, dataplane: DataPlane, model_name: str, limits: RequestLimits = _DEFAULT_LIMITS
+    ) -> None:
+        super().__init__(dataplane, MODEL_ROUTES, limits)
         self.model_name = model_name
         self._prefix = f"/v2/models/{model_name}"
         self._params = {"m": model_name}
@@ -326,8 +353,9 @@ class ServerHTTPApp(_BaseApp):
         self,
         dataplane: DataPlane,
         metrics: Callable[[], Awaitable[str | bytes]] | None = None,
+        limits: RequestLimits = _DEFAULT_LIMITS,
     ) -> None:
-        super().__init__(dataplane, SERVER_ROUTES)
+        super().__init__(dataplane, SERVER_ROUTES, limits)
         self._metrics = metrics
 
     def _locate(self, scope: Scope) -> tuple[str, ...] | None:
@@ -399,19 +427,79 @@ def _parameters(body: bytes) -> dict[str, Any]:
     return params
 
 
-async def _read_body(receive: Receive) -> bytes:
+def _check_head(scope: Scope, limits: RequestLimits) -> None:
+    """Refuse a request whose URL, headers or declared body size are over ``limits``, or whose path
+    is not in its one canonical form (no empty segment, no needless percent-encoding), before its
+    body is read."""
+    raw: bytes | None = scope.get("raw_path")
+    path = raw if raw is not None else scope.get("path", "").encode()
+    url = len(path) + len(scope.get("query_string", b""))
+    if url > limits.max_url_bytes:
+        raise InvalidArgument(f"the request URL is {url} bytes, more than the limit of {limits.max_url_bytes}")
+    if raw is not None and (b"%" in raw or b"//" in raw):
+        _check_path(raw)
+    size = 0
+    length = None
+    for key, value in scope["headers"]:
+        size += len(key) + len(value)
+        if key == b"content-length":
+            length = value
+    if size > limits.max_header_bytes:
+        raise InvalidArgument(
+            f"the request headers are {size} bytes, more than the limit of {limits.max_header_bytes}"
+        )
+    if length is not None:
+        if not (length.isdigit() and len(length) <= 20):
+            raise InvalidArgument(f"Content-Length must be an integer, got '{length.decode('latin-1')[:40]}'")
+        if int(length) > limits.max_input_size:
+            raise _too_large(int(length), limits.max_input_size)
+
+
+def _check_path(raw: bytes) -> None:
+    if b"//" in raw:
+        raise InvalidArgument(f"the request path '{_shown(raw)}' has an empty segment ('//')")
+    for escape in _ESCAPE.finditer(raw):
+        if int(escape.group(1), 16) in _NEEDLESS:
+            canonical = _ESCAPE.sub(
+                lambda m: bytes((int(m.group(1), 16),)) if int(m.group(1), 16) in _NEEDLESS else m.group(0),
+                raw,
+            )
+            raise InvalidArgument(
+                f"the request path '{_shown(raw)}' percent-encodes '{chr(int(escape.group(1), 16))}', which "
+                f"must appear as is; the path is '{_shown(canonical)}'"
+            )
+
+
+def _shown(raw: bytes) -> str:
+    text = raw.decode("latin-1")
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _too_large(size: int, limit: int) -> TooLarge:
+    return TooLarge(f"the request body is {size} bytes, more than the limit of {limit} (max_input_size)")
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    """The whole request body; :class:`TooLarge` as soon as it passes ``limit`` bytes."""
     message = await receive()
     if message["type"] == "http.disconnect":
         raise _Disconnected
     body: bytes = message.get("body", b"")
+    if len(body) > limit:
+        raise _too_large(len(body), limit)
     if not message.get("more_body", False):
         return body
     chunks = [body]
+    total = len(body)
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise _Disconnected
-        chunks.append(message.get("body", b""))
+        chunk = message.get("body", b"")
+        total += len(chunk)
+        if total > limit:
+            raise _too_large(total, limit)
+        chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
 
