@@ -419,7 +419,8 @@ class Metric:
     def __init__(
         self, family: MetricFamily, labels: dict[str, str] | None = None, buckets: list[float] | None = None
     ) -> None:
-        self._family = family  # the family lives at least as long as its metrics, as in Triton
+        # no reference to the family: tritonserver 2.51 stops printing a family once the model drops its
+        # MetricFamily object, even while metrics of it are held (checked against the peer)
         state = family._state
         try:
             self._cell = custom_metrics.REGISTRY.metric(state, labels, buckets)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 logger = logging.getLogger(__name__)
@@ -24,16 +24,36 @@ logger = logging.getLogger(__name__)
 TAG_KEYS = ("model", "version")
 FLUSH_INTERVAL_S = 1.0
 
+# Triton's counter families, with the help text tritonserver prints (checked against tritonserver 2.51)
 COUNTERS: dict[str, str] = {
-    "nv_inference_request_success": "Successful inference requests",
-    "nv_inference_request_failure": "Failed inference requests",
-    "nv_inference_count": "Inferences performed (rows)",
-    "nv_inference_exec_count": "Model executions (batches)",
-    "nv_inference_request_duration_us": "Cumulative inference request duration (us)",
-    "nv_inference_queue_duration_us": "Cumulative queue duration (us)",
-    "nv_inference_compute_input_duration_us": "Cumulative compute input duration (us)",
-    "nv_inference_compute_infer_duration_us": "Cumulative compute inference duration (us)",
-    "nv_inference_compute_output_duration_us": "Cumulative compute output duration (us)",
+    "nv_inference_request_success": "Number of successful inference requests, all batch sizes",
+    "nv_inference_request_failure": "Number of failed inference requests, all batch sizes",
+    "nv_inference_count": "Number of inferences performed (does not include cached requests)",
+    "nv_inference_exec_count": "Number of model executions performed (does not include cached requests)",
+    "nv_inference_request_duration_us": (
+        "Cumulative inference request duration in microseconds (includes cached requests)"
+    ),
+    "nv_inference_queue_duration_us": (
+        "Cumulative inference queuing duration in microseconds (includes cached requests)"
+    ),
+    "nv_inference_compute_input_duration_us": (
+        "Cumulative compute input duration in microseconds (does not include cached requests)"
+    ),
+    "nv_inference_compute_infer_duration_us": (
+        "Cumulative compute inference duration in microseconds (does not include cached requests)"
+    ),
+    "nv_inference_compute_output_duration_us": (
+        "Cumulative inference compute output duration in microseconds (does not include cached requests)"
+    ),
+}
+PENDING = "nv_inference_pending_request_count"
+PENDING_HELP = "Instantaneous number of pending requests awaiting execution per-model."
+FAILURE_REASONS = ("OTHER", "BACKEND", "CANCELED", "REJECTED")
+# nv_* gauges of the host, as tritonserver prints them on a machine without GPUs
+SYSTEM_GAUGES: dict[str, str] = {
+    "nv_cpu_utilization": "CPU utilization rate [0.0 - 1.0]",
+    "nv_cpu_memory_total_bytes": "CPU total memory (RAM), in bytes",
+    "nv_cpu_memory_used_bytes": "CPU used memory (RAM), in bytes",
 }
 
 
@@ -145,3 +165,120 @@ class TritonMetrics:
 def tags_for(model: str, version: Any) -> Tags:
     """The label set of one model version."""
     return (("model", model), ("version", str(version)))
+
+
+# --- Triton's metrics endpoint: Prometheus text as tritonserver prints it ---------------------------
+
+
+def merge_model_metrics(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
+    """Sum ``ModelRuntime.metrics_snapshot()`` entries of one model (several replicas, nodes)."""
+    from deployments.runtime.stats import merge_snapshots
+
+    pending: defaultdict[str, int] = defaultdict(int)
+    failures: defaultdict[str, defaultdict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for snapshot in snapshots:
+        for version, count in snapshot.get("pending", {}).items():
+            pending[version] += count
+        for version, reasons in snapshot.get("failures", {}).items():
+            for reason, count in reasons.items():
+                failures[version][reason] += count
+    return {
+        "stats": merge_snapshots([s.get("stats", []) for s in snapshots]),
+        "pending": dict(pending),
+        "failures": {v: dict(r) for v, r in failures.items()},
+    }
+
+
+def render_triton(
+    models: Mapping[str, dict[str, Any]],
+    custom: list[dict[str, Any]] | None = None,
+    system: Mapping[str, float] | None = None,
+) -> str:
+    """The text of Triton's ``/metrics``: its counter families per model and version (``models``: merged
+    snapshots by model name, see :func:`merge_model_metrics`), then the models' custom counters, the
+    pending-request gauge, the host gauges (``system``, by name of :data:`SYSTEM_GAUGES`), the custom
+    gauges and the custom histograms — the order tritonserver prints them in."""
+    from deployments.runtime import custom_metrics
+
+    rows = [(name, entry) for name, entry in sorted(models.items()) for entry in entry.get("stats", [])]
+    by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for custom_family in custom or ():
+        by_kind[custom_family["kind"]].append(custom_family)
+    lines: list[str] = []
+    for family, help_text in COUNTERS.items():
+        lines += [f"# HELP {family} {help_text}", f"# TYPE {family} counter"]
+        for name, stats in rows:
+            version = stats["version"]
+            if family == "nv_inference_request_failure":
+                reasons = models[name].get("failures", {}).get(version, {})
+                for reason in FAILURE_REASONS:
+                    labels = f'model="{_escape(name)}",reason="{reason}",version="{version}"'
+                    lines.append(f"{family}{{{labels}}} {reasons.get(reason, 0)}")
+                continue
+            labels = f'model="{_escape(name)}",version="{version}"'
+            lines.append(f"{family}{{{labels}}} {_counter_value(family, stats)}")
+    text = "".join(line + "\n" for line in lines)
+    text += custom_metrics.render_prometheus(by_kind[custom_metrics.COUNTER])
+    lines = [f"# HELP {PENDING} {PENDING_HELP}", f"# TYPE {PENDING} gauge"]
+    for name, stats in rows:
+        count = models[name].get("pending", {}).get(stats["version"], 0)
+        lines.append(f'{PENDING}{{model="{_escape(name)}",version="{stats["version"]}"}} {count}')
+    for gauge, help_text in SYSTEM_GAUGES.items():
+        if system is not None and gauge in system:
+            value = custom_metrics.format_value(system[gauge])
+            lines += [f"# HELP {gauge} {help_text}", f"# TYPE {gauge} gauge", f"{gauge} {value}"]
+    text += "".join(line + "\n" for line in lines)
+    text += custom_metrics.render_prometheus(by_kind[custom_metrics.GAUGE])
+    return text + custom_metrics.render_prometheus(by_kind[custom_metrics.HISTOGRAM])
+
+
+def _counter_value(family: str, stats: Mapping[str, Any]) -> int:
+    durations = stats.get("inference_stats", {})
+
+    def us(*keys: str) -> int:
+        return sum(int(durations.get(k, {}).get("ns", 0)) for k in keys) // 1000
+
+    if family == "nv_inference_request_success":
+        return int(durations.get("success", {}).get("count", 0))
+    if family == "nv_inference_count":
+        return int(stats.get("inference_count", 0))
+    if family == "nv_inference_exec_count":
+        return int(stats.get("execution_count", 0))
+    if family == "nv_inference_request_duration_us":
+        return us("success", "fail")
+    key = family.removeprefix("nv_inference_").removesuffix("_duration_us")
+    return us(key)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class HostGauges:
+    """``nv_cpu_utilization`` (since the previous reading) and the host's memory, from ``/proc``
+    (empty where ``/proc`` is not there)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[int, int] | None = None
+
+    def read(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+            idle, total = fields[3] + (fields[4] if len(fields) > 4 else 0), sum(fields)
+            last, self._last = self._last, (idle, total)
+            if last is not None and total > last[1]:
+                out["nv_cpu_utilization"] = 1.0 - (idle - last[0]) / (total - last[1])
+            else:
+                out["nv_cpu_utilization"] = 0.0
+            memory: dict[str, int] = {}
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    key, _, rest = line.partition(":")
+                    memory[key] = int(rest.split()[0]) * 1024
+            out["nv_cpu_memory_total_bytes"] = float(memory["MemTotal"])
+            out["nv_cpu_memory_used_bytes"] = float(memory["MemTotal"] - memory.get("MemAvailable", 0))
+        except (OSError, ValueError, KeyError, IndexError):
+            return out
+        return out

@@ -162,7 +162,10 @@ def test_metric_family_api() -> None:
         metric.set(3)
     with pytest.raises(pb_utils.TritonModelException, match="kind and description"):
         pb_utils.MetricFamily("api_requests", "Other", pb_utils.MetricFamily.GAUGE)
-    gauge = pb_utils.MetricFamily("api_temperature", "A gauge", pb_utils.MetricFamily.GAUGE).Metric()
+    dropped = pb_utils.MetricFamily("api_dropped", "Dropped", pb_utils.MetricFamily.COUNTER).Metric()
+    dropped.increment(1)  # its family object is gone: as in tritonserver, nothing of it is printed
+    gauge_family = pb_utils.MetricFamily("api_temperature", "A gauge", pb_utils.MetricFamily.GAUGE)
+    gauge = gauge_family.Metric()
     gauge.set(-1.25)
     gauge.increment(-1)
     assert gauge.value() == -2.25
@@ -177,6 +180,7 @@ def test_metric_family_api() -> None:
     with pytest.raises(pb_utils.TritonModelException, match="buckets"):
         pb_utils.MetricFamily("api_nobuckets", "h", pb_utils.MetricFamily.HISTOGRAM).Metric()
     text = custom_metrics.render_prometheus()
+    assert "api_dropped" not in text
     assert (
         "# HELP api_requests Requests\n# TYPE api_requests counter\n"
         'api_requests{model="m",version="1"} 2.5\n' in text
