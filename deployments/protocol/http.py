@@ -435,7 +435,7 @@ def _check_head(scope: Scope, limits: RequestLimits) -> None:
     path = raw if raw is not None else scope.get("path", "").encode()
     url = len(path) + len(scope.get("query_string", b""))
     if url > limits.max_url_bytes:
-        raise InvalidArgument(f"the request URL is {url} bytes, more than the limit of {limits.max_url_bytes}")
+        raise InvalidArgument(f"the request URL is {url} bytes, over the limit of {limits.max_url_bytes}")
     if raw is not None and (b"%" in raw or b"//" in raw):
         _check_path(raw)
     size = 0

@@ -144,7 +144,7 @@ class ServerDeployment:
     def __serve_build_asgi_app__(self) -> Any:
         from deployments.protocol.http import ServerHTTPApp
 
-        return ServerHTTPApp(ModelDataPlane(self.controller))
+        return ServerHTTPApp(ModelDataPlane(self.controller), limits=self.deployer.settings.limits)
 
     def report_stats(self, model: str, replica: str, snapshot: list[dict[str, Any]]) -> None:
         self._stats.setdefault(model, {})[replica] = snapshot

@@ -70,7 +70,9 @@ class ModelDeployment:
         self._server: Any = None
         pushes = replicas > 1 or bool(self.runtime.hosted_statistics())
         self._push_task = asyncio.get_running_loop().create_task(self._push_stats()) if pushes else None
-        self._app = ModelHTTPApp(replica_dataplane(self.runtime, self._cluster_stats), model.name)
+        self._app = ModelHTTPApp(
+            replica_dataplane(self.runtime, self._cluster_stats), model.name, settings.limits
+        )
         ingress.serve_directly(self._route, self._app, enabled=settings.direct_routes)
 
     def __serve_build_asgi_app__(self) -> Any:
