@@ -9,14 +9,24 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Findings:
-    """The errors found for one model, each naming model, file and field."""
+    """The errors (and warnings) found for one model, each naming model, file and field.
+
+    A warning does not stop the model: it says what the server accepts and does not act on.
+    """
 
     model: str
     source: str  # the config file, as shown to the user
     errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def add(self, where: str, rule: str) -> None:
-        self.errors.append(f"model '{self.model}' ({self.source}): {where}: {rule}")
+        self.errors.append(self._line(where, rule))
+
+    def warn(self, where: str, rule: str) -> None:
+        self.warnings.append(self._line(where, rule))
+
+    def _line(self, where: str, rule: str) -> str:
+        return f"model '{self.model}' ({self.source}): {where}: {rule}"
 
     def __bool__(self) -> bool:
         return bool(self.errors)
@@ -29,11 +39,14 @@ class ModelFiles:
     exists: Callable[[str], bool]  # path relative to the model folder -> present?
 
 
-def check_dims(dims: Sequence[int], where: str, findings: Findings) -> None:
-    """Each dimension is >= 1, or -1 for a variable size."""
-    for dim in dims:
-        if dim == 0 or dim < -1:
-            findings.add(where, f"dimension {dim} is invalid: use an integer >= 1, or -1 for a variable size")
+DIMS_RULE = "dimension must be integer >= 1, or -1 to indicate a variable-size dimension"
+
+
+def check_dims(dims: Sequence[int], where: str, findings: Findings, prefix: str = "") -> None:
+    """Each dimension is >= 1, or -1 for a variable size (Triton's wording, after ``prefix``)."""
+    bad = [dim for dim in dims if dim == 0 or dim < -1]
+    if bad:
+        findings.add(where, f"{prefix}{DIMS_RULE} (got {list(dims)})")
 
 
 def check_unique(names: Iterable[str], kind: str, findings: Findings) -> None:

@@ -171,6 +171,8 @@ class _Loader:
         if isinstance(prepared, ServerError):
             self.state.failed[name] = [_with_model(name, prepared.message)]
             return
+        for warning in prepared.findings.warnings:  # fields accepted but not acted on
+            self._warn(warning)
         description = None
         if not prepared.findings:
             description = describe(prepared.config, prepared.path, prepared.versions)

@@ -1,24 +1,29 @@
-"""Triton's rules for one model's configuration.
+"""Triton's rules for one model's configuration (its ``model_config_utils.cc``).
 
 Every rule that fails adds one message naming the model, the config file and
-the field; all of a model's problems are reported together. Rules that involve
-other models (ensemble steps) live in :mod:`repository_loader.ensemble_rules`.
+the field, followed by Triton's own wording for the problem (operators grep
+their logs for it); all of a model's problems are reported together. Inputs and
+outputs are checked in :mod:`repository_loader.io_rules`, sequence batching in
+:mod:`repository_loader.sequence_rules`, fields the server does not act on in
+:mod:`repository_loader.unimplemented`; rules that involve other models
+(ensemble steps) live in :mod:`repository_loader.ensemble_rules`.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from google.protobuf.message import Message
 
 from repository_loader import platforms
 from repository_loader.findings import Findings, ModelFiles, check_dims, check_unique
+from repository_loader.io_rules import check_batch_io, check_tensors
 from repository_loader.proto import model_config_pb2 as pb
 from repository_loader.sequence_rules import check_sequence_batching
+from repository_loader.unimplemented import check_unimplemented
 
 Kind = pb.ModelInstanceGroup.Kind
-_BATCH_INPUT_TYPES = (pb.TYPE_INT32, pb.TYPE_FP32)
+Timeout = pb.ModelQueuePolicy.TimeoutAction
 _ACCELERATORS = {
     "gpu_execution_accelerator": frozenset({"tensorrt", "cuda"}),
     "cpu_execution_accelerator": frozenset({"openvino"}),
@@ -44,6 +49,9 @@ def validate_config(config: pb.ModelConfig, findings: Findings, files: ModelFile
     check_version_policy(config, findings)
     check_transaction_and_cache(config, findings)
     check_optimization(config, findings)
+    check_model_metrics(config, findings)
+    check_rate_limiter(config, findings)
+    check_unimplemented(config, findings)
 
 
 # --- generic -----------------------------------------------------------------
@@ -79,8 +87,12 @@ def _is_repeated(fd: object) -> bool:
 
 def check_identity(config: pb.ModelConfig, findings: Findings) -> None:
     """Platform and backend name something this server runs, and agree with each other."""
+    name = config.name
     if config.max_batch_size < 0:
-        findings.add("max_batch_size", f"must be >= 0, got {config.max_batch_size}")
+        findings.add(
+            "max_batch_size",
+            f"'max_batch_size' must be non-negative value for {name} (got {config.max_batch_size})",
+        )
     platform, backend = config.platform, config.backend
     if platform and platform not in platforms.SUPPORTED_PLATFORMS:
         findings.add("platform", _unsupported("platform", platform, platforms.TRITON_ONLY_PLATFORMS))
@@ -88,14 +100,22 @@ def check_identity(config: pb.ModelConfig, findings: Findings) -> None:
         findings.add("backend", _unsupported("backend", backend, platforms.TRITON_ONLY_BACKENDS))
     expected = platforms.PLATFORM_BACKEND.get(platform)
     if expected and backend and backend != expected:
-        findings.add("backend", f"'{backend}' does not match platform '{platform}' (expects '{expected}')")
+        findings.add(
+            "backend",
+            f"unexpected 'platform' and 'backend' pair, got:{platform}, {backend} "
+            f"(platform '{platform}' expects backend '{expected}')",
+        )
     if platform == platforms.ENSEMBLE and backend:
-        findings.add("backend", f"an ensemble has no backend, got '{backend}'")
+        findings.add(
+            "backend",
+            f"Ensemble model '{name}' must have platform type '{platform}' and empty backend type "
+            f"(got backend '{backend}')",
+        )
     if not platform and not backend:
         findings.add(
             "platform",
-            "neither platform nor backend is set, and no model file names one "
-            "(expected model.onnx, model.pt, model.plan or model.py)",
+            f"must specify 'platform' or 'backend' for '{name}' (no model file names one either: "
+            "expected model.onnx, model.pt, model.plan or model.py)",
         )
 
 
@@ -107,104 +127,25 @@ def _unsupported(what: str, name: str, triton_only: frozenset[str]) -> str:
     return f"unknown {what} '{name}' (supported: {choices})"
 
 
-# --- inputs and outputs -------------------------------------------------------
-
-
-def check_tensors(config: pb.ModelConfig, findings: Findings, files: ModelFiles) -> None:
-    is_trt = platforms.backend_for(config.platform, config.backend) == "tensorrt"
-    for kind, tensors in (("input", config.input), ("output", config.output)):
-        check_unique((t.name for t in tensors), kind, findings)
-        for index, tensor in enumerate(tensors):
-            where = f"{kind}[{index}]" + (f" '{tensor.name}'" if tensor.name else "")
-            _check_tensor(tensor, where, findings)
-            if tensor.is_shape_tensor and not is_trt:
-                findings.add(
-                    f"{where}.is_shape_tensor", "shape tensors are supported only for TensorRT models"
-                )
-    for index, tensor in enumerate(config.input):
-        if tensor.format != pb.ModelInput.FORMAT_NONE and len(tensor.dims) != 3:
-            findings.add(
-                f"input[{index}] '{tensor.name}'.format",
-                f"{pb.ModelInput.Format.Name(tensor.format)} needs exactly 3 dims, got {list(tensor.dims)}",
-            )
-    for index, output in enumerate(config.output):
-        if output.label_filename and not files.exists(output.label_filename):
-            findings.add(
-                f"output[{index}] '{output.name}'.label_filename",
-                f"label file '{output.label_filename}' not found in the model folder",
-            )
-
-
-def _check_tensor(tensor: pb.ModelInput | pb.ModelOutput, where: str, findings: Findings) -> None:
-    if not tensor.name:
-        findings.add(f"{where}.name", "must not be empty")
-    if tensor.data_type == pb.TYPE_INVALID:
-        findings.add(f"{where}.data_type", "is required (e.g. TYPE_FP32)")
-    if not tensor.dims and not tensor.is_shape_tensor:
-        findings.add(
-            f"{where}.dims", "must not be empty (use dims: [ 1 ] with reshape: { shape: [ ] } for scalars)"
-        )
-    check_dims(tensor.dims, f"{where}.dims", findings)
-    if tensor.HasField("reshape"):
-        check_dims(tensor.reshape.shape, f"{where}.reshape.shape", findings)
-        _check_reshape(list(tensor.dims), list(tensor.reshape.shape), where, findings)
-
-
-def _check_reshape(dims: list[int], shape: list[int], where: str, findings: Findings) -> None:
-    variable_dims, variable_shape = dims.count(-1), shape.count(-1)
-    if variable_dims != variable_shape:
-        findings.add(
-            f"{where}.reshape",
-            f"dims {dims} and reshape {shape} must have the same number of variable-size (-1) dimensions",
-        )
-        return
-    fixed_dims = math.prod(d for d in dims if d != -1)
-    fixed_shape = math.prod(d for d in shape if d != -1)
-    if fixed_dims != fixed_shape:
-        findings.add(
-            f"{where}.reshape",
-            f"element count mismatch: dims {dims} hold {fixed_dims} elements, reshape {shape} holds {fixed_shape}",
-        )
-
-
-def check_batch_io(config: pb.ModelConfig, findings: Findings) -> None:
-    """batch_input / batch_output name existing tensors on a batching model."""
-    inputs = {t.name for t in config.input}
-    outputs = {t.name for t in config.output}
-    if (config.batch_input or config.batch_output) and config.max_batch_size == 0:
-        findings.add("batch_input", "batch inputs and outputs need max_batch_size > 0")
-    for index, item in enumerate(config.batch_input):
-        where = f"batch_input[{index}]"
-        if not item.target_name:
-            findings.add(f"{where}.target_name", "must name at least one input")
-        if item.data_type not in _BATCH_INPUT_TYPES:
-            findings.add(f"{where}.data_type", "must be TYPE_INT32 or TYPE_FP32")
-        for source in item.source_input:
-            if source not in inputs:
-                findings.add(f"{where}.source_input", f"'{source}' is not an input of the model")
-    for index, out in enumerate(config.batch_output):
-        where = f"batch_output[{index}]"
-        for target in out.target_name:
-            if target not in outputs:
-                findings.add(f"{where}.target_name", f"'{target}' is not an output of the model")
-        for source in out.source_input:
-            if source not in inputs:
-                findings.add(f"{where}.source_input", f"'{source}' is not an input of the model")
-
-
 # --- scheduling ---------------------------------------------------------------
 
 
 def check_ensemble_shape(config: pb.ModelConfig, findings: Findings) -> None:
     """What an ensemble may and must carry (its steps are checked in ensemble_rules)."""
+    name = config.name
     if not config.HasField("ensemble_scheduling"):
-        findings.add("ensemble_scheduling", "an ensemble needs ensemble_scheduling with at least one step")
+        findings.add(
+            "ensemble_scheduling",
+            f"ensemble scheduling must be set for ensemble {name} whose platform is ensemble",
+        )
     elif not config.ensemble_scheduling.step:
-        findings.add("ensemble_scheduling.step", "an ensemble needs at least one step")
+        findings.add("ensemble_scheduling.step", f"must specify 'step' for ensemble '{name}'")
     if config.instance_group:
-        findings.add("instance_group", "an ensemble has no instances of its own; remove instance_group")
+        findings.add("instance_group", f"instance group should not be specified for ensemble '{name}'")
+    if config.HasField("optimization"):
+        findings.add("optimization", f"optimization should not be specified for ensemble '{name}'")
     if config.model_warmup:
-        findings.add("model_warmup", "warmup cannot be specified for an ensemble")
+        findings.add("model_warmup", f"model_warmup can not be specified for ensemble '{name}'")
     if not config.input:
         findings.add("input", "an ensemble needs at least one input")
     if not config.output:
@@ -213,59 +154,106 @@ def check_ensemble_shape(config: pb.ModelConfig, findings: Findings) -> None:
 
 def check_not_ensemble(config: pb.ModelConfig, findings: Findings) -> None:
     if config.HasField("ensemble_scheduling"):
-        platform = config.platform or config.backend or "(none)"
-        findings.add("ensemble_scheduling", f"only allowed with platform \"ensemble\", not '{platform}'")
+        findings.add(
+            "ensemble_scheduling",
+            f"ensemble scheduling cannot be set for model '{config.name}' whose platform is not ensemble "
+            f"(platform '{config.platform or config.backend or ''}')",
+        )
+
+
+def _group_label(config: pb.ModelConfig, index: int, group: pb.ModelInstanceGroup) -> str:
+    """The group's name as Triton reports it (``<model>_<index>`` when unnamed)."""
+    return f"instance group {group.name or f'{config.name}_{index}'} of model {config.name}"
 
 
 def check_instance_groups(config: pb.ModelConfig, findings: Findings) -> None:
+    """Triton's ``ValidateInstanceGroup`` (GPU availability is the deployment plan's to judge)."""
     backend = platforms.backend_for(config.platform, config.backend)
     check_unique((g.name for g in config.instance_group), "instance_group", findings)
     for index, group in enumerate(config.instance_group):
         where = f"instance_group[{index}]" + (f" '{group.name}'" if group.name else "")
+        label = _group_label(config, index, group)
         if group.count < 0:
             findings.add(f"{where}.count", f"must be >= 1, got {group.count}")
         if group.gpus and group.kind in (Kind.KIND_CPU, Kind.KIND_MODEL):
-            findings.add(f"{where}.gpus", f"gpus cannot be set for {Kind.Name(group.kind)}")
+            findings.add(
+                f"{where}.gpus", f"{label} has kind {Kind.Name(group.kind)} but specifies one or more GPUs"
+            )
         for gpu in group.gpus:
             if gpu < 0:
-                findings.add(f"{where}.gpus", f"GPU id must be >= 0, got {gpu}")
+                findings.add(f"{where}.gpus", f"{label} specifies invalid or unsupported gpu id {gpu}")
         if group.profile and backend != "tensorrt":
-            findings.add(f"{where}.profile", "optimization profiles are supported only for TensorRT models")
+            findings.add(
+                f"{where}.profile",
+                f"{label} and platform {config.platform} specifies profile field which is only supported "
+                "for TensorRT models",
+            )
+        for profile in group.profile if backend == "tensorrt" else ():
+            if not profile.strip().isdigit():
+                findings.add(
+                    f"{where}.profile",
+                    f"{label} and platform {config.platform} specifies invalid profile {profile}. The field "
+                    "should contain the string representation of a non-negative integer.",
+                )
         if group.secondary_devices and group.kind != Kind.KIND_GPU:
             findings.add(f"{where}.secondary_devices", "secondary devices need kind KIND_GPU")
 
 
 def check_dynamic_batching(config: pb.ModelConfig, findings: Findings) -> None:
+    """Preferred sizes, priority levels and ``preserve_ordering`` as Triton checks them."""
     if not config.HasField("dynamic_batching"):
         return
-    batching = config.dynamic_batching
-    _check_preferred(batching.preferred_batch_size, config.max_batch_size, "dynamic_batching", findings)
+    batching, name, where = config.dynamic_batching, config.name, "dynamic_batching"
+    _check_preferred(batching.preferred_batch_size, config.max_batch_size, name, findings)
     levels, default = batching.priority_levels, batching.default_priority_level
-    where = "dynamic_batching"
-    if levels == 0 and default != 0:
-        findings.add(f"{where}.default_priority_level", "is set but priority_levels is 0")
+    if levels == 0 and (default != 0 or batching.priority_queue_policy):
+        findings.warn(
+            f"{where}.default_priority_level",
+            "priority_levels is 0, so default_priority_level and priority_queue_policy are ignored",
+        )
     if levels > 0 and not 1 <= default <= levels:
         findings.add(
             f"{where}.default_priority_level",
-            f"must be between 1 and priority_levels ({levels}), got {default}",
+            f"default priority level must be in range [1, {levels}] for {name} (got {default})",
         )
-    for level in batching.priority_queue_policy:
+    for level in batching.priority_queue_policy if levels > 0 else ():
         if not 1 <= level <= levels:
             findings.add(
                 f"{where}.priority_queue_policy",
-                f"priority level {level} is outside 1..priority_levels ({levels})",
+                f"priority queue policy must have priority level in range [1, {levels}] for {name} "
+                f"(got {level})",
+            )
+    if batching.preserve_ordering:
+        _check_preserve_ordering(batching, name, findings)
+
+
+def _check_preserve_ordering(batching: pb.ModelDynamicBatching, name: str, findings: Findings) -> None:
+    where = "dynamic_batching.preserve_ordering"
+    if batching.priority_levels > 1:
+        findings.add(where, f"Only one priority level is allowed when 'preserve_ordering' is true for {name}")
+    policies = [("default_queue_policy", batching.default_queue_policy)] + [
+        (f"priority_queue_policy[{level}]", policy)
+        for level, policy in batching.priority_queue_policy.items()
+    ]
+    for label, policy in policies:
+        if policy.default_timeout_microseconds != 0 and policy.timeout_action == Timeout.DELAY:
+            findings.add(
+                f"dynamic_batching.{label}.timeout_action",
+                f"Queue policy can not have DELAY as timeout action when 'preserve_ordering' is true for {name}",
             )
 
 
-def _check_preferred(sizes: Sequence[int], max_batch_size: int, where: str, findings: Findings) -> None:
+def _check_preferred(sizes: Sequence[int], max_batch_size: int, name: str, findings: Findings) -> None:
+    where = "dynamic_batching.preferred_batch_size"
     for size in sizes:
-        if size < 1:
-            findings.add(f"{where}.preferred_batch_size", f"must be >= 1, got {size}")
+        if size <= 0:
+            findings.add(where, f"dynamic batching preferred size must be positive for {name} (got {size})")
         elif size > max_batch_size:
             findings.add(
-                f"{where}.preferred_batch_size",
-                f"{size} is above max_batch_size {max_batch_size}"
-                + (" (the model does not batch)" if max_batch_size == 0 else ""),
+                where,
+                f"dynamic batching preferred size must be <= max batch size for {name} "
+                f"({size} is above max_batch_size {max_batch_size}"
+                + (", the model does not batch)" if max_batch_size == 0 else ")"),
             )
 
 
@@ -294,6 +282,12 @@ def check_warmup(config: pb.ModelConfig, findings: Findings, files: ModelFiles) 
                     f"{pb.DataType.Name(spec.data_type)}",
                 )
             check_dims(value.dims, f"{where}.inputs['{name}'].dims", findings)
+            if -1 in value.dims:
+                findings.add(
+                    f"{where}.inputs['{name}'].dims",
+                    "warmup setting expects all variable-size dimensions are specified for input "
+                    f"'{name}' (got {list(value.dims)})",
+                )
             if value.WhichOneof("input_data_type") is None:
                 findings.add(
                     f"{where}.inputs['{name}']", "set one of zero_data, random_data or input_data_file"
@@ -331,7 +325,11 @@ def check_transaction_and_cache(config: pb.ModelConfig, findings: Findings) -> N
             "model_transaction_policy.decoupled", f"backend '{backend}' does not support decoupled models"
         )
     if decoupled and config.response_cache.enable:
-        findings.add("response_cache.enable", "the response cache does not support decoupled models")
+        findings.add(
+            "response_cache.enable",
+            f"Response Cache does not currently support model {config.name} with 'decoupled' transaction "
+            "policy. Please disable the response cache.",
+        )
 
 
 def check_optimization(config: pb.ModelConfig, findings: Findings) -> None:
@@ -343,3 +341,30 @@ def check_optimization(config: pb.ModelConfig, findings: Findings) -> None:
                     f"optimization.execution_accelerators.{field_name}[{index}].name",
                     f"unknown execution accelerator '{accelerator.name}' (known: {', '.join(sorted(known))})",
                 )
+
+
+def check_model_metrics(config: pb.ModelConfig, findings: Findings) -> None:
+    """Triton's ``ValidateModelMetrics``."""
+    for index, control in enumerate(config.model_metrics.metric_control):
+        where = f"model_metrics.metric_control[{index}]"
+        if not control.HasField("metric_identifier"):
+            findings.add(where, "metric control must specify 'metric_identifier'")
+        elif not control.metric_identifier.family:
+            findings.add(f"{where}.metric_identifier", "metric identifier must specify non-empty 'family'")
+        if not control.HasField("histogram_options"):
+            findings.add(where, "metric control must specify 'histogram_options'")
+        elif not control.histogram_options.buckets:
+            findings.add(f"{where}.histogram_options", "histogram options must specify non-empty 'buckets'")
+
+
+def check_rate_limiter(config: pb.ModelConfig, findings: Findings) -> None:
+    """Each rate-limiter resource has a name, once per group."""
+    for index, group in enumerate(config.instance_group):
+        where = f"instance_group[{index}].rate_limiter.resources"
+        names = [(r.name, getattr(r, "global")) for r in group.rate_limiter.resources]
+        for position, (name, _) in enumerate(names):
+            if not name:
+                findings.add(f"{where}[{position}].name", "rate limiter resource must specify 'name'")
+        for name, is_global in set(names):
+            if name and names.count((name, is_global)) > 1:
+                findings.add(where, f"resource '{name}' is listed more than once")

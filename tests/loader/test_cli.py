@@ -37,7 +37,7 @@ def test_all_ok_exits_zero_and_prints_the_plan(repo: Path, write_model, capsys) 
 def test_failures_exit_non_zero_and_list_every_error(mixed_repo: Path, capsys) -> None:
     assert main(["validate", str(mixed_repo), "--cpus", "4", "--gpus", "2"]) == 1
     out = capsys.readouterr().out
-    assert "FAIL  bad" in out and "max_batch_size: must be >= 0, got -1" in out
+    assert "FAIL  bad" in out and "'max_batch_size' must be non-negative value for bad" in out
     assert "OK    good  version 2" in out and "x4 on GPU(s) [0, 1]" in out
 
 
