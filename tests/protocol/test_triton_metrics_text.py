@@ -1,0 +1,170 @@
+"""Triton's /metrics text from model runtimes (Ray-free): names, help lines, labels, sums, the listener,
+and the compute time split into input, infer and output."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from deployments.backends.base import Backend, BackendContext, timed
+from deployments.inference import InferRequest, InferResponse
+from deployments.protocol.metrics_http import start_metrics_server
+from deployments.runtime import custom_metrics
+from deployments.runtime.metrics import (
+    COUNTERS,
+    HostGauges,
+    TritonMetrics,
+    merge_model_metrics,
+    render_triton,
+)
+from deployments.runtime.model import VersionRuntime
+from tests.backends.helpers import describe, spec
+
+# As tritonserver 2.51 prints them (captured from the peer)
+TRITON_HELP = [
+    "# HELP nv_inference_request_success Number of successful inference requests, all batch sizes",
+    "# HELP nv_inference_request_failure Number of failed inference requests, all batch sizes",
+    "# HELP nv_inference_count Number of inferences performed (does not include cached requests)",
+    "# HELP nv_inference_exec_count Number of model executions performed (does not include cached requests)",
+    "# HELP nv_inference_request_duration_us Cumulative inference request duration in microseconds "
+    "(includes cached requests)",
+    "# HELP nv_inference_queue_duration_us Cumulative inference queuing duration in microseconds "
+    "(includes cached requests)",
+    "# HELP nv_inference_compute_input_duration_us Cumulative compute input duration in microseconds "
+    "(does not include cached requests)",
+    "# HELP nv_inference_compute_infer_duration_us Cumulative compute inference duration in microseconds "
+    "(does not include cached requests)",
+    "# HELP nv_inference_compute_output_duration_us Cumulative inference compute output duration in "
+    "microseconds (does not include cached requests)",
+    "# HELP nv_inference_pending_request_count Instantaneous number of pending requests awaiting "
+    "execution per-model.",
+]
+
+
+def _stats(version: str, success: int, fail: int, rows: int, execs: int) -> dict:
+    durations = {
+        k: {"count": 0, "ns": 0} for k in ("queue", "compute_input", "compute_infer", "compute_output")
+    }
+    durations["success"] = {"count": success, "ns": success * 2_000_000}
+    durations["fail"] = {"count": fail, "ns": fail * 1_000_000}
+    durations["compute_input"] = {"count": success, "ns": success * 3_000}
+    return {
+        "name": "m",
+        "version": version,
+        "inference_count": rows,
+        "execution_count": execs,
+        "inference_stats": durations,
+        "batch_stats": [],
+    }
+
+
+def test_replicas_sum_into_tritons_families() -> None:
+    one = {
+        "stats": [_stats("1", 2, 1, 4, 2)],
+        "pending": {"1": 1},
+        "failures": {"1": {"BACKEND": 1}},
+        "custom": [],
+    }
+    two = {"stats": [_stats("1", 3, 0, 3, 3)], "pending": {"1": 2}, "failures": {"1": {}}, "custom": []}
+    text = render_triton({"m": merge_model_metrics([one, two])})
+    lines = text.splitlines()
+    assert [line for line in lines if line.startswith("# HELP")] == TRITON_HELP
+    assert len(COUNTERS) == 9
+    for line in (
+        "# TYPE nv_inference_request_success counter",
+        'nv_inference_request_success{model="m",version="1"} 5',
+        'nv_inference_request_failure{model="m",reason="BACKEND",version="1"} 1',
+        'nv_inference_request_failure{model="m",reason="REJECTED",version="1"} 0',
+        'nv_inference_count{model="m",version="1"} 7',
+        'nv_inference_exec_count{model="m",version="1"} 5',
+        'nv_inference_request_duration_us{model="m",version="1"} 11000',
+        'nv_inference_compute_input_duration_us{model="m",version="1"} 15',
+        "# TYPE nv_inference_pending_request_count gauge",
+        'nv_inference_pending_request_count{model="m",version="1"} 3',
+    ):
+        assert line in lines, line
+    assert "ray_" not in text
+
+
+def test_custom_families_print_among_tritons_by_kind() -> None:
+    families = [
+        {
+            "name": "c_hist",
+            "description": "H",
+            "kind": "histogram",
+            "metrics": [{"labels": {}, "buckets": [1.0], "counts": [1, 0], "sum": 0.5}],
+        },
+        {
+            "name": "c_gauge",
+            "description": "G",
+            "kind": "gauge",
+            "metrics": [{"labels": {"a": "b"}, "value": 2.0}],
+        },
+        {"name": "c_total", "description": "C", "kind": "counter", "metrics": [{"labels": {}, "value": 3.0}]},
+    ]
+    text = render_triton({}, custom_metrics.merge_snapshots([families, families]), HostGauges().read())
+    order = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
+    assert order.index("nv_inference_compute_output_duration_us") < order.index("c_total")
+    assert order.index("c_total") < order.index("nv_inference_pending_request_count")
+    assert order.index("nv_cpu_memory_used_bytes") < order.index("c_gauge") < order.index("c_hist")
+    assert "c_total 6\n" in text and 'c_gauge{a="b"} 4\n' in text and "c_hist_count 2\n" in text
+
+
+async def test_listener_answers_metrics_only_and_keeps_the_connection() -> None:
+    async def render() -> str:
+        return "# HELP x X\n# TYPE x counter\nx 1\n"
+
+    server = await start_metrics_server("127.0.0.1", 0, render)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for path, status in (("/metrics", b"200"), ("/other", b"404"), ("/metrics/", b"200")):
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.split()[1] == status
+            length = int(
+                next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")).split()[1]
+            )
+            body = await reader.readexactly(length)
+            if status == b"200":
+                assert b"text/plain; version=0.0.4" in head and body.endswith(b"x 1\n")
+        writer.close()
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+class _PhasedBackend(Backend):
+    """Spends known times preparing inputs, computing and producing outputs."""
+
+    def load(self) -> None:
+        pass
+
+    async def execute(self, requests: Sequence[InferRequest]) -> list[InferResponse]:
+        with timed("input"):
+            time.sleep(0.02)
+        time.sleep(0.04)
+        with timed("output"):
+            time.sleep(0.01)
+        return [InferResponse(outputs={"OUT": r.inputs["IN"]}) for r in requests]
+
+
+async def test_compute_time_is_split_into_input_infer_and_output() -> None:
+    model = describe(
+        "phased", Path("/nonexistent"), "phased", [spec("IN", "FP32", [1])], [spec("OUT", "FP32", [1])]
+    )
+    backend = _PhasedBackend(BackendContext(model=model, version=1))
+    runtime = VersionRuntime(model, 1, backend, TritonMetrics(counters=None))
+    runtime.ready = True
+    response = await runtime.infer(InferRequest("phased", {"IN": np.ones(1, np.float32)}))
+    assert response.error is None
+    stats = runtime.stats.to_json()["inference_stats"]
+    ms = {k: stats[k]["ns"] / 1e6 for k in ("compute_input", "compute_infer", "compute_output")}
+    assert 18 <= ms["compute_input"] < 35, ms
+    assert 38 <= ms["compute_infer"] < 60, ms
+    assert 9 <= ms["compute_output"] < 25, ms
+    assert runtime.pending == 0
