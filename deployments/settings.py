@@ -136,6 +136,9 @@ class ServerSettings:
     access_log: bool = False  # one Serve access-log line per model request (Triton logs none)
     http_host: str = "127.0.0.1"  # the address HAProxy binds (``triton-serve serve`` only)
     http_port: int = 8000
+    allow_metrics: bool = True  # Triton's metrics endpoint (``/metrics``), served by the server application
+    metrics_host: str = "127.0.0.1"  # the one address it binds (default: ``http_host``)
+    metrics_port: int = 8002
     direct_routes: bool = True  # a model replica answers its routes without Serve's per-request wrapper
     deploy_timeout_s: float = 600.0  # how long one model's application may take to start
     stats_push_interval_s: float = 1.0  # how often replicas push statistics to the server application
@@ -157,6 +160,8 @@ class ServerSettings:
             )
         if not 0 < self.http_port < 65536:
             raise SettingsError(f"http_port must be between 1 and 65535, not {self.http_port}")
+        if not 0 < self.metrics_port < 65536:
+            raise SettingsError(f"metrics_port must be between 1 and 65535, not {self.metrics_port}")
         for name in ("deploy_timeout_s", "stats_push_interval_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive, not {getattr(self, name)}")
@@ -194,12 +199,15 @@ class ServerSettings:
             "http_restricted_api": tuple(RestrictedApi.parse(t) for t in _texts(args.get("http_restricted_api"))),
             "grpc_restricted_api": tuple(RestrictedApi.parse(t) for t in _texts(args.get("grpc_restricted_api"))),
             "access_log": _flag(args, "access_log", False),
+            "allow_metrics": _flag(args, "allow_metrics", True),
+            "metrics_host": str(args.get("metrics_host") or args.get("http_host") or "127.0.0.1"),
             "direct_routes": env.get(DIRECT_ROUTES_ENV, "1").strip() != "0",
         }
         for name, kind in (
             ("repository_poll_secs", float),
             ("http_host", str),
             ("http_port", int),
+            ("metrics_port", int),
             ("deploy_timeout_s", float),
             ("stats_push_interval_s", float),
             ("control_app_cpus", float),
@@ -228,6 +236,9 @@ class ServerSettings:
             "access_log": self.access_log,
             "http_host": self.http_host,
             "http_port": self.http_port,
+            "allow_metrics": self.allow_metrics,
+            "metrics_host": self.metrics_host,
+            "metrics_port": self.metrics_port,
             "deploy_timeout_s": self.deploy_timeout_s,
             "stats_push_interval_s": self.stats_push_interval_s,
             "control_app_cpus": self.control_app_cpus,
@@ -253,6 +264,9 @@ _ARG_NAMES = {
     "access_log",
     "http_host",
     "http_port",
+    "allow_metrics",
+    "metrics_host",
+    "metrics_port",
     "deploy_timeout_s",
     "stats_push_interval_s",
     "control_app_cpus",
