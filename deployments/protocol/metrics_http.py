@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Awaitable, Callable
 
 logger = logging.getLogger(__name__)
@@ -19,9 +20,24 @@ MAX_HEADER_BYTES = 64 * 1024
 Render = Callable[[], Awaitable[str]]
 
 
-async def start_metrics_server(host: str, port: int, render: Render) -> asyncio.Server:
-    """Listen on ``host:port``; ``render`` gives the text of each scrape. Raises ``OSError`` when the
-    port is taken, so a misconfigured server fails at start."""
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket on ``host:port`` (port 0: any free port); raises ``OSError`` when the port is
+    taken, so a misconfigured server fails at start rather than later on the event loop."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
+async def start_metrics_server(sock: socket.socket, render: Render) -> asyncio.Server:
+    """Answer scrapes on ``sock`` (from :func:`bind`); ``render`` gives the text of each scrape."""
 
     async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -32,7 +48,7 @@ async def start_metrics_server(host: str, port: int, render: Render) -> asyncio.
         finally:
             writer.close()
 
-    return await asyncio.start_server(connection, host, port, limit=MAX_HEADER_BYTES)
+    return await asyncio.start_server(connection, sock=sock, limit=MAX_HEADER_BYTES)
 
 
 async def _answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, render: Render) -> bool:

@@ -12,7 +12,7 @@ import numpy as np
 
 from deployments.backends.base import Backend, BackendContext, timed
 from deployments.inference import InferRequest, InferResponse
-from deployments.protocol.metrics_http import start_metrics_server
+from deployments.protocol.metrics_http import bind, start_metrics_server
 from deployments.runtime import custom_metrics
 from deployments.runtime.metrics import (
     COUNTERS,
@@ -118,7 +118,7 @@ async def test_listener_answers_metrics_only_and_keeps_the_connection() -> None:
     async def render() -> str:
         return "# HELP x X\n# TYPE x counter\nx 1\n"
 
-    server = await start_metrics_server("127.0.0.1", 0, render)
+    server = await start_metrics_server(bind("127.0.0.1", 0), render)
     port = server.sockets[0].getsockname()[1]
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
