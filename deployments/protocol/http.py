@@ -20,8 +20,9 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from deployments.inference import InferRequest
 from deployments.protocol import codec, compression
 from deployments.protocol.dataplane import DataPlane
 from deployments.runtime.checks import ModelSchema
@@ -36,6 +37,14 @@ Receive = Callable[[], Awaitable[dict]]
 Send = Callable[[dict], Awaitable[None]]
 Headers = list[tuple[bytes, bytes]]
 Reply = tuple[int, Headers, bytes]
+
+
+class SequenceForwarder(Protocol):
+    """Sends a sequence's request to the replica holding its state (``deployments.serve.sequence_routing``)."""
+
+    async def forward(self, request: InferRequest, path: str, headers: Headers, body: bytes) -> Reply | None:
+        """The owner's reply, or None when this replica answers ``request`` itself."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -161,6 +170,8 @@ class _BaseApp:
         self._inflight = 0  # inference requests this app holds now (``limits.max_concurrent_requests``)
         self._router = _Router(routes)
         self._schemas: dict[tuple[str, str], tuple[ModelDescription, ModelSchema]] = {}
+        # a stateful model with several replicas: where a sequence's requests go (None: here)
+        self.sequence_router: SequenceForwarder | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -281,6 +292,12 @@ class _BaseApp:
             body = compression.decompress(body, encoding, self.limits.max_decompressed_size)
         header_length = codec.parse_header_length(call.header(b"inference-header-content-length"), len(body))
         request, binary_output = codec.decode_infer_request(body, header_length, name, version, self.limits)
+        if self.sequence_router is not None and request.correlation_id:
+            forwarded = await self.sequence_router.forward(
+                request, _full_path(call.scope), call.scope["headers"], call.body
+            )
+            if forwarded is not None:
+                return forwarded
         response = await self.dataplane.infer(request)
         if response.error is not None:
             raise response.error

@@ -126,6 +126,7 @@ class ServerDeployment:
         )
         self.deployer = RayDeployer(settings, resources)
         self._stats: Snapshots = {}
+        self._sequence_members: dict[str, dict[int, tuple[str, str, int]]] = {}
         self._executor = HandleExecutor()
         self.controller = ModelController(settings, self.deployer, remote=self._remote)
         self._start = asyncio.get_running_loop().create_task(self._startup())
@@ -158,6 +159,14 @@ class ServerDeployment:
             self.report_stats(model, replica, snapshot)
         others = [s for key, s in self._stats.get(model, {}).items() if key != replica]
         return merge_snapshots([snapshot, *others])
+
+    def sequence_register(self, model: str, rank: int, member: tuple[str, str, int]) -> None:
+        """A replica of a stateful model: the direct-ingress address of its rank (replica id, ip, port)."""
+        self._sequence_members.setdefault(model, {})[rank] = member
+
+    def sequence_members(self, model: str) -> dict[int, tuple[str, str, int]]:
+        """Where each rank of a stateful model answers HTTP (``deployments.serve.sequence_routing``)."""
+        return dict(self._sequence_members.get(model, {}))
 
     def index(self) -> list[dict[str, Any]]:
         return self.controller.index()

@@ -21,6 +21,10 @@ versions without starting Ray, so an upgrade that moves one fails there, by name
   application is gone.
 * ``serve_details``: the controller client's ``get_serve_details()`` (what is
   deployed, with its options); read by tests and diagnostics only.
+* ``replica_http_targets``: the controller's ``get_target_groups(app,
+  from_proxy_manager=True)`` (what it hands HAProxy): each running replica's
+  direct-ingress HTTP address by actor name; the sequence router finds its own
+  address there (``deployments.serve.sequence_routing``).
 * ``uvicorn_cycle_send``: ``uvicorn.protocols.http.httptools_impl.RequestResponseCycle``
   with ``send``, ``transport`` and ``response_started``, wrapped by
   ``deployments.serve.response_writes``.
@@ -42,6 +46,7 @@ HOOKS = (
     "run_nonblocking",
     "delete_blocking",
     "serve_details",
+    "replica_http_targets",
     "uvicorn_cycle_send",
 )
 
@@ -79,6 +84,23 @@ def deployed_options(app_name: str, deployment: str) -> dict[str, Any]:
         "num_replicas": config.get("num_replicas"),
         "max_ongoing_requests": config.get("max_ongoing_requests"),
         "ray_actor_options": config.get("ray_actor_options") or {},
+    }
+
+
+async def replica_http_targets(app_name: str) -> dict[str, tuple[str, int]]:
+    """``actor name -> (ip, port)`` of the running replicas of ``app_name`` whose direct-ingress HTTP
+    port is allocated, as the Serve controller lists them for HAProxy."""
+    import ray
+    from ray.serve._private.common import RequestProtocol
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    groups = await controller.get_target_groups.remote(app_name, True)
+    return {
+        target.name: (target.ip, int(target.port))
+        for group in groups
+        if group.protocol == RequestProtocol.HTTP and group.app_name == app_name
+        for target in group.targets
     }
 
 

@@ -19,6 +19,7 @@ from deployments.serve.devices import pin_replica_gpu
 from deployments.serve.handles import HandleExecutor
 from deployments.serve.names import SERVER_APP, SERVER_DEPLOYMENT, hosted_key, model_route
 from deployments.serve.response_writes import coalesce_response_writes
+from deployments.serve.sequence_routing import SequenceRouter
 from deployments.settings import ServerSettings
 from repository_loader.errors import Unavailable
 from repository_loader.model import InstanceKind, ModelDescription
@@ -74,9 +75,40 @@ class ModelDeployment:
             replica_dataplane(self.runtime, self._cluster_stats), model.name, settings.limits
         )
         ingress.serve_directly(self._route, self._app, enabled=settings.direct_routes)
+        self._sequences: SequenceRouter | None = None
+        if model.sequence_batching is not None and replicas > 1 and context is not None:
+            self._sequences = self._sequence_router(context)
+            self._app.sequence_router = self._sequences
+            self._publish = asyncio.get_running_loop().create_task(self._sequences.publish())
 
     def __serve_build_asgi_app__(self) -> Any:
         return self._app
+
+    def _sequence_router(self, context: Any) -> SequenceRouter:
+        """Keeps a sequence on the replica holding its state (``deployments.serve.sequence_routing``)."""
+        import ray
+
+        name = self.model.name
+        rank = int(getattr(context.rank, "rank", context.rank))
+
+        async def register(rank: int, member: tuple[str, str, int]) -> None:
+            await self._server_handle().sequence_register.remote(name, rank, member)
+
+        async def members() -> dict[int, tuple[str, str, int]]:
+            found: dict[int, tuple[str, str, int]] = await self._server_handle().sequence_members.remote(name)
+            return found
+
+        actor = ray.get_runtime_context().get_actor_name() or ""
+        return SequenceRouter(
+            name, context.app_name, rank, self.replicas, self.replica_id, actor, register, members
+        )
+
+    def sequence_routing(self) -> dict[str, int]:
+        """This replica's rank and how many sequence requests it answered itself / forwarded."""
+        router = self._sequences
+        if router is None:
+            return {}
+        return {"rank": router.rank, "local": router.local, "forwarded": router.forwarded}
 
     def load_status(self) -> dict[str, Any]:
         return {"ready": self.load_error is None and self.runtime.is_ready(), "error": self.load_error}
@@ -148,6 +180,8 @@ class ModelDeployment:
 
     async def __del__(self) -> None:
         ingress.withdraw(self._route)
+        if self._sequences is not None:
+            await self._sequences.close()
         if self._push_task is not None:
             self._push_task.cancel()
         await self.runtime.close()

@@ -109,7 +109,123 @@ def build_test_repository(root: Path) -> Path:
         source = "bls" if name == "bls_missing" else name
         shutil.copy(BLS_MODELS / source / "1" / "model.py", repo / name / "1" / "model.py")
         (repo / name / "config.pbtxt").write_text(_bls_config(name, outputs) + extra)
+    _stateful_models(repo)
     return repo
+
+
+# A running sum per sequence that also reports what it was given (START, END, READY, CORRID) and
+# which process (replica) ran it.
+ACCUMULATOR_PY = textwrap.dedent(
+    """
+    import os
+
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            self.sums = {}
+
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                get = lambda name: pb_utils.get_input_tensor_by_name(request, name).as_numpy()
+                value = get("IN")
+                start, end, ready = (int(get(n).reshape(-1)[0]) for n in ("START", "END", "READY"))
+                corrid = int(get("CORRID").reshape(-1)[0])
+                if not ready:
+                    total = np.zeros_like(value)
+                else:
+                    if start:
+                        self.sums[corrid] = np.zeros_like(value)
+                    if corrid not in self.sums:
+                        raise pb_utils.TritonModelException(f"sequence {corrid} has no state here")
+                    self.sums[corrid] = self.sums[corrid] + value
+                    total = self.sums[corrid]
+                    if end:
+                        del self.sums[corrid]
+                controls = np.array([[start, end, ready, corrid]], dtype=np.int64)
+                pid = np.array([[os.getpid()]], dtype=np.int64)
+                responses.append(
+                    pb_utils.InferenceResponse(
+                        output_tensors=[
+                            pb_utils.Tensor("OUT", total.astype(np.int32)),
+                            pb_utils.Tensor("CONTROLS", controls),
+                            pb_utils.Tensor("PID", pid),
+                        ]
+                    )
+                )
+            return responses
+    """
+)
+
+ACCUMULATOR_CONFIG = """
+name: "seq_accumulator"
+backend: "python"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [
+  { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "CONTROLS" data_type: TYPE_INT64 dims: [ 4 ] },
+  { name: "PID" data_type: TYPE_INT64 dims: [ 1 ] }
+]
+sequence_batching {
+  max_sequence_idle_microseconds: 3000000
+  direct { }
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "END" control [ { kind: CONTROL_SEQUENCE_END int32_false_true: [ 0, 1 ] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+}
+instance_group [ { kind: KIND_CPU count: 2 } ]
+"""
+
+
+def _stateful_models(repo: Path) -> None:
+    """Two stateful models with 2 replicas each (tests/serve/test_sequence_e2e.py): the Python running
+    sum (state in the model, keyed by CORRID) and an ONNX running sum whose state the server keeps."""
+    acc = repo / "seq_accumulator"
+    (acc / "1").mkdir(parents=True)
+    (acc / "1" / "model.py").write_text(ACCUMULATOR_PY)
+    (acc / "config.pbtxt").write_text(ACCUMULATOR_CONFIG)
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["IN", "STATE_IN"], ["SUM"]), helper.make_node("Identity", ["SUM"], ["OUT"])]
+        + [helper.make_node("Identity", ["SUM"], ["STATE_OUT"])],
+        "running_sum",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None, 1]) for n in ("IN", "STATE_IN")],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None, 1]) for n in ("OUT", "STATE_OUT")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    state = repo / "seq_state"
+    (state / "1").mkdir(parents=True)
+    onnx.save(model, str(state / "1" / "model.onnx"))
+    (state / "config.pbtxt").write_text(
+        textwrap.dedent(
+            """
+            name: "seq_state"
+            backend: "onnxruntime"
+            max_batch_size: 8
+            input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
+            output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+            sequence_batching {
+              max_sequence_idle_microseconds: 5000000
+              direct { }
+              state [ {
+                input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_FP32 dims: [ 1 ]
+                initial_state { name: "zero" data_type: TYPE_FP32 dims: [ 1 ] zero_data: true }
+              } ]
+            }
+            instance_group [ { count: 2 kind: KIND_CPU } ]
+            """
+        )
+    )
 
 
 def _bls_config(name: str, outputs: tuple[str, ...]) -> str:

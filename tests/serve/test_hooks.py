@@ -73,6 +73,19 @@ def _check_serve_details() -> None:
     assert callable(ServeControllerClient.get_serve_details)
 
 
+def _check_replica_http_targets() -> None:
+    from ray.serve._private.common import RequestProtocol
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+    from ray.serve._private.controller import ServeController
+    from ray.serve.schema import Target, TargetGroup
+
+    assert SERVE_CONTROLLER_NAME and SERVE_NAMESPACE and RequestProtocol.HTTP
+    params = list(inspect.signature(ServeController.get_target_groups).parameters)
+    assert params[:3] == ["self", "app_name", "from_proxy_manager"]
+    assert {"ip", "port", "name"} <= set(Target.model_fields)
+    assert {"targets", "protocol", "app_name"} <= set(TargetGroup.model_fields)
+
+
 def _check_uvicorn_cycle_send() -> None:
     cycle = hooks.uvicorn_cycle()
     assert cycle is not None, "uvicorn.protocols.http.httptools_impl.RequestResponseCycle is gone"
@@ -90,6 +103,7 @@ CHECKS = {
     "run_nonblocking": _check_run_nonblocking,
     "delete_blocking": _check_delete_blocking,
     "serve_details": _check_serve_details,
+    "replica_http_targets": _check_replica_http_targets,
     "uvicorn_cycle_send": _check_uvicorn_cycle_send,
 }
 

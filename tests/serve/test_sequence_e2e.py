@@ -1,0 +1,152 @@
+"""Stateful models on the shared Ray Serve instance, two replicas each, through HAProxy, with the real
+tritonclient: every sequence keeps to the replica holding its state (docs/sequence.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+import tritonclient.http.aio as aioclient
+from tritonclient.utils import InferenceServerException
+
+pytestmark = pytest.mark.serve
+
+ACC = "seq_accumulator"
+
+
+def _acc_input(value: int) -> list[httpclient.InferInput]:
+    tensor = httpclient.InferInput("IN", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+    return [tensor]
+
+
+async def _acc_sequence(
+    client: aioclient.InferenceServerClient, cid: int, values: list[int]
+) -> list[tuple[int, list[int], int]]:
+    """(running sum, [START, END, READY, CORRID], replica pid) of every request of one sequence."""
+    out = []
+    for i, value in enumerate(values):
+        result = await client.infer(
+            ACC,
+            _acc_input(value),
+            sequence_id=cid,
+            sequence_start=i == 0,
+            sequence_end=i == len(values) - 1,
+        )
+        out.append(
+            (
+                int(result.as_numpy("OUT")[0, 0]),
+                [int(v) for v in result.as_numpy("CONTROLS")[0]],
+                int(result.as_numpy("PID")[0, 0]),
+            )
+        )
+        await asyncio.sleep(0)
+    return out
+
+
+def test_64_interleaved_sequences_keep_their_replica_and_their_sums(server_url: str) -> None:
+    values = {cid: [cid * 100 + k for k in range(1, 7)] for cid in range(1, 65)}
+
+    async def main() -> dict[int, list[tuple[int, list[int], int]]]:
+        client = aioclient.InferenceServerClient(server_url, conn_limit=64)
+        try:
+            runs = await asyncio.gather(*(_acc_sequence(client, cid, v) for cid, v in values.items()))
+        finally:
+            await client.close()
+        return dict(zip(values, runs, strict=True))
+
+    results = asyncio.run(main())
+    pids = set()
+    for cid, run in results.items():
+        assert [r[0] for r in run] == list(np.cumsum(values[cid])), cid
+        controls = [r[1] for r in run]
+        last = len(run) - 1
+        assert controls == [[int(i == 0), int(i == last), 1, cid] for i in range(len(run))], cid
+        owners = {r[2] for r in run}
+        assert len(owners) == 1, f"sequence {cid} switched replicas: {owners}"
+        pids |= owners
+    assert len(pids) == 2, "both replicas hold sequences"
+
+
+def test_string_sequence_ids_and_server_kept_state_onnx(server_url: str) -> None:
+    """ONNX model with implicit state: the server keeps STATE between requests; string IDs."""
+
+    async def one(client: aioclient.InferenceServerClient, cid: str, values: list[float]) -> list[float]:
+        sums = []
+        for i, value in enumerate(values):
+            tensor = aioclient.InferInput("IN", [1, 1], "FP32")
+            tensor.set_data_from_numpy(np.array([[value]], dtype=np.float32))
+            result = await client.infer(
+                "seq_state",
+                [tensor],
+                sequence_id=cid,
+                sequence_start=i == 0,
+                sequence_end=i == len(values) - 1,
+            )
+            assert result.as_numpy("STATE_OUT") is None, "the state output stays in the server"
+            sums.append(float(result.as_numpy("OUT")[0, 0]))
+        return sums
+
+    values = {f"stream-{n}": [float(n + k) for k in range(5)] for n in range(64)}
+
+    async def main() -> list[list[float]]:
+        client = aioclient.InferenceServerClient(server_url, conn_limit=64)
+        try:
+            return await asyncio.gather(*(one(client, cid, v) for cid, v in values.items()))
+        finally:
+            await client.close()
+
+    for (cid, v), sums in zip(values.items(), asyncio.run(main()), strict=True):
+        assert sums == list(np.cumsum(v)), cid
+
+
+@pytest.fixture(scope="module")
+def client(server_url: str) -> httpclient.InferenceServerClient:
+    c = httpclient.InferenceServerClient(server_url)
+    yield c
+    c.close()
+
+
+def _sum(client: httpclient.InferenceServerClient, cid: int, value: int, **flags: bool) -> int:
+    return int(client.infer(ACC, _acc_input(value), sequence_id=cid, **flags).as_numpy("OUT")[0, 0])
+
+
+def _missing_start(cid: int) -> str:
+    return (
+        f"inference request for sequence {cid} to model '{ACC}' must specify the START flag on the "
+        "first request of the sequence"
+    )
+
+
+@pytest.mark.parametrize("cid", [7001, 7002, 7003, 7004])  # owners on both replicas
+def test_missing_start_is_rejected_as_triton_does(client: httpclient.InferenceServerClient, cid: int) -> None:
+    with pytest.raises(InferenceServerException) as err:
+        _sum(client, cid, 1)
+    assert _missing_start(cid) in str(err.value)
+
+
+def test_zero_sequence_id_is_rejected(client: httpclient.InferenceServerClient) -> None:
+    with pytest.raises(InferenceServerException, match="must specify a non-zero or non-empty correlation ID"):
+        client.infer(ACC, _acc_input(1), sequence_start=True)
+
+
+def test_start_on_a_running_sequence_restarts_it(client: httpclient.InferenceServerClient) -> None:
+    cid = 7100
+    assert _sum(client, cid, 5, sequence_start=True) == 5
+    assert _sum(client, cid, 5) == 10
+    assert _sum(client, cid, 3, sequence_start=True) == 3
+    assert _sum(client, cid, 4, sequence_end=True) == 7
+
+
+@pytest.mark.slow
+def test_idle_sequence_loses_its_slot(client: httpclient.InferenceServerClient) -> None:
+    cid = 7200
+    assert _sum(client, cid, 2, sequence_start=True) == 2
+    time.sleep(3.6)  # max_sequence_idle_microseconds: 3000000
+    with pytest.raises(InferenceServerException) as err:
+        _sum(client, cid, 2)
+    assert _missing_start(cid) in str(err.value)
+    assert _sum(client, cid, 2, sequence_start=True, sequence_end=True) == 2
