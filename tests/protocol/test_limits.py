@@ -67,7 +67,7 @@ async def call(
         "raw_path": path.encode() if raw_path is None else raw_path,
         "root_path": "",
         "query_string": b"",
-        "headers": [(k.lower().encode(), v.encode("latin-1")) for k, v in (headers or {}).items()],
+        "headers": [(k.lower().encode(), v.encode("utf-8")) for k, v in (headers or {}).items()],
     }
     await app(scope, receive, send)
     return Reply(sent), read
