@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from repository_loader import platforms
 from repository_loader.errors import ConfigError
@@ -85,7 +86,8 @@ def complete(
     if not path.exists():
         return config  # reported as a missing model file by the loader
     if backend == "onnxruntime":
-        complete_onnx(config, read_onnx_signature(path, config.name))
+        source = f"{config.name}/{path.parent.name}/{path.name}"
+        complete_onnx(config, read_onnx_signature(path, config.name), source)
     elif backend == "python":
         return complete_python(config, path)
     return config
@@ -127,22 +129,32 @@ def _signature(arg: object, model_name: str) -> TensorSignature:
 
 
 def complete_onnx(
-    config: pb.ModelConfig, signature: tuple[list[TensorSignature], list[TensorSignature]]
+    config: pb.ModelConfig,
+    signature: tuple[list[TensorSignature], list[TensorSignature]],
+    source: str = "model.onnx",
 ) -> None:
-    """Fill max_batch_size, inputs, outputs and dynamic batching from an ONNX signature; check the rest."""
+    """Fill max_batch_size, inputs, outputs and dynamic batching from an ONNX signature, then check
+    the config against the model as Triton's ONNX Runtime backend does (its wording), raising one
+    :class:`ConfigError` listing every disagreement."""
     inputs, outputs = signature
     everything = inputs + outputs
     batchable = bool(everything) and all(len(t.shape) >= 1 and t.shape[0] == -1 for t in everything)
     if config.max_batch_size == 0 and batchable and not _describes_full_shapes(config, everything):
         config.max_batch_size = DEFAULT_MAX_BATCH_SIZE
+    problems: list[str] = []
+    prefix = f"model '{config.name}' ({source})"
     if config.max_batch_size > 0 and not batchable:
-        raise ConfigError(
-            f"model '{config.name}': max_batch_size is {config.max_batch_size}, but the ONNX model cannot "
-            "batch: every input and output needs a variable-size first dimension"
+        tensor = next(t for t in everything if not t.shape or t.shape[0] != -1)
+        problems.append(
+            f"{prefix}: max_batch_size: model '{config.name}', tensor '{tensor.name}': for the model to "
+            "support batching the shape should have at least 1 dimension and the first dimension must be "
+            f"-1; but shape expected by the model is {list(tensor.shape)}"
         )
     skip = 1 if config.max_batch_size > 0 else 0
-    _fill_tensors(config, config.input, inputs, skip, "input")
-    _fill_tensors(config, config.output, outputs, skip, "output")
+    _fill_tensors(config, config.input, inputs, skip, "input", prefix, problems)
+    _fill_tensors(config, config.output, outputs, skip, "output", prefix, problems)
+    if problems:
+        raise ConfigError("\n".join(problems))
     if config.max_batch_size > 1 and config.WhichOneof("scheduling_choice") is None:
         config.dynamic_batching.SetInParent()
 
@@ -155,29 +167,69 @@ def _describes_full_shapes(config: pb.ModelConfig, signature: Sequence[TensorSig
 
 
 def _fill_tensors(
-    config: pb.ModelConfig, tensors: object, signature: list[TensorSignature], skip: int, kind: str
+    config: pb.ModelConfig,
+    tensors: Any,
+    signature: list[TensorSignature],
+    skip: int,
+    kind: str,
+    prefix: str,
+    problems: list[str],
 ) -> None:
     by_name = {t.name: t for t in signature}
-    listed = list(tensors)  # type: ignore[call-overload]
+    listed = list(tensors)
     if not listed:
         for sig in signature:
-            tensor = tensors.add()  # type: ignore[attr-defined]
+            tensor = tensors.add()
             tensor.name, tensor.data_type = sig.name, sig.data_type
             tensor.dims.extend(sig.shape[skip:])
         return
-    for tensor in listed:
+    if len(listed) != len(signature) and (kind == "input" or len(listed) > len(signature)):
+        problems.append(
+            f"{prefix}: {kind}: unable to load model '{config.name}', configuration expects {len(listed)} "
+            f"{kind}s, model provides {len(signature)}"
+        )
+    for index, tensor in enumerate(listed):
+        where = f"{prefix}: {kind}[{index}] '{tensor.name}'"
         found = by_name.get(tensor.name)
         if found is None:
             names = ", ".join(sorted(by_name))
-            raise ConfigError(
-                f"model '{config.name}': {kind} '{tensor.name}' is not an {kind} of the ONNX model ({kind}s: {names})"
+            problems.append(
+                f"{where}: unexpected inference {kind} '{tensor.name}', allowed {kind}s are: {names}"
             )
+            continue
         if tensor.data_type == pb.TYPE_INVALID:
             tensor.data_type = found.data_type
         elif tensor.data_type != found.data_type:
-            raise ConfigError(
-                f"model '{config.name}': {kind} '{tensor.name}' is {pb.DataType.Name(tensor.data_type)} in the "
-                f"config but {pb.DataType.Name(found.data_type)} in the ONNX model"
+            problems.append(
+                f"{where}.data_type: unable to load model '{config.name}', configuration expects datatype "
+                f"{pb.DataType.Name(tensor.data_type)} for {kind} '{tensor.name}', model provides "
+                f"{pb.DataType.Name(found.data_type)}"
             )
         if not tensor.dims:
             tensor.dims.extend(found.shape[skip:])
+            continue
+        problem = _compare_dims(config, tensor, found, skip)
+        if problem:
+            problems.append(f"{where}.dims: {problem}")
+
+
+def _compare_dims(config: pb.ModelConfig, tensor: Any, found: TensorSignature, skip: int) -> str | None:
+    """Triton's comparison of the model's shape with the config's (reshape when given)."""
+    dims = list(tensor.reshape.shape) if tensor.HasField("reshape") else list(tensor.dims)
+    full = [-1] * skip + dims
+    model = list(found.shape)
+    head = f"model '{config.name}', tensor '{tensor.name}': the model expects"
+    if len(full) != len(model):
+        how = (
+            "an initial batch dimension because max_batch_size > 0 followed by the explicit tensor shape, "
+            f"making complete shape {full}"
+            if skip
+            else f"shape {full}"
+        )
+        return (
+            f"{head} {len(model)} dimensions (shape {model}) but the model configuration specifies "
+            f"{len(full)} dimensions ({how})"
+        )
+    if any(m != -1 and m != c for m, c in zip(model[skip:], dims, strict=True)):
+        return f"{head} dims {model[skip:]} but the model configuration specifies dims {dims}"
+    return None

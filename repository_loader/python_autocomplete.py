@@ -24,6 +24,10 @@ from repository_loader.proto import model_config_pb2 as pb
 
 _INPUT_PROPERTIES = ("name", "data_type", "dims", "optional")
 _OUTPUT_PROPERTIES = ("name", "data_type", "dims")
+# What the ModelConfig methods change; anything else changed through as_dict() is refused.
+_COMPLETABLE = frozenset(
+    {"max_batch_size", "input", "output", "dynamic_batching", "model_transaction_policy"}
+)
 _counter = itertools.count()
 
 
@@ -67,8 +71,8 @@ class AutoCompleteModelConfig:
         current = int(self._model_config["max_batch_size"])
         if current > max_batch_size:
             raise ValueError(
-                f"configuration specified max_batch_size {current}, but auto_complete_config of "
-                f"model '{self._name}' sets max_batch_size {max_batch_size}"
+                f"configuration specified max_batch_size {current}, but in auto-complete-config "
+                f"function for model '{self._name}' specified max_batch_size {max_batch_size}"
             )
         self._model_config["max_batch_size"] = int(max_batch_size)
 
@@ -77,8 +81,8 @@ class AutoCompleteModelConfig:
         for other in ("sequence_batching", "ensemble_scheduling"):
             if other in self._model_config:
                 raise ValueError(
-                    f"configuration of model '{self._name}' sets '{other}', but auto_complete_config "
-                    "sets 'dynamic_batching'"
+                    f"Configuration specified scheduling_choice as '{other}', but auto-complete-config "
+                    f"function for model '{self._name}' tries to set scheduling_choice as 'dynamic_batching'"
                 )
         self._model_config.setdefault("dynamic_batching", {})
 
@@ -91,13 +95,18 @@ class AutoCompleteModelConfig:
         self._add_tensor("output", output, _OUTPUT_PROPERTIES)
 
     def _add_tensor(self, kind: str, tensor: dict[str, Any], allowed: tuple[str, ...]) -> None:
-        label = f"{kind} '{tensor.get('name', '')}' in auto_complete_config of model '{self._name}'"
+        label = f"{kind} '{tensor.get('name', '')}' in auto-complete-config function for model '{self._name}'"
         extra = [key for key in tensor if key not in allowed]
         if extra:
-            raise ValueError(f"{label} has properties other than {', '.join(allowed)}: {', '.join(extra)}")
-        for required in ("name", "data_type", "dims"):
+            names = ", ".join(f"'{p}'" for p in allowed[:-1]) + f" and '{allowed[-1]}'"
+            raise ValueError(f"{label} contains property other than {names}: {', '.join(extra)}")
+        if "name" not in tensor:
+            raise ValueError(
+                f"{kind} in auto-complete-config function for model '{self._name}' is missing 'name' property."
+            )
+        for required in ("data_type", "dims"):
             if required not in tensor:
-                raise ValueError(f"{label} is missing '{required}'")
+                raise ValueError(f"{label} is missing '{required}' property.")
         for current in self._model_config[kind]:
             if current.get("name") == tensor["name"]:
                 self._merge(kind, current, tensor)
@@ -109,14 +118,14 @@ class AutoCompleteModelConfig:
         configured_type = current.get("data_type", "TYPE_INVALID")
         if configured_type != "TYPE_INVALID" and configured_type != tensor["data_type"]:
             raise ValueError(
-                f"model '{self._name}': configuration expects data type {configured_type} for {kind} "
-                f"'{name}', auto_complete_config gives {tensor['data_type']}"
+                f"unable to load model '{self._name}', configuration expects datatype {configured_type} "
+                f"for {kind} '{name}', model provides {tensor['data_type']}"
             )
         configured_dims = list(current.get("dims") or [])
         if configured_dims and configured_dims != list(tensor["dims"]):
             raise ValueError(
-                f"model '{self._name}', {kind} '{name}': auto_complete_config gives dims "
-                f"{list(tensor['dims'])} but the configuration specifies {configured_dims}"
+                f"model '{self._name}', tensor '{name}': the model expects dims {list(tensor['dims'])} "
+                f"but the model configuration specifies dims {configured_dims}"
             )
         if "optional" in tensor and current.get("optional", tensor["optional"]) != tensor["optional"]:
             raise ValueError(
@@ -143,8 +152,8 @@ class AutoCompleteModelConfig:
             # configured true is protected.
             if bool(policy.get("decoupled", False)) and not wanted:
                 raise ValueError(
-                    f"auto_complete_config of model '{self._name}' tries to change decoupled, which the "
-                    f"configuration sets to {policy['decoupled']}"
+                    f"trying to change decoupled property in auto-complete-config for model "
+                    f"'{self._name}', which is already set to {policy['decoupled']}"
                 )
             policy["decoupled"] = wanted
 
@@ -181,12 +190,35 @@ def complete_python(config: pb.ModelConfig, model_file: Path) -> pb.ModelConfig:
     hook = getattr(model_class, "auto_complete_config", None)
     if hook is None:
         return config
-    wrapper = AutoCompleteModelConfig(config_to_json(config))
+    before = config_to_json(config)
+    wrapper = AutoCompleteModelConfig(copy.deepcopy(before))
     try:
         result = hook(wrapper)
     except Exception as exc:
         raise ConfigError(
             f"model '{config.name}': auto_complete_config failed: {type(exc).__name__}: {exc}"
         ) from None
-    completed = result if isinstance(result, AutoCompleteModelConfig) else wrapper
-    return config_from_json(completed.as_dict(), source=f"model '{config.name}' auto_complete_config result")
+    if not isinstance(result, AutoCompleteModelConfig):
+        raise ConfigError(
+            f"model '{config.name}' ({model_file.parent.name}/{model_file.name}): auto_complete_config: "
+            f"auto_complete_config function for model '{config.name}' must return a valid "
+            f"pb_utils.ModelConfig object, got {type(result).__name__} (return the object it was given)"
+        )
+    completed = result.as_dict()
+    _check_untouched(config, before, completed, model_file)
+    return config_from_json(completed, source=f"model '{config.name}' auto_complete_config result")
+
+
+def _check_untouched(
+    config: pb.ModelConfig, before: dict[str, Any], after: dict[str, Any], model_file: Path
+) -> None:
+    """auto_complete_config may change only what its methods change (as in Triton)."""
+    changed = sorted(
+        key for key in {*before, *after} if key not in _COMPLETABLE and before.get(key) != after.get(key)
+    )
+    if changed:
+        raise ConfigError(
+            f"model '{config.name}' ({model_file.parent.name}/{model_file.name}): auto_complete_config: "
+            f"changes {', '.join(repr(k) for k in changed)}, which auto-complete may not set (only "
+            f"{', '.join(sorted(_COMPLETABLE))}); set them in config.pbtxt"
+        )

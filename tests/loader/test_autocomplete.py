@@ -72,9 +72,14 @@ def test_onnx_config_that_disagrees_with_the_model(repo: Path, write_model) -> N
         {"1/model.onnx": FIXED},
     )
     state = load_repository(repo)
-    assert "cannot batch" in state.failed["batch"][0]
-    assert "TYPE_INT32 in the config but TYPE_FP32 in the ONNX model" in state.failed["dtype"][0]
-    assert "'nope' is not an input of the ONNX model" in state.failed["name"][0]
+    assert "for the model to support batching the shape should have at least 1 dimension" in (
+        state.failed["batch"][0]
+    )
+    assert (
+        "configuration expects datatype TYPE_INT32 for input 'in', model provides TYPE_FP32"
+        in state.failed["dtype"][0]
+    )
+    assert "unexpected inference input 'nope', allowed inputs are: in" in state.failed["name"][0]
 
 
 def test_file_that_is_not_onnx(repo: Path, write_model) -> None:
@@ -171,13 +176,13 @@ def test_auto_complete_object_rules() -> None:
     )
     with pytest.raises(ValueError, match="max_batch_size"):
         config.set_max_batch_size(2)
-    with pytest.raises(ValueError, match="data type"):
+    with pytest.raises(ValueError, match="configuration expects datatype TYPE_FP32 for input"):
         config.add_input({"name": "A", "data_type": "TYPE_INT32", "dims": [2]})
     with pytest.raises(ValueError, match="dims"):
         config.add_input({"name": "A", "data_type": "TYPE_FP32", "dims": [3]})
     with pytest.raises(ValueError, match="missing 'dims'"):
         config.add_output({"name": "B", "data_type": "TYPE_FP32"})
-    with pytest.raises(ValueError, match="properties other than"):
+    with pytest.raises(ValueError, match="contains property other than"):
         config.add_output({"name": "B", "data_type": "TYPE_FP32", "dims": [1], "optional": True})
     with pytest.raises(ValueError, match="other than 'decoupled'"):
         config.set_model_transaction_policy({"streaming": True})
