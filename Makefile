@@ -3,8 +3,6 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# The request-path variables (deployments/serve/launch.py holds the one list), read after install.
-SERVE_ENV = $(shell $(BIN)/python -m deployments.serve.launch env)
 
 .PHONY: install serve validate test test-fast lint bench-peers clean
 
@@ -15,8 +13,9 @@ install: $(BIN)/activate
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e ".[cpu,dev]"
 
+# `serve run` with the request-path variables; it ends when make does (SIGTERM to make included).
 serve: install
-	$(SERVE_ENV) $(BIN)/serve run serve_config.yaml
+	$(BIN)/python -m deployments.serve.launch run serve_config.yaml
 
 validate: install
 	$(BIN)/triton-serve validate examples/model_repository

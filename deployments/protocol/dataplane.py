@@ -159,11 +159,13 @@ class ModelRegistry(Protocol):
 class ModelDataPlane:
     """The data plane: every :class:`DataPlane` method over a :class:`ModelRegistry`."""
 
-    def __init__(self, registry: ModelRegistry) -> None:
+    def __init__(self, registry: ModelRegistry, notices: Mapping[str, Any] | None = None) -> None:
         self.registry = registry
+        # extra fields of the server metadata: what the operator must know (e.g. a slow request path)
+        self.notices = dict(notices or {})
 
     async def server_metadata(self) -> dict[str, Any]:
-        return server_metadata_document()
+        return {**server_metadata_document(), **self.notices}
 
     async def live(self) -> bool:
         return True

@@ -21,7 +21,7 @@ from ray import serve
 from deployments.control import ModelController
 from deployments.protocol.dataplane import ModelDataPlane, ServedModel
 from deployments.runtime.stats import merge_snapshots
-from deployments.serve import hooks
+from deployments.serve import hooks, request_path
 from deployments.serve.handles import HandleExecutor, RemoteModel
 from deployments.serve.model_app import ModelDeployment
 from deployments.serve.names import MODEL_DEPLOYMENT, SERVER_APP, SERVER_DEPLOYMENT, model_app_name
@@ -145,7 +145,8 @@ class ServerDeployment:
     def __serve_build_asgi_app__(self) -> Any:
         from deployments.protocol.http import ServerHTTPApp
 
-        return ServerHTTPApp(ModelDataPlane(self.controller), limits=self.deployer.settings.limits)
+        dataplane = ModelDataPlane(self.controller, notices=request_path.request_path_notice(logger))
+        return ServerHTTPApp(dataplane, limits=self.deployer.settings.limits)
 
     def report_stats(self, model: str, replica: str, snapshot: list[dict[str, Any]]) -> None:
         self._stats.setdefault(model, {})[replica] = snapshot

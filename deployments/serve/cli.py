@@ -27,6 +27,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-strict-readiness", action="store_true")
     p.add_argument("--access-log", action="store_true", help="log every model request (costs throughput)")
     p.set_defaults(func=run)
+    r = subparsers.add_parser(
+        "ray-start",
+        help="`ray start` with the request-path environment, for a cluster that `serve deploy` targets",
+    )
+    r.add_argument(
+        "ray_args", nargs=argparse.REMAINDER, help="arguments of `ray start` (--head, --address ...)"
+    )
+    r.set_defaults(func=ray_start)
 
 
 def server_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -66,3 +74,11 @@ def run(args: argparse.Namespace) -> int:
     finally:
         print("shutting down", file=sys.stderr, flush=True)
         launch.stop()
+
+
+def ray_start(args: argparse.Namespace) -> int:
+    """``ray start`` with the request-path variables set, so that ``serve deploy`` to this node comes up
+    on the direct request path (they are read by Ray's processes when they start)."""
+    from deployments.serve import launch
+
+    return launch.main(["ray-start", *args.ray_args])

@@ -28,6 +28,10 @@ versions without starting Ray, so an upgrade that moves one fails there, by name
 * ``uvicorn_cycle_send``: ``uvicorn.protocols.http.httptools_impl.RequestResponseCycle``
   with ``send``, ``transport`` and ``response_started``, wrapped by
   ``deployments.serve.response_writes``.
+* ``haproxy_binary``: ``RAY_SERVE_HAPROXY_BINARY_PATH`` names the HAProxy that Serve's
+  HAProxy manager starts (``ray/serve/_private/haproxy.py``: ``get_haproxy_binary``, started as
+  ``<binary> ... -f <config>``); ``deployments.serve.haproxy_shim`` is started instead and
+  adjusts the configuration Serve's template writes (its ``bind`` and ``errorfile 50x`` lines).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from typing import Any
 PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
 DISCONNECT_DISABLED = (b"x-request-disconnect-disabled", b"?1")
 BUILD_ASGI_APP = "__serve_build_asgi_app__"
+HAPROXY_BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"
 
 HOOKS = (
     "proxy_callback_env",
@@ -48,6 +53,7 @@ HOOKS = (
     "serve_details",
     "replica_http_targets",
     "uvicorn_cycle_send",
+    "haproxy_binary",
 )
 
 

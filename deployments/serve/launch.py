@@ -9,38 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from deployments.serve import hooks
+from deployments.serve.haproxy_shim import die_with_parent
+from deployments.serve.request_path import REQUEST_PATH_ENV, request_path_env
 from deployments.settings import ServerSettings
-
-# Ray Serve direct ingress behind HAProxy: each model replica answers HTTP itself.
-# HAProxy's metrics make it log every request to a Ray actor that parses the lines
-# (a fifth of a core on a trivial model at 2,000 requests/s); Serve's replica
-# metrics and this server's Triton metrics stay on. Ray starts its workers at nice 15,
-# so on a shared node every other process (a load generator, an agent) took the
-# CPU from the replicas answering requests; Triton runs at normal priority, so do they.
-REQUEST_PATH_ENV = {
-    "RAY_worker_niceness": "0",
-    "RAY_SERVE_ENABLE_HA_PROXY": "1",
-    "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
-    "RAY_SERVE_HAPROXY_METRICS_ENABLED": "0",
-    "RAY_SERVE_HAPROXY_NBTHREAD": str(max(1, min(4, os.cpu_count() or 1))),
-    "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1",
-    # A model's replica answers its own routes without Serve's per-request wrapper, and
-    # inference runs to completion when a client disconnects, as in Triton
-    # (deployments/serve/ingress.py).
-    hooks.PROXY_CALLBACK_ENV: "deployments.serve.ingress:middlewares",
-}
 
 
 def configure_environment(direct_ingress: bool = True) -> None:
     """Set the request-path variables (kept where the user already set them)."""
     if direct_ingress:
-        for key, value in REQUEST_PATH_ENV.items():
+        for key, value in request_path_env().items():
             os.environ.setdefault(key, value)
     project = str(Path(__file__).resolve().parents[2])
     path = os.environ.get("PYTHONPATH", "")
@@ -107,17 +91,40 @@ def stop() -> None:
         ray.shutdown()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m deployments.serve.launch env``: the request-path variables as ``K=V`` words (for ``make serve``)."""
-    import sys
+USAGE = """usage:
+  python -m deployments.serve.launch env                     the variables as K=V words
+  python -m deployments.serve.launch run [SERVE RUN ARGS]    serve run with them (make serve)
+  python -m deployments.serve.launch ray-start [ARGS]        ray start with them (clusters)"""
 
+
+def main(argv: list[str] | None = None) -> int:
+    """``env``: the request-path variables as ``K=V`` words; ``run`` / ``ray-start``: ``serve run`` /
+    ``ray start`` with them in the environment (``make serve``, ``triton-serve ray-start``)."""
     args = sys.argv[1:] if argv is None else argv
-    if args != ["env"]:
-        print("usage: python -m deployments.serve.launch env", file=sys.stderr)
-        return 2
-    print(" ".join(f"{k}={v}" for k, v in REQUEST_PATH_ENV.items()))
-    return 0
+    if args == ["env"]:
+        print(" ".join(f"{k}={v}" for k, v in request_path_env().items()))
+        return 0
+    if args and args[0] in ("run", "ray-start"):
+        configure_environment()
+        binary = Path(sys.executable).with_name("serve" if args[0] == "run" else "ray")
+        command = [str(binary), "run" if args[0] == "run" else "start", *args[1:]]
+        if args[0] == "run":
+            # `make` does not pass its SIGTERM on: `serve run` ends with whatever started it
+            die_with_parent(signal.SIGTERM)
+        os.execv(command[0], command)
+    print(USAGE, file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+__all__ = [
+    "REQUEST_PATH_ENV",
+    "call_server",
+    "configure_environment",
+    "main",
+    "request_path_env",
+    "start",
+    "stop",
+]

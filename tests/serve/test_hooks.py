@@ -95,6 +95,19 @@ def _check_uvicorn_cycle_send() -> None:
     assert "self.transport" in init and "self.response_started" in init
 
 
+def _check_haproxy_binary() -> None:
+    from ray.serve._private import constants, haproxy, haproxy_templates
+
+    assert hasattr(constants, hooks.HAPROXY_BINARY_ENV)
+    assert hooks.HAPROXY_BINARY_ENV in inspect.getsource(haproxy.get_haproxy_binary)
+    assert '"-f", self.config_file_path' in inspect.getsource(haproxy)
+    template = haproxy_templates.HAPROXY_CONFIG_TEMPLATE
+    # the lines deployments.serve.haproxy_shim adjusts
+    assert "frontend http_frontend\n    bind {{ config.frontend_host }}:" in template
+    assert "bind *:{{ config.stats_port }}" in template and "bind :{{ config.metrics_port }}" in template
+    assert "errorfile 503 {{ config.error_file_path }}" in template
+
+
 CHECKS = {
     "proxy_callback_env": _check_proxy_callback_env,
     "disconnect_disabled_header": _check_disconnect_disabled_header,
@@ -105,6 +118,7 @@ CHECKS = {
     "serve_details": _check_serve_details,
     "replica_http_targets": _check_replica_http_targets,
     "uvicorn_cycle_send": _check_uvicorn_cycle_send,
+    "haproxy_binary": _check_haproxy_binary,
 }
 
 

