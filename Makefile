@@ -4,7 +4,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install serve validate test test-fast lint bench-peers clean
+.PHONY: install serve validate test test-fast test-multinode lint bench-peers clean
 
 $(BIN)/activate:
 	$(PY) -m venv $(VENV)
@@ -25,6 +25,10 @@ test: install lint
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not serve"
+
+# Three Ray nodes in network namespaces on this machine (needs root; docs/multinode.md).
+test-multinode: install
+	$(BIN)/python -m pytest -q -m multinode tests/cluster
 
 lint:
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy

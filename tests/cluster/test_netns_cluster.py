@@ -1,0 +1,73 @@
+"""The multi-node cluster script's pieces that need no namespaces: quick, run everywhere."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deployments.serve.launch import REQUEST_PATH_ENV
+from tools import netns_cluster
+from tools.netns_cluster import HEAD, NODES, ClusterState, NodeSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_without_ip_or_root_the_reason_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(netns_cluster.shutil, "which", lambda _: None)
+    assert "`ip`" in (netns_cluster.unavailable_reason() or "")
+    monkeypatch.setattr(netns_cluster.shutil, "which", lambda _: "/usr/sbin/ip")
+    monkeypatch.setattr(netns_cluster.os, "geteuid", lambda: 1000)
+    assert "root" in (netns_cluster.unavailable_reason() or "")
+
+
+def test_serve_config_is_the_shipped_one_reachable_from_other_nodes(tmp_path: Path) -> None:
+    state = ClusterState(dir=str(tmp_path), http_port=8123)
+    written = yaml.safe_load(
+        netns_cluster.write_serve_config(state, Path("examples/model_repository")).read_text()
+    )
+    shipped = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    assert written["proxy_location"] == "EveryNode"
+    assert written["http_options"] == {**shipped["http_options"], "host": "0.0.0.0", "port": 8123}
+    (app,) = written["applications"]
+    assert app["import_path"] == shipped["applications"][0]["import_path"]
+    assert app["args"]["model_repository"] == str((ROOT / "examples" / "model_repository").resolve())
+
+
+def test_node_environment_carries_the_request_path_and_nothing_of_the_callers_ray(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    env = netns_cluster.node_env(NODES[1], tmp_path)
+    assert REQUEST_PATH_ENV.items() <= env.items()
+    assert "RAY_ADDRESS" not in env
+    assert env["RAY_AUTH_MODE"] == "token" and env["PYTHONPATH"] == str(ROOT)
+    folder = tmp_path / NODES[1].name / "haproxy"
+    assert env["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"] == str(folder)
+    assert all(
+        Path(env[key]).parent == folder for key in netns_cluster.HAPROXY_FILES if key.endswith("_FILE")
+    )
+
+
+def _args(node: NodeSpec, root: Path) -> dict[str, str]:
+    pairs = (a.partition("=") for a in netns_cluster.ray_start_args(node, root)[2:])
+    return {key: value for key, _, value in pairs}
+
+
+def test_head_declares_no_cpus_and_workers_join_it(tmp_path: Path) -> None:
+    head = _args(HEAD, tmp_path)
+    assert "--head" in head and head["--num-cpus"] == "0" and "--address" not in head
+    gpu_nodes = [n for n in NODES if n.num_gpus]
+    assert len(gpu_nodes) == 1 and len(NODES) >= 3
+    for node in NODES[1:]:
+        args = _args(node, tmp_path)
+        assert args["--address"] == f"{HEAD.ip}:{netns_cluster.GCS_PORT}"
+        assert args["--node-ip-address"] == node.ip and args["--num-gpus"] == str(node.num_gpus)
+        assert args["--temp-dir"].startswith(str(tmp_path / node.name)) and "--block" in args
+
+
+def test_interface_names_fit_the_kernels_limit() -> None:
+    names = [netns_cluster.BRIDGE, *(n.veth for n in NODES)]
+    assert all(len(name) <= 15 for name in names), names
+    assert len({n.ip for n in NODES}) == len(NODES)

@@ -1,0 +1,1 @@
+"""Developer tools: the multi-node test cluster (netns_cluster)."""

@@ -1,0 +1,559 @@
+"""A multi-node Ray cluster on one machine: one Linux network namespace per node.
+
+    python -m tools.netns_cluster up [--model-repository PATH] [--port 8090]
+    python -m tools.netns_cluster status
+    python -m tools.netns_cluster down
+
+``up`` joins three namespaces by a bridge (one veth pair each, ``lo`` up in each),
+starts a Ray head node in the first (no CPUs: it holds the Serve controller and an
+ingress only) and two worker nodes in the others (one declares a GPU as a stand-in
+GPU node), then deploys the server with ``serve deploy`` as a user of ``ray up``
+would, and waits until every model answers through every node's ingress. Needs root
+and ``ip`` (iproute2). Each node runs with the request-path environment of
+``deployments.serve.launch`` and its own temp dir; HAProxy's files go to the cluster's
+folder (Ray's default is a folder per node id under ``/tmp/haproxy-serve``; the Serve
+controller's setting, the head's, applies to every node), so ``down`` leaves nothing
+behind.
+
+``down`` ends every process it started by pid: the ``ray start --block`` process of
+each node and everything still running inside the namespaces (all of it started
+here), then deletes the namespaces, the bridge and the cluster's folder. It never
+runs ``ray stop``, which ends Ray processes by name machine-wide. Addresses stay in
+one /24 that only the bridge and the namespaces use: the namespaces have no default
+route, so their traffic goes to loopback and to each other only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent  # the venv's bin: ray and serve of the pinned Ray
+# short: Ray's socket paths under the temp dir must fit in 107 bytes
+DEFAULT_DIR = Path(os.environ.get("TRS_NETNS_DIR", "/tmp/trs_netns"))
+STATE_FILE = "state.json"
+PREFIX = "trs"
+SUBNET = "10.213.0"
+BRIDGE = f"{PREFIX}br0"
+BRIDGE_IP = f"{SUBNET}.1"
+GCS_PORT = 6379
+DASHBOARD_PORT = 8265
+HTTP_PORT = 8090
+OBJECT_STORE_BYTES = 200 * 1024 * 1024
+# CPUs the plan keeps free. It sizes each replica's CPU share from the cluster's total, not
+# node by node, and Ray packs CPU-only replicas away from GPU nodes: without headroom the
+# replicas that overflow onto the GPU node leave no room there for the KIND_GPU ones.
+CPU_HEADROOM = 0.5
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One Ray node: its namespace, address and what it declares to the scheduler."""
+
+    name: str
+    host: int  # last byte of the address
+    num_cpus: int
+    num_gpus: int = 0
+    resources: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def head(self) -> bool:
+        return self.name == "head"
+
+    @property
+    def netns(self) -> str:
+        return f"{PREFIX}-{self.name}"
+
+    @property
+    def veth(self) -> str:
+        return f"{PREFIX}v-{self.name}"  # the bridge's end; the namespace's end is eth0
+
+    @property
+    def ip(self) -> str:
+        return f"{SUBNET}.{self.host}"
+
+
+# 3 logical CPUs on this machine's 2 cores: replicas ask fractional shares (the plan sizes them).
+NODES = (
+    NodeSpec("head", 10, num_cpus=0),
+    NodeSpec("cpu", 11, num_cpus=2, resources={"cpu_node": 1}),
+    NodeSpec("gpu", 12, num_cpus=1, num_gpus=1, resources={"gpu_node": 1}),
+)
+HEAD = NODES[0]
+
+
+@dataclass
+class ClusterState:
+    """What ``up`` created, written before each step so ``down`` undoes a partial start too."""
+
+    dir: str
+    http_port: int = HTTP_PORT
+    netns: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)
+    pids: dict[str, int] = field(default_factory=dict)  # node -> pid (= process group) of ray start
+
+    @classmethod
+    def load(cls, root: Path) -> ClusterState:
+        path = root / STATE_FILE
+        if not path.is_file():
+            return cls(dir=str(root))
+        return cls(**json.loads(path.read_text()))
+
+    def save(self) -> None:
+        Path(self.dir).mkdir(parents=True, exist_ok=True)
+        (Path(self.dir) / STATE_FILE).write_text(json.dumps(asdict(self), indent=2))
+
+    def ingress(self, node: NodeSpec) -> str:
+        """``host:port`` of the node's HAProxy."""
+        return f"{node.ip}:{self.http_port}"
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+# ---------------------------------------------------------------- preflight and network
+
+
+def unavailable_reason() -> str | None:
+    """Why namespaces cannot be made here (None when they can)."""
+    if not sys.platform.startswith("linux"):
+        return "network namespaces need Linux"
+    if shutil.which("ip") is None:
+        return "no `ip` command (iproute2)"
+    if os.geteuid() != 0:
+        return "creating network namespaces needs root"
+    probe = f"{PREFIX}-probe-{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"`ip netns add` failed: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+def _ip(*args: str) -> None:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise ClusterError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+
+
+def existing_netns() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def link_exists(name: str) -> bool:
+    return subprocess.run(["ip", "link", "show", name], capture_output=True).returncode == 0
+
+
+def make_network(state: ClusterState) -> None:
+    """The bridge (with an address, so this machine reaches the nodes) and one namespace per node."""
+    _ip("link", "add", BRIDGE, "type", "bridge")
+    state.links.append(BRIDGE)
+    state.save()
+    _ip("addr", "add", f"{BRIDGE_IP}/24", "dev", BRIDGE)
+    _ip("link", "set", BRIDGE, "up")
+    for node in NODES:
+        _ip("netns", "add", node.netns)
+        state.netns.append(node.netns)
+        state.save()
+        _ip("link", "add", node.veth, "type", "veth", "peer", "name", "eth0", "netns", node.netns)
+        state.links.append(node.veth)
+        state.save()
+        _ip("link", "set", node.veth, "master", BRIDGE, "up")
+        _ip("-n", node.netns, "link", "set", "lo", "up")
+        _ip("-n", node.netns, "addr", "add", f"{node.ip}/24", "dev", "eth0")
+        _ip("-n", node.netns, "link", "set", "eth0", "up")
+
+
+# ---------------------------------------------------------------- Ray nodes
+
+
+def auth_token() -> str:
+    """Ray's token (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``); created if absent."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return os.environ["RAY_AUTH_TOKEN"].strip()
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    if not path.is_file():
+        subprocess.run([str(BIN / "ray"), "get-auth-token", "--generate"], check=True, capture_output=True)
+    return path.read_text().strip()
+
+
+# HAProxy's files, in the cluster's folder instead of /tmp/haproxy-serve
+HAPROXY_FILES = {
+    "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": "haproxy.cfg",
+    "RAY_SERVE_HAPROXY_SOCKET_PATH": "admin.sock",
+    "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": ".",
+    "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": "server-state",
+    "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": "metrics.sock",
+}
+
+
+def request_path_variables() -> dict[str, str]:
+    """What the process that starts Ray must carry for the request path (``make serve`` carries the same)."""
+    try:
+        from deployments.serve.request_path import request_path_env
+    except ImportError:  # the list alone, where the request path has no module of its own
+        from deployments.serve.launch import REQUEST_PATH_ENV
+
+        return dict(REQUEST_PATH_ENV)
+    return request_path_env()
+
+
+def node_env(node: NodeSpec, root: Path) -> dict[str, str]:
+    """The environment of a node's Ray processes (and so of every replica on it)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "HAPROXY_"))}
+    haproxy = root / node.name / "haproxy"
+    env.update(request_path_variables())
+    env.update(
+        {
+            "PYTHONPATH": str(ROOT),
+            "RAY_AUTH_MODE": "token",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            # SIGTERM ends a node at once (no drain wait): `down` ends the whole cluster
+            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+        }
+    )
+    env.update({key: str(haproxy / name) for key, name in HAPROXY_FILES.items()})
+    return env
+
+
+def ray_start_args(node: NodeSpec, root: Path) -> list[str]:
+    args = [
+        str(BIN / "ray"),
+        "start",
+        "--block",
+        f"--node-ip-address={node.ip}",
+        f"--num-cpus={node.num_cpus}",
+        f"--num-gpus={node.num_gpus}",
+        f"--temp-dir={root / node.name / 'ray'}",
+        f"--object-store-memory={OBJECT_STORE_BYTES}",
+        "--disable-usage-stats",
+    ]
+    if node.resources:
+        args.append(f"--resources={json.dumps(node.resources)}")
+    if node.head:
+        args += [
+            "--head",
+            f"--port={GCS_PORT}",
+            "--dashboard-host=0.0.0.0",
+            f"--dashboard-port={DASHBOARD_PORT}",
+        ]
+    else:
+        args.append(f"--address={HEAD.ip}:{GCS_PORT}")
+    return args
+
+
+def start_node(node: NodeSpec, state: ClusterState) -> None:
+    """``ray start --block`` inside the node's namespace, as the leader of its own process group."""
+    root = Path(state.dir)
+    (root / node.name / "haproxy").mkdir(parents=True, exist_ok=True)
+    log = open(root / f"{node.name}.log", "ab")  # noqa: SIM115 (the child holds it)
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", node.netns, *ray_start_args(node, root)],
+        env=node_env(node, root),
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    log.close()
+    state.pids[node.name] = proc.pid
+    state.save()
+
+
+def dashboard_url(path: str) -> str:
+    return f"http://{HEAD.ip}:{DASHBOARD_PORT}{path}"
+
+
+def http_json(url: str, body: bytes | None = None, timeout_s: float = 10.0, auth: bool = False) -> Any:
+    headers = {"Content-Type": "application/json"}
+    if auth:
+        headers["Authorization"] = f"Bearer {auth_token()}"
+    request = urllib.request.Request(url, data=body, headers=headers, method="POST" if body else "GET")
+    with urllib.request.urlopen(request, timeout=timeout_s) as reply:
+        return json.loads(reply.read() or b"null")
+
+
+def ray_nodes() -> list[dict[str, Any]]:
+    """Alive Ray nodes as the head's state API lists them (node_id, node_ip, resources_total, ...)."""
+    reply = http_json(dashboard_url("/api/v0/nodes?limit=100&detail=true"), auth=True)
+    return [n for n in reply["data"]["result"]["result"] if n.get("state") == "ALIVE"]
+
+
+def serve_details() -> dict[str, Any]:
+    """Serve's applications, deployments and replicas (with node ids), from the head's dashboard."""
+    return http_json(dashboard_url("/api/serve/applications/"), auth=True)  # type: ignore[no-any-return]
+
+
+def wait_for(what: str, check: Any, timeout_s: float, state: ClusterState | None = None) -> Any:
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        if state is not None:
+            dead = [name for name, pid in state.pids.items() if not _alive(pid)]
+            if dead:
+                raise ClusterError(f"node(s) {dead} exited; see {state.dir}/<node>.log")
+        try:
+            last = check()
+        except (OSError, urllib.error.URLError, KeyError, ValueError) as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        time.sleep(1.0)
+    raise ClusterError(f"timed out after {timeout_s:.0f}s waiting for {what} (last: {last!r})")
+
+
+def _port_open(ip: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1.0)
+        return s.connect_ex((ip, port)) == 0
+
+
+# ---------------------------------------------------------------- Serve
+
+
+def write_serve_config(state: ClusterState, model_repository: Path) -> Path:
+    """The shipped serve_config.yaml, with replicas and HAProxy reachable from other nodes."""
+    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    config["proxy_location"] = "EveryNode"
+    config["http_options"] = {**config.get("http_options", {}), "host": "0.0.0.0", "port": state.http_port}
+    for app in config["applications"]:
+        args = app.setdefault("args", {})
+        args["model_repository"] = str(model_repository.resolve())
+        args.setdefault("control_app_cpus", CPU_HEADROOM)
+    path = Path(state.dir) / "serve_config.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def serve_deploy(config: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    # `serve deploy` talks to the dashboard (RAY_DASHBOARD_ADDRESS / --address, default localhost:8265),
+    # not to the GCS address that RAY_ADDRESS names for `serve run`
+    env.update({"RAY_AUTH_MODE": "token", "RAY_DASHBOARD_ADDRESS": dashboard_url("")})
+    done = subprocess.run(
+        [str(BIN / "serve"), "deploy", str(config)], env=env, capture_output=True, text=True, timeout=120
+    )
+    if done.returncode != 0:
+        raise ClusterError(f"serve deploy failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+
+
+def model_index(state: ClusterState, node: NodeSpec = HEAD) -> list[dict[str, Any]]:
+    """The server's repository index through ``node``'s ingress."""
+    return http_json(f"http://{state.ingress(node)}/v2/repository/index", body=b"{}")  # type: ignore[no-any-return]
+
+
+def _settled(index: list[dict[str, Any]]) -> bool:
+    return bool(index) and all(m.get("state") in ("READY", "UNAVAILABLE") for m in index)
+
+
+def _routed(state: ClusterState, models: list[str]) -> bool:
+    """Every model reports ready through every node's ingress (HAProxy's routes lag readiness)."""
+    for node in NODES:
+        for model in models:
+            try:
+                with urllib.request.urlopen(
+                    f"http://{state.ingress(node)}/v2/models/{model}/ready", timeout=5
+                ):
+                    pass
+            except (OSError, urllib.error.URLError):
+                return False
+    return True
+
+
+# ---------------------------------------------------------------- up / down / status
+
+
+def up(
+    root: Path = DEFAULT_DIR,
+    model_repository: Path = ROOT / "examples" / "model_repository",
+    http_port: int = HTTP_PORT,
+    deploy: bool = True,
+    timeout_s: float = 300.0,
+    log: Any = print,
+) -> ClusterState:
+    """Create the network, start the nodes, deploy the server and wait until every node serves every model."""
+    reason = unavailable_reason()
+    if reason:
+        raise ClusterError(reason)
+    leftovers = sorted(existing_netns() & {n.netns for n in NODES})
+    if leftovers or link_exists(BRIDGE) or (root / STATE_FILE).exists():
+        raise ClusterError(f"a cluster is already up ({leftovers or BRIDGE}); run `down` first")
+    start = time.monotonic()
+    root.mkdir(parents=True, exist_ok=True)
+    state = ClusterState(dir=str(root), http_port=http_port)
+    state.save()
+    try:
+        make_network(state)
+        start_node(HEAD, state)
+        wait_for("the head node", lambda: _port_open(HEAD.ip, DASHBOARD_PORT) and ray_nodes(), 120, state)
+        for node in NODES[1:]:
+            start_node(node, state)
+        wait_for(f"{len(NODES)} nodes", lambda: len(ray_nodes()) == len(NODES), 120, state)
+        log(f"nodes up in {time.monotonic() - start:.0f}s")
+        if deploy:
+            serve_deploy(write_serve_config(state, model_repository))
+            wait_for("the repository to load", lambda: _settled(model_index(state)), timeout_s, state)
+            ready = [m["name"] for m in model_index(state) if m.get("state") == "READY"]
+            wait_for("every node to route every model", lambda: _routed(state, ready), 120, state)
+            log(f"serving {len(ready)} models through {len(NODES)} nodes in {time.monotonic() - start:.0f}s")
+    except BaseException:
+        log(f"start failed; logs in {root}/<node>.log; taking the cluster down")
+        _copy_logs(root)
+        down(root, log=log)
+        raise
+    return state
+
+
+def _copy_logs(root: Path) -> None:
+    """Keep the node logs of a failed start next to the cluster folder (it is deleted by ``down``)."""
+    keep = root.with_name(root.name + "_failed_logs")
+    shutil.rmtree(keep, ignore_errors=True)
+    keep.mkdir(parents=True)
+    for log_file in root.glob("*.log"):
+        shutil.copy(log_file, keep / log_file.name)
+    for node in NODES:
+        logs = root / node.name / "ray" / "session_latest" / "logs"
+        if logs.is_dir():
+            shutil.copytree(logs, keep / node.name, ignore_dangling_symlinks=True, dirs_exist_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def netns_pids(netns: str) -> set[int]:
+    out = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True).stdout
+    return {int(p) for p in out.split() if p.isdigit()}
+
+
+def _ours(names: list[str]) -> set[int]:
+    """Live processes inside the cluster's namespaces: all of them were started by ``up``."""
+    pids: set[int] = set()
+    for name in names:
+        pids |= netns_pids(name)
+    return {p for p in pids if _alive(p)}
+
+
+def _signal(pids: set[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def _wait_gone(names: list[str], timeout_s: float) -> set[int]:
+    deadline = time.monotonic() + timeout_s
+    left = _ours(names)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.3)
+        left = _ours(names)
+    return left
+
+
+def down(root: Path = DEFAULT_DIR, log: Any = print) -> None:
+    """End every process started in the cluster's namespaces (by pid), delete the network and the folder.
+
+    Only processes inside the namespaces are signalled (``ip netns pids``), so a recorded
+    pid that was reused elsewhere is never touched.
+    """
+    state = ClusterState.load(root)
+    # the fixed names too: a state file lost in a crash must not leave namespaces behind
+    names = sorted((set(state.netns) | {n.netns for n in NODES}) & existing_netns())
+    inside = _ours(names)
+    _signal(set(state.pids.values()) & inside, signal.SIGTERM)  # ray start ends its node's processes
+    left = _wait_gone(names, 10.0)
+    _signal(left, signal.SIGTERM)
+    left = _wait_gone(names, 5.0)
+    _signal(left, signal.SIGKILL)
+    left = _wait_gone(names, 5.0)
+    for name in names:
+        if netns_pids(name) & left:
+            log(f"keeping namespace {name}: processes {sorted(netns_pids(name) & left)} outlived SIGKILL")
+            continue
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    for link in [*state.links, *(n.veth for n in NODES), BRIDGE]:
+        if link_exists(link):
+            subprocess.run(["ip", "link", "del", link], capture_output=True)
+    if not left:
+        shutil.rmtree(root, ignore_errors=True)
+    log(f"cluster down ({len(names)} namespaces removed)")
+
+
+def status(root: Path = DEFAULT_DIR) -> dict[str, Any]:
+    state = ClusterState.load(root)
+    report: dict[str, Any] = {
+        "dir": state.dir,
+        "netns": sorted(existing_netns() & {n.netns for n in NODES}),
+        "bridge": link_exists(BRIDGE),
+        "nodes": {
+            n.name: {"ip": n.ip, "pid": state.pids.get(n.name), "alive": _alive(state.pids.get(n.name, 0))}
+            for n in NODES
+        },
+    }
+    if not report["netns"]:
+        return report
+    try:
+        report["ray_nodes"] = [
+            {"node_ip": n["node_ip"], "head": n.get("is_head_node"), "resources": n.get("resources_total")}
+            for n in ray_nodes()
+        ]
+        report["applications"] = {
+            name: app.get("status") for name, app in serve_details().get("applications", {}).items()
+        }
+        report["models"] = {m["name"]: m.get("state") for m in model_index(state)}
+    except (OSError, urllib.error.URLError, KeyError, ValueError) as exc:
+        report["error"] = repr(exc)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.netns_cluster", description=__doc__.split("\n")[0])
+    parser.add_argument("command", choices=("up", "down", "status"))
+    parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="the cluster's own folder")
+    parser.add_argument("--model-repository", type=Path, default=ROOT / "examples" / "model_repository")
+    parser.add_argument("--port", type=int, default=HTTP_PORT, help="HTTP port of every node's ingress")
+    parser.add_argument("--no-deploy", action="store_true", help="start the nodes only")
+    args = parser.parse_args(argv)
+    if args.command == "down":
+        down(args.dir)
+        return 0
+    if args.command == "status":
+        print(json.dumps(status(args.dir), indent=2))
+        return 0
+    try:
+        state = up(args.dir, args.model_repository, args.port, deploy=not args.no_deploy)
+    except ClusterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for node in NODES:
+        print(f"{node.name:5} {node.ip}  ingress http://{state.ingress(node)}  namespace {node.netns}")
+    print(f"dashboard http://{HEAD.ip}:{DASHBOARD_PORT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    raise SystemExit(main())
