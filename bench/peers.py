@@ -212,6 +212,16 @@ STUB_ENV = TOOLS_DIR / "stub-env"
 STUB_REQUIREMENTS = ("numpy<2",)
 
 
+def stub_environment_ready() -> bool:
+    """Whether the peer's wrapper runs the stub with the numpy < 2 environment (``install_stub_environment``)."""
+    wrapper = tritonserver_path()
+    return (
+        (STUB_ENV / "bin" / "python").exists()
+        and wrapper.exists()
+        and str(STUB_ENV / "bin") in wrapper.read_text()
+    )
+
+
 def install_stub_environment() -> Path:
     """A venv of the running Python with ``numpy<2`` for the peer's Python-backend stub; returns its ``bin``.
 

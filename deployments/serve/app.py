@@ -11,6 +11,7 @@ repository API and statistics across models through the one data plane
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import time
 from collections.abc import Mapping
@@ -19,12 +20,21 @@ from typing import Any
 from ray import serve
 
 from deployments.control import ModelController
+from deployments.protocol import metrics_http
 from deployments.protocol.dataplane import ModelDataPlane, ServedModel
+from deployments.runtime.custom_metrics import merge_snapshots as merge_custom_metrics
+from deployments.runtime.metrics import HostGauges, merge_model_metrics, render_triton
 from deployments.runtime.stats import merge_snapshots
-from deployments.serve import hooks, request_path
+from deployments.serve import hooks
 from deployments.serve.handles import HandleExecutor, RemoteModel
 from deployments.serve.model_app import ModelDeployment
-from deployments.serve.names import MODEL_DEPLOYMENT, SERVER_APP, SERVER_DEPLOYMENT, model_app_name
+from deployments.serve.names import (
+    MODEL_DEPLOYMENT,
+    SERVER_APP,
+    SERVER_DEPLOYMENT,
+    is_hosted_key,
+    model_app_name,
+)
 from deployments.settings import ServerSettings
 from repository_loader.errors import ServerError, Unavailable
 from repository_loader.model import ModelDescription
@@ -129,6 +139,9 @@ class ServerDeployment:
         self._sequence_members: dict[str, dict[int, tuple[str, str, int]]] = {}
         self._executor = HandleExecutor()
         self.controller = ModelController(settings, self.deployer, remote=self._remote)
+        self._metrics: dict[str, dict[str, dict[str, Any]]] = {}  # pushed metrics snapshots: model, replica
+        self._host_gauges = HostGauges()
+        self._metrics_server = start_metrics(settings, self.render_metrics)
         self._start = asyncio.get_running_loop().create_task(self._startup())
 
     def _remote(self, model: ModelDescription) -> ServedModel:
@@ -145,11 +158,55 @@ class ServerDeployment:
     def __serve_build_asgi_app__(self) -> Any:
         from deployments.protocol.http import ServerHTTPApp
 
-        dataplane = ModelDataPlane(self.controller, notices=request_path.request_path_notice(logger))
-        return ServerHTTPApp(dataplane, limits=self.deployer.settings.limits)
+        return ServerHTTPApp(ModelDataPlane(self.controller), limits=self.deployer.settings.limits)
 
     def report_stats(self, model: str, replica: str, snapshot: list[dict[str, Any]]) -> None:
         self._stats.setdefault(model, {})[replica] = snapshot
+
+    def report_metrics(self, model: str, replica: str, snapshot: dict[str, Any]) -> None:
+        """A replica of a model with several: its ``ModelRuntime.metrics_snapshot()`` (statistics included)."""
+        self._metrics.setdefault(model, {})[replica] = snapshot
+        self.report_stats(model, replica, snapshot["stats"])
+
+    async def render_metrics(self) -> str:
+        """Triton's ``/metrics`` text: every served model's counters summed over its replicas (pushed, or
+        asked of a single replica now) and the copies ensembles host, and every custom metric family."""
+        names = self.controller.served()
+        gathered = await asyncio.gather(*(self._model_metrics(name) for name in names))
+        custom = [snapshot.get("custom", []) for snapshots in gathered for snapshot in snapshots]
+        models = {
+            name: merge_model_metrics(snapshots) for name, snapshots in zip(names, gathered, strict=True)
+        }
+        return render_triton(models, merge_custom_metrics(custom), self._host_gauges.read())
+
+    async def _model_metrics(self, name: str) -> list[dict[str, Any]]:
+        snapshots = list(self._metrics.get(name, {}).values())
+        if not snapshots:
+            try:
+                handle = self._executor.handle(name)
+                snapshots = [await asyncio.wait_for(handle.metrics_snapshot.remote(), METRICS_ASK_TIMEOUT_S)]
+            except Exception as exc:  # a replica restarting: the model's counters are left out of this scrape
+                logger.warning("metrics of model '%s' unavailable: %s", name, exc)
+        hosted = [{"stats": s} for key, s in self._stats.get(name, {}).items() if is_hosted_key(key)]
+        return snapshots + hosted
+
+    async def control_load(self, name: str, config: str, files: dict[str, bytes]) -> None:
+        """BLS ``pb_utils.load_model``: the repository API's load, with its checks and model control mode."""
+        parameters: dict[str, Any] = {key: base64.b64encode(data).decode() for key, data in files.items()}
+        if config:
+            parameters["config"] = config
+        await self.controller.load(name, parameters)
+
+    async def control_unload(self, name: str, unload_dependents: bool) -> None:
+        """BLS ``pb_utils.unload_model``."""
+        await self.controller.unload(name, {"unload_dependents": unload_dependents})
+
+    async def control_is_ready(self, name: str, version: str) -> bool:
+        """BLS ``pb_utils.is_model_ready``."""
+        try:
+            return bool(self.controller.get(name).is_ready(version))
+        except ServerError:
+            return False
 
     def cluster_stats(
         self, model: str, replica: str, snapshot: list[dict[str, Any]], remember: bool = True
@@ -178,6 +235,20 @@ class ServerDeployment:
 
     def is_started(self) -> bool:
         return self._start.done()
+
+
+METRICS_ASK_TIMEOUT_S = 10.0
+
+
+def start_metrics(settings: ServerSettings, render: metrics_http.Render) -> Any:
+    """Triton's metrics endpoint on ``settings.metrics_host:metrics_port`` (None when ``allow_metrics`` is
+    off). The port is bound here, so a port in use fails the replica at once."""
+    if not settings.allow_metrics:
+        return None
+    sock = metrics_http.bind(settings.metrics_host, settings.metrics_port)
+    task = asyncio.get_running_loop().create_task(metrics_http.start_metrics_server(sock, render))
+    logger.info("metrics endpoint listening on %s:%d/metrics", settings.metrics_host, settings.metrics_port)
+    return task
 
 
 def build_app(args: dict[str, Any]) -> Any:

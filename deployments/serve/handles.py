@@ -8,7 +8,13 @@ from typing import Any
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.dataplane import model_metadata_document
 from deployments.runtime.stats import merge_snapshots
-from deployments.serve.names import MODEL_DEPLOYMENT, is_hosted_key, model_app_name
+from deployments.serve.names import (
+    MODEL_DEPLOYMENT,
+    SERVER_APP,
+    SERVER_DEPLOYMENT,
+    is_hosted_key,
+    model_app_name,
+)
 from repository_loader.errors import InvalidArgument, NotFound, ServerError, Unavailable
 from repository_loader.model import ModelDescription
 
@@ -62,6 +68,31 @@ class HandleExecutor:
         finally:
             if not finished:
                 responses.cancel()
+
+    # --- BLS model control: the server application's repository API, under its model control mode ---
+
+    async def load_model(self, name: str, config: str, files: Mapping[str, bytes]) -> None:
+        await self._control("control_load", name, config, dict(files))
+        self._handles.pop(name, None)
+
+    async def unload_model(self, name: str, unload_dependents: bool) -> None:
+        await self._control("control_unload", name, unload_dependents)
+        self._handles.pop(name, None)
+
+    async def is_model_ready(self, name: str, version: str) -> bool:
+        return bool(await self._control("control_is_ready", name, version))
+
+    async def _control(self, method: str, *args: Any) -> Any:
+        from ray import serve
+
+        server = serve.get_deployment_handle(SERVER_DEPLOYMENT, app_name=SERVER_APP)
+        try:
+            return await getattr(server, method).remote(*args)
+        except Exception as exc:
+            cause = exc if isinstance(exc, ServerError) else getattr(exc, "cause", None)
+            if isinstance(cause, ServerError):
+                raise cause from None
+            raise Unavailable(f"model control is unavailable: {exc}") from None
 
     def _failure(self, model: str, exc: Exception) -> ServerError:
         """The server error a failed handle call stands for (Unavailable when the replica is gone)."""

@@ -138,6 +138,10 @@ class ModelDeployment:
     def stats_snapshot(self) -> list[dict[str, Any]]:
         return self.runtime.statistics()
 
+    def metrics_snapshot(self) -> dict[str, Any]:
+        """What Triton's metrics endpoint prints of this replica (asked on scrape of a single replica)."""
+        return self.runtime.metrics_snapshot()
+
     def check_health(self) -> None:
         if self.load_error is None and not self.runtime.is_ready():
             raise RuntimeError(f"model '{self.model.name}' is not ready")
@@ -148,14 +152,16 @@ class ModelDeployment:
         return self._server
 
     async def _push_stats(self) -> None:
-        """Every second: this replica's statistics (when the model has several replicas), and those of
+        """Every second: this replica's statistics and metrics (when the model has several replicas), and those of
         the models an ensemble hosts in this replica, which count toward those models' own."""
         while True:
             await asyncio.sleep(self.settings.stats_push_interval_s)
             try:
                 server = self._server_handle()
-                if self.replicas > 1:
-                    await server.report_stats.remote(self.model.name, self.replica_id, self.stats_snapshot())
+                if self.replicas > 1:  # statistics and metrics in one push
+                    await server.report_metrics.remote(
+                        self.model.name, self.replica_id, self.metrics_snapshot()
+                    )
                 for name, snapshot in self.runtime.hosted_statistics().items():
                     await server.report_stats.remote(
                         name, hosted_key(self.replica_id, self.model.name), snapshot

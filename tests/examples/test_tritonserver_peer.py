@@ -43,10 +43,9 @@ def _free_ports(count: int) -> list[int]:
 def triton_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if not peers.tritonserver_path().exists():
         pytest.skip("the tritonserver peer is not installed (python -m bench.peers)")
-    if int(np.__version__.split(".")[0]) >= 2:
-        # The peer's stub runs with this environment's numpy; the 2.51 stub reads numpy 1's array layout
-        # and rejects every output ("output tensor shape does not match size of output").
-        pytest.skip("the tritonserver 2.51 Python-backend stub needs numpy < 2 in its environment")
+    if not peers.stub_environment_ready():
+        # The 2.51 stub reads numpy 1's array layout: it needs its own environment (numpy < 2)
+        pytest.skip("the peer's Python-stub environment is missing (python -m bench.peers)")
     repository = tmp_path_factory.mktemp("python_models")
     for name in PYTHON_MODELS:
         shutil.copytree(REPOSITORY / name, repository / name, ignore=shutil.ignore_patterns("__pycache__"))
