@@ -205,22 +205,11 @@ HAPROXY_FILES = {
 }
 
 
-def request_path_variables() -> dict[str, str]:
-    """What the process that starts Ray must carry for the request path (``make serve`` carries the same)."""
-    try:
-        from deployments.serve.request_path import request_path_env
-    except ImportError:  # the list alone, where the request path has no module of its own
-        from deployments.serve.launch import REQUEST_PATH_ENV
-
-        return dict(REQUEST_PATH_ENV)
-    return request_path_env()
-
-
 def node_env(node: NodeSpec, root: Path) -> dict[str, str]:
-    """The environment of a node's Ray processes (and so of every replica on it)."""
+    """The environment of a node's Ray processes (and so of every replica on it), less the request
+    path's variables, which ``launch ray-start`` adds as it does for a user."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "HAPROXY_"))}
     haproxy = root / node.name / "haproxy"
-    env.update(request_path_variables())
     env.update(
         {
             "PYTHONPATH": str(ROOT),
@@ -235,9 +224,12 @@ def node_env(node: NodeSpec, root: Path) -> dict[str, str]:
 
 
 def ray_start_args(node: NodeSpec, root: Path) -> list[str]:
+    # `triton-serve ray-start`: `ray start` (exec'd, same pid) with the request-path environment
     args = [
-        str(BIN / "ray"),
-        "start",
+        sys.executable,
+        "-m",
+        "deployments.serve.launch",
+        "ray-start",
         "--block",
         f"--node-ip-address={node.ip}",
         f"--num-cpus={node.num_cpus}",

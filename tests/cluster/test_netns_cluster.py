@@ -35,12 +35,19 @@ def test_serve_config_is_the_shipped_one_reachable_from_other_nodes(tmp_path: Pa
     assert app["args"]["model_repository"] == str((ROOT / "examples" / "model_repository").resolve())
 
 
-def test_node_environment_carries_the_request_path_and_nothing_of_the_callers_ray(
+def test_nodes_start_through_launch_with_nothing_of_the_callers_ray(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", "0")
     env = netns_cluster.node_env(NODES[1], tmp_path)
-    assert REQUEST_PATH_ENV.items() <= env.items()
+    # `launch ray-start` sets the request path's variables where unset, then execs `ray start`
+    assert netns_cluster.ray_start_args(NODES[1], tmp_path)[1:4] == [
+        "-m",
+        "deployments.serve.launch",
+        "ray-start",
+    ]
+    assert not REQUEST_PATH_ENV.keys() & env.keys()
     assert "RAY_ADDRESS" not in env
     assert env["RAY_AUTH_MODE"] == "token" and env["PYTHONPATH"] == str(ROOT)
     folder = tmp_path / NODES[1].name / "haproxy"
@@ -51,7 +58,7 @@ def test_node_environment_carries_the_request_path_and_nothing_of_the_callers_ra
 
 
 def _args(node: NodeSpec, root: Path) -> dict[str, str]:
-    pairs = (a.partition("=") for a in netns_cluster.ray_start_args(node, root)[2:])
+    pairs = (a.partition("=") for a in netns_cluster.ray_start_args(node, root)[4:])
     return {key: value for key, _, value in pairs}
 
 
