@@ -63,6 +63,7 @@ def run_level(
     max_trials: int = 10,
     timeout: float | None = None,
     extra: Sequence[str] = (),
+    protocol: str = "http",
 ) -> Point | None:
     """One load level measured by perf_analyzer (None if it produced no result at all)."""
     if timeout is None:  # every trial's window, plus start-up: a hung run must not eat the scenario
@@ -85,6 +86,7 @@ def run_level(
                 batch_size=batch_size,
                 max_trials=max_trials,
                 extra=extra,
+                protocol=protocol,
             )
 
         before = _snapshot(url)
@@ -124,6 +126,7 @@ def run_perf_analyzer(
     max_trials: int = 10,
     extra: Sequence[str] = (),
     show_progress: bool = True,
+    protocol: str = "http",
 ) -> Run:
     """A sweep of ``levels`` with perf_analyzer; installs it first if needed."""
     if not peers.perf_analyzer_path().exists():
@@ -134,6 +137,8 @@ def run_perf_analyzer(
         "stability": stability,
         "measurement_interval_ms": measurement_interval_ms,
         "max_trials": max_trials,
+        "protocol": protocol,
+        "extra": list(extra),
     }
     run = Run(label or f"{model} (perf_analyzer)", "perf_analyzer", model, url, mode, options)
     for level in levels:
@@ -148,6 +153,7 @@ def run_perf_analyzer(
             stability=stability,
             max_trials=max_trials,
             extra=extra,
+            protocol=protocol,
         )
         if point is None:
             continue

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 CONTROL_MODES = ("none", "explicit", "poll")
+GRPC_COMPRESSIONS = ("none", "gzip", "deflate")
 # Triton's API groups for --http-restricted-api / --grpc-restricted-api.
 API_GROUPS = (
     "health",
@@ -136,6 +137,12 @@ class ServerSettings:
     access_log: bool = False  # one Serve access-log line per model request (Triton logs none)
     http_host: str = "127.0.0.1"  # the address HAProxy binds (``triton-serve serve`` only)
     http_port: int = 8000
+    allow_grpc: bool = True  # the KServe v2 gRPC service, served by the server application's replica
+    grpc_host: str = "127.0.0.1"  # the one address the gRPC server binds ("0.0.0.0": every interface)
+    grpc_port: int = 8001
+    grpc_max_receive_message_bytes: int = 64 * 1024 * 1024  # a larger request: RESOURCE_EXHAUSTED
+    grpc_max_send_message_bytes: int = 64 * 1024 * 1024
+    grpc_compression: str = "none"  # responses: none | gzip | deflate (compressed requests always accepted)
     allow_metrics: bool = True  # Triton's metrics endpoint (``/metrics``), served by the server application
     metrics_host: str = "127.0.0.1"  # the one address it binds (default: ``http_host``)
     metrics_port: int = 8002
@@ -160,6 +167,15 @@ class ServerSettings:
             )
         if not 0 < self.http_port < 65536:
             raise SettingsError(f"http_port must be between 1 and 65535, not {self.http_port}")
+        if not 0 < self.grpc_port < 65536:
+            raise SettingsError(f"grpc_port must be between 1 and 65535, not {self.grpc_port}")
+        if self.grpc_compression not in GRPC_COMPRESSIONS:
+            raise SettingsError(
+                f"grpc_compression must be one of {', '.join(GRPC_COMPRESSIONS)}, not '{self.grpc_compression}'"
+            )
+        for name in ("grpc_max_receive_message_bytes", "grpc_max_send_message_bytes"):
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"{name} must be positive, not {getattr(self, name)}")
         if not 0 < self.metrics_port < 65536:
             raise SettingsError(f"metrics_port must be between 1 and 65535, not {self.metrics_port}")
         for name in ("deploy_timeout_s", "stats_push_interval_s"):
@@ -174,7 +190,9 @@ class ServerSettings:
 
         Names: ``model_repository`` (required), ``model_control_mode``, ``load_model`` (a name or a
         list), ``model_config_name``, ``disable_auto_complete_config``, ``strict_readiness``,
-        ``access_log``, ``http_host``, ``http_port``, ``deploy_timeout_s``, ``stats_push_interval_s``,
+        ``access_log``, ``http_host``, ``http_port``, ``allow_grpc``, ``grpc_host``, ``grpc_port``,
+        ``grpc_max_receive_message_bytes``, ``grpc_max_send_message_bytes``, ``grpc_compression``,
+        ``deploy_timeout_s``, ``stats_push_interval_s``,
         ``control_app_cpus``, and the :class:`RequestLimits` by their field names (``max_input_size``,
         ...). An unknown name is an error, so a misspelt argument is not ignored.
         """
@@ -199,6 +217,7 @@ class ServerSettings:
             "http_restricted_api": tuple(RestrictedApi.parse(t) for t in _texts(args.get("http_restricted_api"))),
             "grpc_restricted_api": tuple(RestrictedApi.parse(t) for t in _texts(args.get("grpc_restricted_api"))),
             "access_log": _flag(args, "access_log", False),
+            "allow_grpc": _flag(args, "allow_grpc", True),
             "allow_metrics": _flag(args, "allow_metrics", True),
             "metrics_host": str(args.get("metrics_host") or args.get("http_host") or "127.0.0.1"),
             "direct_routes": env.get(DIRECT_ROUTES_ENV, "1").strip() != "0",
@@ -207,6 +226,11 @@ class ServerSettings:
             ("repository_poll_secs", float),
             ("http_host", str),
             ("http_port", int),
+            ("grpc_host", str),
+            ("grpc_port", int),
+            ("grpc_max_receive_message_bytes", int),
+            ("grpc_max_send_message_bytes", int),
+            ("grpc_compression", str),
             ("metrics_port", int),
             ("deploy_timeout_s", float),
             ("stats_push_interval_s", float),
@@ -236,6 +260,12 @@ class ServerSettings:
             "access_log": self.access_log,
             "http_host": self.http_host,
             "http_port": self.http_port,
+            "allow_grpc": self.allow_grpc,
+            "grpc_host": self.grpc_host,
+            "grpc_port": self.grpc_port,
+            "grpc_max_receive_message_bytes": self.grpc_max_receive_message_bytes,
+            "grpc_max_send_message_bytes": self.grpc_max_send_message_bytes,
+            "grpc_compression": self.grpc_compression,
             "allow_metrics": self.allow_metrics,
             "metrics_host": self.metrics_host,
             "metrics_port": self.metrics_port,
@@ -264,6 +294,12 @@ _ARG_NAMES = {
     "access_log",
     "http_host",
     "http_port",
+    "allow_grpc",
+    "grpc_host",
+    "grpc_port",
+    "grpc_max_receive_message_bytes",
+    "grpc_max_send_message_bytes",
+    "grpc_compression",
     "allow_metrics",
     "metrics_host",
     "metrics_port",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-SCENARIOS = ("overhead", "batching", "limit", "ensemble", "agreement", "revisions")
+SCENARIOS = ("overhead", "batching", "limit", "ensemble", "agreement", "revisions", "grpc")
 
 
 def run_scenario(name: str, quick: bool = False) -> int:

@@ -15,15 +15,17 @@ segments.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from deployments.inference import InferRequest
-from deployments.protocol import codec, compression
+from deployments.inference import InferRequest, InferResponse
+from deployments.protocol import codec, compression, generate
 from deployments.protocol.dataplane import DataPlane
 from deployments.runtime.checks import ModelSchema
 from deployments.settings import RequestLimits
@@ -48,6 +50,15 @@ class SequenceForwarder(Protocol):
 
 
 @dataclass(frozen=True)
+class Streamed:
+    """A reply whose body is sent as it is produced (``/generate_stream``: Server-Sent Events);
+    a client that disconnects closes ``chunks``, which cancels the inference behind them."""
+
+    headers: Headers
+    chunks: AsyncGenerator[bytes, None]
+
+
+@dataclass(frozen=True)
 class Route:
     """One route: method, path pattern (segments; ``{m}`` = model name, ``{v}`` = version), handler."""
 
@@ -62,11 +73,15 @@ MODEL_ROUTES: tuple[Route, ...] = (
     Route("GET", "ready", "model_ready"),
     Route("GET", "config", "model_config"),
     Route("POST", "infer", "infer"),
+    Route("POST", "generate", "generate"),
+    Route("POST", "generate_stream", "generate_stream"),
     Route("GET", "stats", "model_stats"),
     Route("GET", "versions/{v}", "model_metadata"),
     Route("GET", "versions/{v}/ready", "model_ready"),
     Route("GET", "versions/{v}/config", "model_config"),
     Route("POST", "versions/{v}/infer", "infer"),
+    Route("POST", "versions/{v}/generate", "generate"),
+    Route("POST", "versions/{v}/generate_stream", "generate_stream"),
     Route("GET", "versions/{v}/stats", "model_stats"),
 )
 
@@ -112,6 +127,7 @@ class _Router:
                 methods = self.exact.setdefault(segs, {})
             methods[route.method] = route.handler
 
+_NO_CACHE = (b"cache-control", b"no-cache")
     def match(self, segs: tuple[str, ...]) -> tuple[dict[str, str], dict[str, str]] | None:
         """``(handler by method, path parameters)`` or None."""
         methods = self.exact.get(segs)
@@ -207,9 +223,12 @@ class _BaseApp:
         except Exception as e:  # never let a request take the server down
             logger.exception("internal error answering %s %s", scope.get("method"), scope.get("path"))
             reply = error_reply(e)
-        await _respond(send, reply)
+        if isinstance(reply, Streamed):
+            await _stream(receive, send, reply)
+        else:
+            await _respond(send, reply)
 
-    async def _dispatch(self, scope: Scope, body: bytes) -> Reply:
+    async def _dispatch(self, scope: Scope, body: bytes) -> Reply | Streamed:
         segs = self._locate(scope)
         found = None if segs is None else self._router.match(segs)
         if found is None:
@@ -228,6 +247,7 @@ class _BaseApp:
                 status=405,
             )
         fixed = self._fixed_params()
+        reply: Reply | Streamed
         if fixed:
             params.update(fixed)
         return await getattr(self, "_" + handler)(_Call(scope, body, params))
@@ -354,6 +374,73 @@ class ModelHTTPApp(_BaseApp):
         full = _full_path(scope)
         prefix = self._prefix
         if full.startswith(prefix) and (len(full) == len(prefix) or full[len(prefix)] == "/"):
+    async def _generate(self, call: _Call) -> Reply:
+        """Triton's ``/generate``: one JSON object; a decoupled model must send exactly one response."""
+        request, description = await self._generate_request(call)
+        if not description.decoupled:
+            response = await self.dataplane.infer(request)
+            if response.error is not None:
+                raise response.error
+            return _json(self._generated(response, request, description))
+        answers: list[dict[str, Any]] = []
+        async with contextlib.aclosing(self.dataplane.infer_stream(request)) as responses:
+            async for response in responses:
+                if response.error is not None:
+                    raise response.error
+                if response.outputs:
+                    answers.append(self._generated(response, request, description))
+        if len(answers) != 1:
+            raise InvalidArgument(
+                f"model '{description.name}' sent {len(answers)} responses; /generate answers exactly "
+                "one, use /generate_stream"
+            )
+        return _json(answers[0])
+
+    async def _generate_stream(self, call: _Call) -> Reply | Streamed:
+        """Triton's ``/generate_stream``: one ``data:`` event per response. An error before the first
+        response is a JSON error with its status; a later one is an ``{"error": ...}`` event."""
+        request, description = await self._generate_request(call)
+        stream = self.dataplane.infer_stream(request)
+        try:
+            first = await _next_answer(stream)
+        except BaseException:
+            await stream.aclose()
+            raise
+        if first is not None and first.error is not None:
+            await stream.aclose()
+            raise first.error
+
+        async def events() -> AsyncGenerator[bytes, None]:
+            async with contextlib.aclosing(stream):
+                response = first
+                while response is not None:
+                    if response.error is not None:
+                        yield generate.sse_event({"error": response.error.message})
+                        return
+                    yield generate.sse_event(self._generated(response, request, description))
+                    try:
+                        response = await _next_answer(stream)
+                    except ServerError as e:
+                        yield generate.sse_event({"error": e.message})
+                        return
+
+        return Streamed([(b"content-type", generate.SSE_CONTENT_TYPE), _NO_CACHE], events())
+
+    async def _generate_request(self, call: _Call) -> tuple[InferRequest, ModelDescription]:
+        name, version = call.params["m"], call.params.get("v", "")
+        description, _ = await self._schema(name, version)
+        return generate.decode_generate_request(call.body, description, version), description
+
+    @staticmethod
+    def _generated(
+        response: InferResponse, request: InferRequest, description: ModelDescription
+    ) -> dict[str, Any]:
+        response.model_name = response.model_name or request.model_name
+        response.model_version = (
+            response.model_version or request.model_version or str(description.latest_version)
+        )
+        return generate.generate_document(response)
+
             return _segments(full[len(prefix) :])
         if full.startswith("/v2/"):
             return None  # another model's or the server's path
@@ -539,3 +626,38 @@ async def _lifespan(receive: Receive, send: Send) -> None:
         elif message["type"] == "lifespan.shutdown":
             await send({"type": "lifespan.shutdown.complete"})
             return
+async def _next_answer(stream: AsyncIterator[InferResponse]) -> InferResponse | None:
+    """The next response worth an event (an empty final response is not), None at the end."""
+    async for response in stream:
+        if response.outputs or response.error is not None:
+            return response
+    return None
+
+
+async def _stream(receive: Receive, send: Send, reply: Streamed) -> None:
+    """Send ``reply``'s chunks as they come; a client that disconnects cancels them."""
+
+    async def pump() -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": reply.headers})
+        async with contextlib.aclosing(reply.chunks) as chunks:
+            async for chunk in chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def disconnected() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    sending = asyncio.ensure_future(pump())
+    watching = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait((sending, watching), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (sending, watching):
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, OSError):
+            await sending
+        with contextlib.suppress(asyncio.CancelledError):
+            await watching
+
+

@@ -142,7 +142,9 @@ class ServerDeployment:
         self._metrics: dict[str, dict[str, dict[str, Any]]] = {}  # pushed metrics snapshots: model, replica
         self._host_gauges = HostGauges()
         self._metrics_server = start_metrics(settings, self.render_metrics)
+        self.dataplane = ModelDataPlane(self.controller)
         self._start = asyncio.get_running_loop().create_task(self._startup())
+        self._grpc = start_grpc(self.dataplane, settings)
 
     def _remote(self, model: ModelDescription) -> ServedModel:
         return RemoteModel(model, self._executor, self._stats.setdefault(model.name, {}))
@@ -158,7 +160,7 @@ class ServerDeployment:
     def __serve_build_asgi_app__(self) -> Any:
         from deployments.protocol.http import ServerHTTPApp
 
-        return ServerHTTPApp(ModelDataPlane(self.controller), limits=self.deployer.settings.limits)
+        return ServerHTTPApp(self.dataplane, limits=self.deployer.settings.limits)
 
     def report_stats(self, model: str, replica: str, snapshot: list[dict[str, Any]]) -> None:
         self._stats.setdefault(model, {})[replica] = snapshot
@@ -235,6 +237,31 @@ class ServerDeployment:
 
     def is_started(self) -> bool:
         return self._start.done()
+
+    async def __del__(self) -> None:
+        if self._grpc is not None:
+            await self._grpc.stop(grace=1)
+
+
+def start_grpc(dataplane: ModelDataPlane, settings: ServerSettings) -> Any:
+    """The KServe v2 gRPC server on ``settings.grpc_host:grpc_port``, over the server's data plane
+    (None when ``allow_grpc`` is off). Bound here, so a port in use fails the replica at once;
+    started on the replica's event loop. Each inference is one handle call to the model's replica."""
+    if not settings.allow_grpc:
+        return None
+    from deployments.protocol.grpc import GrpcOptions, build_grpc_server
+
+    options = GrpcOptions(
+        host=settings.grpc_host,
+        port=settings.grpc_port,
+        max_receive_message_bytes=settings.grpc_max_receive_message_bytes,
+        max_send_message_bytes=settings.grpc_max_send_message_bytes,
+        compression=settings.grpc_compression,
+    )
+    server, _ = build_grpc_server(dataplane, options)
+    asyncio.get_running_loop().create_task(server.start())
+    logger.info("gRPC service listening on %s", options.address)
+    return server
 
 
 METRICS_ASK_TIMEOUT_S = 10.0

@@ -22,6 +22,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address HAProxy binds (0.0.0.0 for every interface)")
     p.add_argument("--model-control-mode", choices=CONTROL_MODES, default="none")
     p.add_argument("--load-model", action="append", default=[], help="explicit mode: model to load at start")
+    p.add_argument("--grpc-port", type=int, default=8001, help="port of the KServe v2 gRPC service")
+    p.add_argument("--grpc-host", default="127.0.0.1", help="address the gRPC service binds")
+    p.add_argument("--allow-grpc", default="true", help="false: no gRPC service (Triton's flag)")
+    p.add_argument("--grpc-infer-response-compression", default="none", help="none | gzip | deflate")
     p.add_argument("--model-config-name", default=None)
     p.add_argument("--disable-auto-complete-config", action="store_true")
     p.add_argument("--no-strict-readiness", action="store_true")
@@ -43,6 +47,10 @@ def server_args(args: argparse.Namespace) -> dict[str, Any]:
         "model_repository": args.repository,
         "http_host": args.host,
         "http_port": args.http_port,
+        "allow_grpc": args.allow_grpc,
+        "grpc_host": args.grpc_host,
+        "grpc_port": args.grpc_port,
+        "grpc_compression": args.grpc_infer_response_compression,
         "model_control_mode": args.model_control_mode,
         "load_model": args.load_model,
         "model_config_name": args.model_config_name,
@@ -69,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
             reason = f" ({row['reason']})" if row.get("reason") else ""
             print(f"{row['name']:<24} {row.get('version', '-'):>4}  {row['state']}{reason}", flush=True)
         print(f"ready: serving on http://{settings.http_host}:{settings.http_port}/v2", flush=True)
+        if settings.allow_grpc:
+            print(f"ready: gRPC on {settings.grpc_host}:{settings.grpc_port}", flush=True)
         stop.wait()
         return 0
     finally:

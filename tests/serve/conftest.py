@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.serve.streaming_models import add_streaming_models
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "model_repository"
 BLS_MODELS = ROOT / "tests" / "backends" / "python_models"
@@ -110,6 +112,7 @@ def build_test_repository(root: Path) -> Path:
         shutil.copy(BLS_MODELS / source / "1" / "model.py", repo / name / "1" / "model.py")
         (repo / name / "config.pbtxt").write_text(_bls_config(name, outputs) + extra)
     _stateful_models(repo)
+    add_streaming_models(repo)
     from tests.serve.python_api_models import add_python_api_models
 
     add_python_api_models(repo)
@@ -257,6 +260,22 @@ def metrics_url(server_url: str) -> str:
     return f"127.0.0.1:{METRICS_PORT}"
 
 
+# The gRPC service of the shared server (the server application's replica binds it).
+GRPC_PORT = _free_port()
+
+
+@pytest.fixture(scope="session")
+def grpc_url(server_url: str) -> str:
+    """``host:port`` of the shared server's gRPC service."""
+    return f"127.0.0.1:{GRPC_PORT}"
+
+
+@pytest.fixture(scope="session")
+def cancel_markers(test_repository: Path) -> Path:
+    """Where ``until_cancelled`` writes ``<X>.cancelled`` when it sees its request cancelled."""
+    return test_repository.parent / "cancel_markers"
+
+
 @pytest.fixture(scope="session")
 def test_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_test_repository(tmp_path_factory.mktemp("serve"))
@@ -277,6 +296,7 @@ def server_url(test_repository: Path) -> str:
         {
             "model_repository": str(test_repository),
             "http_port": port,
+            "grpc_port": GRPC_PORT,
             "metrics_port": METRICS_PORT,
             "model_control_mode": "explicit",
             "load_model": ["*"],

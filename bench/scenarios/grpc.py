@@ -1,0 +1,102 @@
+"""gRPC front end: perf_analyzer ``-i grpc`` on this server and on the real tritonserver, and HTTP beside it.
+
+Both servers serve the same ``identity_py`` model (the same ``model.py``), one after the other in one
+run. Per server: perf_analyzer over gRPC, synchronous (one request in flight per concurrency slot)
+and ``--async``, then over HTTP, at the same concurrencies. The notes hold this server's gRPC
+throughput as a fraction of the peer's gRPC (per mode) and of its own HTTP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from bench.pa_runner import run_perf_analyzer
+from bench.peers import PeerSetupError, ServerHandle, start_tritonserver
+from bench.results import Report, Run
+from bench.scenarios.common import (
+    BENCH_MODELS,
+    free_port,
+    log,
+    make_repository,
+    new_report,
+    save_report,
+    start_this_server,
+    work_dir,
+)
+from bench.scenarios.overhead import ratios
+
+NAME = "grpc"
+MODEL = "identity_py"
+LEVELS = [1.0, 2, 4, 8, 16, 32, 64]
+QUICK_LEVELS = [1.0, 32]
+PEER = "tritonserver"
+THIS = "this server"
+# (label suffix, protocol, extra perf_analyzer flags)
+MODES = (("grpc sync", "grpc", ()), ("grpc async", "grpc", ("--async",)), ("http sync", "http", ()))
+
+
+def _servers(repo: Any, logs: Any) -> list[tuple[str, Callable[[], ServerHandle]]]:
+    return [
+        (
+            PEER,
+            lambda: start_tritonserver(
+                repo, free_port(), free_port(), free_port(), log_path=logs / "tritonserver.log"
+            ),
+        ),
+        (
+            THIS,
+            lambda: start_this_server(
+                repo, free_port(), grpc_port=free_port(), log_path=logs / "this_server.log"
+            ),
+        ),
+    ]
+
+
+def run(quick: bool = False) -> Report:
+    """Run the scenario and save it under ``bench/results/grpc/``."""
+    work = work_dir(NAME)
+    repo = make_repository(work / "repo", [(BENCH_MODELS / MODEL, MODEL, None)])
+    levels = QUICK_LEVELS if quick else LEVELS
+    report = new_report(NAME, model=MODEL, levels=levels)
+    for label, start in _servers(repo, work):
+        log(f"{NAME}: starting {label}")
+        try:
+            handle = start()
+        except PeerSetupError as exc:
+            report.notes.setdefault("skipped", {})[label] = str(exc)[-600:]
+            continue
+        with handle:
+            for suffix, protocol, extra in MODES:
+                url = f"localhost:{handle.grpc_port}" if protocol == "grpc" else handle.url
+                log(f"{NAME}: {label}, {suffix}")
+                report.runs.append(
+                    run_perf_analyzer(
+                        url, MODEL, levels, label=f"{label} ({suffix})", protocol=protocol, extra=extra
+                    )
+                )
+    report.notes |= summarize(report.runs)
+    log(f"{NAME}: results in {save_report(report, 'gRPC front end, identity Python model')}")
+    return report
+
+
+def _levels(runs: list[Run], label: str) -> dict[float, float]:
+    run = next((r for r in runs if r.label == label), None)
+    return {} if run is None else run.throughput_by_level()
+
+
+def summarize(runs: list[Run]) -> dict[str, Any]:
+    """This server's gRPC / the peer's gRPC (sync and async), and its gRPC / its own HTTP."""
+    out: dict[str, Any] = {}
+    for mode in ("grpc sync", "grpc async"):
+        this = _levels(runs, f"{THIS} ({mode})")
+        out[f"ratio_this_over_peer_{mode.replace(' ', '_')}"] = ratios(
+            this, _levels(runs, f"{PEER} ({mode})")
+        )
+        out[f"ratio_this_{mode.replace(' ', '_')}_over_this_http"] = ratios(
+            this, _levels(runs, f"{THIS} (http sync)")
+        )
+    out["ratio_peer_grpc_sync_over_peer_http"] = ratios(
+        _levels(runs, f"{PEER} (grpc sync)"), _levels(runs, f"{PEER} (http sync)")
+    )
+    return out

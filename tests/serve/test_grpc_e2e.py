@@ -1,0 +1,418 @@
+"""End to end over gRPC and the generate extension: the real tritonclient.grpc (sync, aio, streaming)
+and an SSE reader over aiohttp, against the shared Ray Serve instance."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import queue
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as aioclient
+from tritonclient.grpc import service_pb2 as triton_pb
+from tritonclient.grpc import service_pb2_grpc as triton_grpc
+from tritonclient.utils import InferenceServerException
+
+pytestmark = pytest.mark.serve
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def client(grpc_url: str) -> grpcclient.InferenceServerClient:
+    c = grpcclient.InferenceServerClient(grpc_url)
+    yield c
+    c.close()
+
+
+def _add_sub_inputs(a: np.ndarray, b: np.ndarray, grpc_module: Any = grpcclient) -> list[Any]:
+    inputs = []
+    for name, value in (("INPUT0", a), ("INPUT1", b)):
+        tensor = grpc_module.InferInput(name, list(value.shape), "FP32")
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+    return inputs
+
+
+def _words_inputs(text: str, max_tokens: int | None = None, grpc_module: Any = grpcclient) -> list[Any]:
+    text_input = grpc_module.InferInput("text_input", [1], "BYTES")
+    text_input.set_data_from_numpy(np.array([text.encode()], dtype=np.object_))
+    inputs = [text_input]
+    if max_tokens is not None:
+        limit = grpc_module.InferInput("max_tokens", [1], "INT32")
+        limit.set_data_from_numpy(np.array([max_tokens], dtype=np.int32))
+        inputs.append(limit)
+    return inputs
+
+
+# --- every RPC, sync client ---------------------------------------------------------------
+
+
+def test_health_and_metadata(client: grpcclient.InferenceServerClient) -> None:
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    assert client.is_model_ready("add_sub")
+    assert not client.is_model_ready("failing_init")
+    meta = client.get_server_metadata(as_json=True)
+    assert meta["name"] == "triton" and "statistics" in meta["extensions"]
+    model = client.get_model_metadata("add_sub", as_json=True)
+    assert [i["name"] for i in model["inputs"]] == ["INPUT0", "INPUT1"]
+    assert model["versions"] == ["1"]
+
+
+def test_config_statistics_index(client: grpcclient.InferenceServerClient) -> None:
+    config = client.get_model_config("word_stream", as_json=True)["config"]
+    assert config["name"] == "word_stream"
+    assert config["model_transaction_policy"]["decoupled"] is True
+    client.infer("add_sub", _add_sub_inputs(np.ones((1, 4), np.float32), np.ones((1, 4), np.float32)))
+    stats = client.get_inference_statistics("add_sub", as_json=True)["model_stats"]
+    assert stats[0]["name"] == "add_sub" and int(stats[0]["inference_count"]) >= 1
+    index = {m["name"]: m for m in client.get_model_repository_index(as_json=True)["models"]}
+    assert index["add_sub"]["state"] == "READY"
+    assert index["failing_init"]["state"] == "UNAVAILABLE"
+
+
+def test_repository_load_and_unload(client: grpcclient.InferenceServerClient) -> None:
+    client.unload_model("multi_version")
+    deadline = time.monotonic() + 60
+    while client.is_model_ready("multi_version") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not client.is_model_ready("multi_version")
+    client.load_model("multi_version")
+    assert client.is_model_ready("multi_version")
+    x = np.ones((1, 4), np.float32)
+    tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(x)
+    result = client.infer("multi_version", [tensor], model_version="2")
+    assert np.array_equal(result.as_numpy("OUTPUT0"), x * 2)
+
+
+def test_infer_unary(client: grpcclient.InferenceServerClient) -> None:
+    a = np.arange(8, dtype=np.float32).reshape(2, 4)
+    b = np.full((2, 4), 3, np.float32)
+    result = client.infer(
+        "add_sub",
+        _add_sub_inputs(a, b),
+        request_id="r1",
+        outputs=[grpcclient.InferRequestedOutput("OUTPUT1")],
+    )
+    assert result.get_response().id == "r1"
+    assert np.array_equal(result.as_numpy("OUTPUT1"), a - b)
+    assert result.as_numpy("OUTPUT0") is None
+
+
+def test_strings_and_typed_contents(grpc_url: str) -> None:
+    words = np.array([[b"hello", b"gRPC"]], dtype=np.object_)
+    tensor = grpcclient.InferInput("INPUT0", [1, 2], "BYTES")
+    tensor.set_data_from_numpy(words)
+    with grpcclient.InferenceServerClient(grpc_url) as c:
+        config = c.get_model_config("string_upper", as_json=True)["config"]
+        name = config["input"][0]["name"]
+        tensor = grpcclient.InferInput(name, [1, 2], "BYTES")
+        tensor.set_data_from_numpy(words)
+        output = config["output"][0]["name"]
+        result = c.infer("string_upper", [tensor])
+        assert result.as_numpy(output).tolist() == [[b"HELLO", b"GRPC"]]
+    # typed contents (no raw_input_contents), through the generated stub
+    with grpc.insecure_channel(grpc_url) as channel:
+        stub = triton_grpc.GRPCInferenceServiceStub(channel)
+        request = triton_pb.ModelInferRequest(model_name="add_sub")
+        for name in ("INPUT0", "INPUT1"):
+            entry = request.inputs.add(name=name, datatype="FP32", shape=[1, 4])
+            entry.contents.fp32_contents.extend([1.0, 2.0, 3.0, 4.0])
+        reply = stub.ModelInfer(request)
+        out0 = np.frombuffer(reply.raw_output_contents[0], dtype=np.float32)
+        assert out0.tolist() == [2.0, 4.0, 6.0, 8.0]
+
+
+def test_error_status_codes(client: grpcclient.InferenceServerClient) -> None:
+    x = np.ones((1, 4), np.float32)
+    cases = [
+        (lambda: client.infer("no_such_model", _add_sub_inputs(x, x)), "StatusCode.NOT_FOUND"),
+        (lambda: client.get_model_metadata("no_such_model"), "StatusCode.NOT_FOUND"),
+        (lambda: client.infer("add_sub", _add_sub_inputs(x, x), model_version="7"), "StatusCode.NOT_FOUND"),
+        (lambda: client.infer("add_sub", _add_sub_inputs(x, x)[:1]), "StatusCode.INVALID_ARGUMENT"),
+        (lambda: client.infer("failing_init", _add_sub_inputs(x, x)[:1]), "StatusCode.UNAVAILABLE"),
+        (lambda: client.infer("word_stream", _words_inputs("a b")), "StatusCode.UNIMPLEMENTED"),
+        (lambda: client.get_system_shared_memory_status(), "StatusCode.UNIMPLEMENTED"),
+        (lambda: client.get_cuda_shared_memory_status(), "StatusCode.UNIMPLEMENTED"),
+        (lambda: client.get_trace_settings(), "StatusCode.UNIMPLEMENTED"),
+        (lambda: client.get_log_settings(), "StatusCode.UNIMPLEMENTED"),
+    ]
+    for call, status in cases:
+        with pytest.raises(InferenceServerException) as caught:
+            call()
+        assert caught.value.status() == status, caught.value
+
+
+def test_message_over_the_limit_is_refused(client: grpcclient.InferenceServerClient) -> None:
+    big = np.zeros((1, 4), np.float32)
+    tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(big)
+    too_big = grpcclient.InferInput("INPUT1", [1, 17 * 1024 * 1024], "FP32")
+    too_big.set_data_from_numpy(np.zeros((1, 17 * 1024 * 1024), np.float32))  # 68 MiB > 64 MiB
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("add_sub", [tensor, too_big])
+    assert caught.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+
+
+def test_gzip_compressed_call(client: grpcclient.InferenceServerClient) -> None:
+    a = np.ones((1, 4), np.float32)
+    result = client.infer("add_sub", _add_sub_inputs(a, a), compression_algorithm="gzip")
+    assert np.array_equal(result.as_numpy("OUTPUT0"), a + a)
+
+
+# --- aio: many concurrent unary calls -----------------------------------------------------
+
+
+def test_a_thousand_concurrent_unary_calls(grpc_url: str) -> None:
+    async def run() -> None:
+        async with aioclient.InferenceServerClient(grpc_url) as c:
+
+            async def one(i: int) -> None:
+                a = np.full((1, 4), i, np.float32)
+                b = np.arange(4, dtype=np.float32).reshape(1, 4)
+                result = await c.infer("add_sub", _add_sub_inputs(a, b, aioclient), request_id=str(i))
+                assert result.get_response().id == str(i)
+                assert np.array_equal(result.as_numpy("OUTPUT0"), a + b)
+                assert np.array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+            await asyncio.gather(*(one(i) for i in range(1000)))
+
+    asyncio.run(run())
+
+
+# --- streaming: decoupled and not ----------------------------------------------------------
+
+
+def test_sync_stream_several_requests_interleaved(grpc_url: str) -> None:
+    answers: queue.Queue[Any] = queue.Queue()
+    texts = {f"q{r}": " ".join(f"r{r}w{i}" for i in range(5 + r)) for r in range(6)}
+    with grpcclient.InferenceServerClient(grpc_url) as c:
+        c.start_stream(callback=lambda result, error: answers.put((result, error)))
+        for request_id, text in texts.items():
+            c.async_stream_infer("word_stream", _words_inputs(text), request_id=request_id)
+        c.async_stream_infer(
+            "add_sub",
+            _add_sub_inputs(np.ones((1, 4), np.float32), np.ones((1, 4), np.float32)),
+            request_id="u",
+        )
+        expected = sum(len(t.split()) for t in texts.values()) + 1
+        got: dict[str, list[tuple[int, str]]] = {}
+        for _ in range(expected):
+            result, error = answers.get(timeout=30)
+            assert error is None, error
+            response = result.get_response()
+            if response.id == "u":
+                assert result.as_numpy("OUTPUT0").tolist() == [[2.0] * 4]
+                continue
+            assert response.parameters["triton_final_response"].bool_param is False
+            word = result.as_numpy("text_output")[0].decode()
+            got.setdefault(response.id, []).append((int(result.as_numpy("index")[0]), word))
+        c.stop_stream()
+    for request_id, text in texts.items():
+        assert got[request_id] == list(enumerate(text.split())), request_id
+
+
+def test_empty_final_response_when_asked(grpc_url: str) -> None:
+    answers: queue.Queue[Any] = queue.Queue()
+    with grpcclient.InferenceServerClient(grpc_url) as c:
+        c.start_stream(callback=lambda result, error: answers.put((result, error)))
+        c.async_stream_infer(
+            "word_stream", _words_inputs("one two"), request_id="e", enable_empty_final_response=True
+        )
+        finals = []
+        for _ in range(3):
+            result, error = answers.get(timeout=30)
+            assert error is None
+            finals.append(result.get_response().parameters["triton_final_response"].bool_param)
+        c.stop_stream()
+    assert finals == [False, False, True]
+
+
+def test_stream_errors_end_only_their_request(grpc_url: str) -> None:
+    answers: queue.Queue[Any] = queue.Queue()
+    with grpcclient.InferenceServerClient(grpc_url) as c:
+        c.start_stream(callback=lambda result, error: answers.put((result, error)))
+        c.async_stream_infer("word_stream", _words_inputs("fine !error never"), request_id="bad")
+        c.async_stream_infer("no_such_model", _words_inputs("x"), request_id="missing")
+        c.async_stream_infer("word_stream", _words_inputs("still here"), request_id="good")
+        results: list[tuple[str, str]] = []
+        errors: list[str] = []
+        for _ in range(5):
+            result, error = answers.get(timeout=30)
+            if error is not None:
+                errors.append(str(error))
+            else:
+                results.append((result.get_response().id, result.as_numpy("text_output")[0].decode()))
+        c.stop_stream()
+    assert sorted(results) == [("bad", "fine"), ("good", "here"), ("good", "still")]
+    assert any("refused the word" in e for e in errors)
+    assert any("no_such_model" in e for e in errors)
+
+
+def test_concurrent_aio_streams_nothing_crossed_or_lost(grpc_url: str) -> None:
+    streams, per_stream, words = 6, 4, 12
+
+    async def run() -> None:
+        async with aioclient.InferenceServerClient(grpc_url) as c:
+
+            async def one_stream(s: int) -> None:
+                async def requests() -> AsyncIterator[dict[str, Any]]:
+                    for r in range(per_stream):
+                        text = " ".join(f"s{s}r{r}w{i}" for i in range(words))
+                        yield {
+                            "model_name": "word_stream",
+                            "inputs": _words_inputs(text, grpc_module=aioclient),
+                            "request_id": f"s{s}r{r}",
+                        }
+
+                got: dict[str, list[str]] = {}
+                async for result, error in c.stream_infer(requests()):
+                    assert error is None, error
+                    rid = result.get_response().id
+                    got.setdefault(rid, []).append(result.as_numpy("text_output")[0].decode())
+                    if sum(map(len, got.values())) == per_stream * words:
+                        break
+                for r in range(per_stream):
+                    assert got[f"s{s}r{r}"] == [f"s{s}r{r}w{i}" for i in range(words)]
+
+            await asyncio.wait_for(asyncio.gather(*(one_stream(s) for s in range(streams))), 120)
+
+    asyncio.run(run())
+
+
+def test_a_cancelled_stream_cancels_the_model(grpc_url: str, cancel_markers: Path) -> None:
+    marker = cancel_markers / "41.cancelled"
+
+    async def run() -> None:
+        async with aioclient.InferenceServerClient(grpc_url) as c:
+            x = aioclient.InferInput("X", [1], "INT32")
+            x.set_data_from_numpy(np.array([41], dtype=np.int32))
+
+            async def requests() -> AsyncIterator[dict[str, Any]]:
+                yield {"model_name": "until_cancelled", "inputs": [x], "request_id": "c"}
+                await asyncio.sleep(3600)  # keep the stream open
+
+            stream = c.stream_infer(requests())
+            seen = 0
+            async for _result, error in stream:
+                assert error is None
+                seen += 1
+                if seen == 3:
+                    break
+            stream.cancel()
+
+    asyncio.run(run())
+    deadline = time.monotonic() + 20
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marker.exists(), "the model never saw its request cancelled"
+    assert int(marker.read_text()) < 1000
+
+
+def test_streamed_requests_count_in_statistics(client: grpcclient.InferenceServerClient) -> None:
+    stats = client.get_inference_statistics("word_stream", as_json=True)["model_stats"][0]
+    assert int(stats["inference_stats"]["success"]["count"]) >= 1
+    assert int(stats["execution_count"]) >= 1
+
+
+# --- the generate extension over HTTP ------------------------------------------------------
+
+
+async def _sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
+    """The ``data:`` events of a Server-Sent Events body, as JSON, in order."""
+    data: list[str] = []
+    async for raw in response.content:
+        line = raw.decode().rstrip("\r\n")
+        if not line:
+            if data:
+                yield json.loads("\n".join(data))
+                data = []
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip())
+
+
+def _post(server_url: str, path: str, body: dict[str, Any], stream: bool) -> tuple[int, str, Any]:
+    async def run() -> tuple[int, str, Any]:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"http://{server_url}{path}", json=body) as response,
+        ):
+            kind = response.headers.get("content-type", "")
+            if stream and kind.startswith("text/event-stream"):
+                return response.status, kind, [e async for e in _sse_events(response)]
+            return response.status, kind, await response.json(content_type=None)
+
+    return asyncio.run(run())
+
+
+def test_generate_one_response(server_url: str) -> None:
+    status, kind, body = _post(
+        server_url, "/v2/models/add_sub/generate", {"INPUT0": [1, 2, 3, 4], "INPUT1": [1, 1, 1, 1]}, False
+    )
+    assert status == 200 and kind.startswith("application/json")
+    assert body == {
+        "model_name": "add_sub",
+        "model_version": "1",
+        "OUTPUT0": [2.0, 3.0, 4.0, 5.0],
+        "OUTPUT1": [0.0, 1.0, 2.0, 3.0],
+    }
+    status, _, body = _post(
+        server_url, "/v2/models/word_stream/versions/1/generate", {"text_input": "one"}, False
+    )
+    assert (status, body["text_output"], body["index"]) == (200, "one", 0)
+
+
+def test_generate_stream_events(server_url: str) -> None:
+    text = "the quick brown fox jumps"
+    status, kind, events = _post(
+        server_url,
+        "/v2/models/word_stream/generate_stream",
+        {"text_input": text, "max_tokens": 4, "parameters": {"temperature": 0}},
+        True,
+    )
+    assert status == 200 and kind.startswith("text/event-stream")
+    assert [(e["index"], e["text_output"]) for e in events] == list(enumerate(text.split()[:4]))
+    assert all(e["model_name"] == "word_stream" and e["model_version"] == "1" for e in events)
+
+
+def test_generate_errors(server_url: str) -> None:
+    status, kind, body = _post(
+        server_url, "/v2/models/no_such_model/generate_stream", {"text_input": "x"}, True
+    )
+    assert status == 404 and kind.startswith("application/json") and "no_such_model" in body["error"]
+    status, _, body = _post(server_url, "/v2/models/word_stream/generate", {"text_input": "a b"}, False)
+    assert status == 400 and "generate_stream" in body["error"]
+    status, _, body = _post(server_url, "/v2/models/word_stream/generate_stream", {"max_tokens": 2}, True)
+    assert status == 400 and "text_input" in body["error"]
+    # an error after the first response: an error event in the stream
+    status, _, events = _post(
+        server_url, "/v2/models/word_stream/generate_stream", {"text_input": "ok !error"}, True
+    )
+    assert status == 200
+    assert events[0]["text_output"] == "ok"
+    assert "refused the word" in events[1]["error"]
+
+
+def test_example_client_runs_as_printed(grpc_url: str) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "client_grpc.py"), "--url", grpc_url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "add_sub OUTPUT0" in done.stdout and "text_recognition TEXT" in done.stdout
