@@ -114,6 +114,18 @@ class TooBusy(Unavailable):
         return 429
 
 
+class ExecutionTimeout(Unavailable):
+    """A model ran past its ``execution_timeout_ms``: HTTP 504, gRPC DEADLINE_EXCEEDED."""
+
+    @property
+    def http_status(self) -> int:
+        return 504
+
+    @property
+    def grpc_status(self) -> str:
+        return "DEADLINE_EXCEEDED"
+
+
 _BY_CODE: dict[ErrorCode, type[ServerError]] = {
     cls.code: cls
     for cls in (

@@ -326,12 +326,24 @@ class PassThroughScheduler:
         enqueued = time.monotonic_ns()
         self._active += 1
         try:
-            async with self._slots:
+            # the request's own ``timeout`` bounds its wait for a free instance, as in Triton's queue
+            wait_s = request.timeout_us / 1e6 if request.timeout_us > 0 else None
+            try:
+                await asyncio.wait_for(self._slots.acquire(), wait_s)
+            except asyncio.TimeoutError:
+                error = Unavailable(
+                    f"Request timeout expired: request '{request.id}' waited more than {request.timeout_us} us "
+                    f"in the queue of model '{self.model_name or request.model_name}'"
+                )
+                return InferResponse.failed(request, error)
+            try:
                 queue_ns = [time.monotonic_ns() - enqueued]
                 rows = request.batch_rows() if self._count_rows else 1
                 if self._on_batch is not None:
                     self._on_batch(rows, 1, queue_ns)
                 return (await run_batch(self._execute, [request], self.model_name))[0]
+            finally:
+                self._slots.release()
         finally:
             self._active -= 1
             if self._active == 0 and self._idle is not None:

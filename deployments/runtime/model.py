@@ -14,6 +14,7 @@ in ``error``, as everything behind it does (see :mod:`deployments.inference`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
@@ -26,12 +27,32 @@ from deployments.runtime.checks import ModelSchema
 from deployments.runtime.metrics import TritonMetrics, tags_for
 from deployments.runtime.stats import ModelStats
 from deployments.runtime.warmup import warmup_requests
-from repository_loader.errors import InvalidArgument, NotFound, ServerError, Unavailable
+from repository_loader.errors import ExecutionTimeout, InvalidArgument, NotFound, ServerError, Unavailable
 from repository_loader.model import InstanceKind, ModelDescription
 
 logger = logging.getLogger(__name__)
 
 ExecuteFn = Callable[[Sequence[InferRequest]], Awaitable[list[InferResponse]]]
+
+
+EXECUTION_TIMEOUT_PARAMETER = "execution_timeout_ms"
+
+
+def execution_timeout_s(model: ModelDescription) -> float | None:
+    """The model's execution time limit (its config ``parameters`` key ``execution_timeout_ms``), if any."""
+    raw = (model.parameters or {}).get(EXECUTION_TIMEOUT_PARAMETER)
+    if raw is None or str(raw).strip() in ("", "0"):
+        return None
+    try:
+        value = float(str(raw).strip())
+    except ValueError:
+        raise InvalidArgument(
+            f"model '{model.name}': parameter {EXECUTION_TIMEOUT_PARAMETER} must be a number of "
+            f"milliseconds, got '{raw}'"
+        ) from None
+    if value < 0:
+        raise InvalidArgument(f"model '{model.name}': parameter {EXECUTION_TIMEOUT_PARAMETER} must be >= 0")
+    return value / 1000.0
 
 
 async def release_backend(backend: Backend) -> None:
@@ -66,6 +87,9 @@ class VersionRuntime:
         self.schema = ModelSchema.from_description(model)
         self._waiting: set[int] = set()  # requests accepted and not yet handed to the backend
         self.failures: dict[str, int] = {}  # failed requests by Triton's reason (OTHER, BACKEND, ...)
+        # docs: config parameters ``execution_timeout_ms``; ``hung`` says why the version stopped serving
+        self.execution_timeout_s = execution_timeout_s(model)
+        self.hung: str | None = None
 
     @property
     def pending(self) -> int:
@@ -77,9 +101,14 @@ class VersionRuntime:
         queue = [start - (r.arrival_ns or start) for r in requests]
         for request in requests:
             self._waiting.discard(id(request))
+        if self.hung is not None:
+            raise Unavailable(f"{self.hung}; the instance is being restarted")
         times, token = begin_compute_times()
         try:
-            responses = await self.backend.execute(requests)
+            if self.execution_timeout_s is None:
+                responses = await self.backend.execute(requests)
+            else:
+                responses = await self._execute_within_limit(requests, self.execution_timeout_s)
         finally:
             end_compute_times(token)
         end = time.monotonic_ns()
@@ -89,6 +118,25 @@ class VersionRuntime:
         self.stats.record_batch(rows, len(requests), queue, input_ns, infer_ns, output_ns)
         self._metrics.batch(self._tags, rows, sum(queue), input_ns, infer_ns, output_ns, len(requests))
         return responses
+
+    async def _execute_within_limit(
+        self, requests: Sequence[InferRequest], limit_s: float
+    ) -> list[InferResponse]:
+        """The backend's execution, failed with :class:`ExecutionTimeout` after ``limit_s``. The backend's
+        thread cannot be taken back from a model that never returns: the version is marked ``hung``,
+        so the replica reports itself unhealthy and Serve starts a fresh one (``check_health``)."""
+        task = asyncio.ensure_future(self.backend.execute(requests))
+        done, _ = await asyncio.wait({task}, timeout=limit_s)
+        if task in done:
+            return task.result()
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        task.cancel()
+        self.hung = (
+            f"model '{self.model.name}' version {self.version} did not finish executing within its "
+            f"execution_timeout_ms ({limit_s * 1000:.0f} ms)"
+        )
+        logger.error("%s; its instance will be restarted", self.hung)
+        raise ExecutionTimeout(self.hung)
 
     async def infer(self, request: InferRequest) -> InferResponse:
         """Check ``request`` against the model, run it; a failure comes back in ``response.error``."""
@@ -270,6 +318,10 @@ class ModelRuntime:
                 yield response
         finally:
             await stream.aclose()
+
+    def hung(self) -> str | None:
+        """Why a version stopped serving (its execution ran past ``execution_timeout_ms``), if one did."""
+        return next((v.hung for v in self.versions.values() if v.hung is not None), None)
 
     def is_ready(self, version: str | int | None = None) -> bool:
         try:

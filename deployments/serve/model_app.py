@@ -27,7 +27,11 @@ from repository_loader.model import InstanceKind, ModelDescription
 logger = logging.getLogger("ray.serve")
 
 
-@serve.deployment(name="model")
+# Recovery (docs/recovery.md): Serve checks each replica every second, so a dead or hung one is replaced
+# within about a second plus the model's load time; an unload waits at most 5 s for requests still running.
+@serve.deployment(
+    name="model", health_check_period_s=1.0, health_check_timeout_s=10.0, graceful_shutdown_timeout_s=5.0
+)
 @serve.ingress()
 class ModelDeployment:
     """Loads the model (every selected version, warmup included) before it reports ready.
@@ -69,8 +73,11 @@ class ModelDeployment:
             self.load_error = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
             logger.error("model '%s' failed to load: %s", model.name, self.load_error)
         self._server: Any = None
-        pushes = replicas > 1 or bool(self.runtime.hosted_statistics())
-        self._push_task = asyncio.get_running_loop().create_task(self._push_stats()) if pushes else None
+        # every replica pushes: the server keeps a dead replica's last snapshot, so statistics and metrics
+        # stay cumulative across replica restarts
+        self._push_task: asyncio.Task[None] | None = asyncio.get_running_loop().create_task(
+            self._push_stats()
+        )
         self._app = ModelHTTPApp(
             replica_dataplane(self.runtime, self._cluster_stats), model.name, settings.limits
         )
@@ -145,6 +152,9 @@ class ModelDeployment:
     def check_health(self) -> None:
         if self.load_error is None and not self.runtime.is_ready():
             raise RuntimeError(f"model '{self.model.name}' is not ready")
+        hung = self.runtime.hung()
+        if hung is not None:  # Serve replaces this replica: the model's thread cannot be taken back
+            raise RuntimeError(hung)
 
     def _server_handle(self) -> Any:
         if self._server is None:
@@ -158,10 +168,8 @@ class ModelDeployment:
             await asyncio.sleep(self.settings.stats_push_interval_s)
             try:
                 server = self._server_handle()
-                if self.replicas > 1:  # statistics and metrics in one push
-                    await server.report_metrics.remote(
-                        self.model.name, self.replica_id, self.metrics_snapshot()
-                    )
+                # statistics and metrics in one push (single replicas too: see __init__)
+                await server.report_metrics.remote(self.model.name, self.replica_id, self.metrics_snapshot())
                 for name, snapshot in self.runtime.hosted_statistics().items():
                     await server.report_stats.remote(
                         name, hosted_key(self.replica_id, self.model.name), snapshot
@@ -175,7 +183,7 @@ class ModelDeployment:
         own = self.stats_snapshot()
         try:
             merged = await self._server_handle().cluster_stats.remote(
-                name, self.replica_id, own, remember=self.replicas > 1
+                name, self.replica_id, own, remember=True
             )
         except Exception as exc:
             logger.warning("statistics of other replicas unavailable: %s", exc)
@@ -190,4 +198,5 @@ class ModelDeployment:
             await self._sequences.close()
         if self._push_task is not None:
             self._push_task.cancel()
-        await self.runtime.close()
+        if self.runtime.hung() is None:  # a hung model's thread never returns: the process just ends
+            await self.runtime.close()

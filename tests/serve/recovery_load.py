@@ -1,0 +1,171 @@
+"""Closed-loop load on one model with a replica killed (``kill -9``) in the middle; every request's fate.
+
+Used by tests/serve/test_recovery.py and test_soak.py, and by ``python -m tests.serve.recovery_load``,
+which records the time to recover and the requests lost in bench/results/recovery/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.serve.recovery_models import infer_body
+
+
+@dataclass
+class Outcome:
+    started: float
+    ended: float
+    status: int  # 0: no HTTP answer at all (connection reset / refused)
+    json_error: bool = False
+    correct: bool = False
+
+
+@dataclass
+class KillReport:
+    model: str
+    replicas: int
+    workers: int
+    killed_pid: int
+    kill_at: float
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        after = [o for o in self.outcomes if o.started >= self.kill_at]
+        failures = [o for o in self.outcomes if not o.correct]
+        first_ok_after = min((o.ended for o in after if o.correct), default=None)
+        last_failure = max((o.ended for o in failures), default=None)
+        in_flight = [o for o in self.outcomes if o.started < self.kill_at <= o.ended]
+        return {
+            "model": self.model,
+            "replicas": self.replicas,
+            "workers": self.workers,
+            "sent": len(self.outcomes),
+            "answered_correctly": sum(o.correct for o in self.outcomes),
+            "failed_with_json_error": sum(1 for o in failures if o.status and o.json_error),
+            "failed_not_json": sum(1 for o in failures if o.status and not o.json_error),
+            "lost_no_answer": sum(1 for o in failures if not o.status),
+            "in_flight_at_kill": len(in_flight),
+            "failed_outside_in_flight": sum(1 for o in failures if o not in in_flight),
+            "first_answer_after_kill_s": None
+            if first_ok_after is None
+            else round(first_ok_after - self.kill_at, 2),
+            "last_failure_after_kill_s": None
+            if last_failure is None
+            else round(last_failure - self.kill_at, 2),
+        }
+
+
+def one_request(url: str, model: str, value: float, timeout: float = 30.0) -> Outcome:
+    body = json.dumps(infer_body(value)).encode()
+    request = urllib.request.Request(
+        f"{url}/v2/models/{model}/infer", data=body, headers={"Content-Type": "application/json"}
+    )
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            data = json.loads(response.read())
+            out = data["outputs"][0]["data"]
+            return Outcome(started, time.monotonic(), response.status, correct=out == [value + 1] * 4)
+    except urllib.error.HTTPError as error:
+        raw = error.read()
+        try:
+            is_json = "error" in json.loads(raw)
+        except ValueError:
+            is_json = False
+        return Outcome(started, time.monotonic(), error.code, json_error=is_json)
+    except OSError:
+        return Outcome(started, time.monotonic(), 0)
+
+
+def kill_under_load(
+    url: str,
+    model: str,
+    replica_pids: Any,
+    *,
+    replicas: int,
+    workers: int = 6,
+    before_s: float = 3.0,
+    after_s: float = 15.0,
+) -> KillReport:
+    """Load ``model`` with ``workers`` closed loops; ``kill -9`` its first replica after ``before_s``."""
+    outcomes: list[Outcome] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def loop(worker: int) -> None:
+        n = 0
+        while not stop.is_set():
+            outcome = one_request(url, model, float(worker * 100_000 + n))
+            n += 1
+            with lock:
+                outcomes.append(outcome)
+
+    threads = [threading.Thread(target=loop, args=(w,), daemon=True) for w in range(workers)]
+    for t in threads:
+        t.start()
+    time.sleep(before_s)
+    pid = replica_pids(model)[0]
+    kill_at = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(after_s)
+    stop.set()
+    for t in threads:
+        t.join(60)
+    return KillReport(model, replicas, workers, pid, kill_at, outcomes)
+
+
+def main() -> None:
+    """Start a server on the recovery models, kill each model's replica under load, write the results."""
+    from tests.serve import recovery_models
+    from tests.serve.standalone import Server
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="bench/results/recovery/after.json")
+    parser.add_argument("--after-s", type=float, default=15.0)
+    args = parser.parse_args()
+    import tempfile
+
+    repo = recovery_models.build(Path(tempfile.mkdtemp(prefix="trs-repo-")))
+    server = Server(
+        repo, args={"model_control_mode": "explicit", "load_model": ["add_one", "add_two_replicas"]}
+    )
+    try:
+        server.wait_ready(["add_one", "add_two_replicas"])
+        results = []
+        for model, replicas in (("add_one", 1), ("add_two_replicas", 2)):
+            report = kill_under_load(
+                server.url, model, server.replica_pids, replicas=replicas, after_s=args.after_s
+            )
+            results.append(report.summary())
+            print(json.dumps(results[-1]), flush=True)
+            server.wait_ready([model])
+            time.sleep(3)
+    finally:
+        server.close()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps(
+            {
+                "command": "flock /tmp/triton-serve-tests.lock .venv/bin/python -m tests.serve.recovery_load "
+                f"--out {args.out}",
+                "results": results,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""A server of its own for a test module, started the way an operator starts one (a subprocess running
+``serve run`` on a config file, through ``python -m deployments.serve.launch run`` as ``make serve``
+does, or plain), on free ports and private temporary folders; stopped by signal, and every process it
+started ended by pid."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.serve import processes
+from tests.serve.conftest import haproxy_files_env
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_is_bound(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+        return False
+
+
+def http(url: str, body: dict[str, Any] | None = None, timeout: float = 30.0) -> tuple[int, str, bytes]:
+    """``(status, content type, body)`` of a GET (or a POST of ``body`` as JSON)."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method="GET" if body is None else "POST")
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.headers.get("Content-Type", ""), response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers.get("Content-Type", ""), error.read()
+
+
+class Server:
+    """One server in a subprocess; ``url`` is ``http://127.0.0.1:<port>``."""
+
+    def __init__(
+        self,
+        repository: Path,
+        *,
+        launcher: bool = True,
+        request_path_in_config: bool = True,
+        args: dict[str, Any] | None = None,
+    ) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix="trs-", dir="/tmp"))
+        self.port = free_port()
+        self.stats_port, self.metrics_port = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+        config["http_options"] = {"host": "127.0.0.1", "port": self.port}
+        app = config["applications"][0]
+        app["args"] = {
+            "model_repository": str(repository),
+            "grpc_port": free_port(),
+            "metrics_port": free_port(),
+            **(args or {}),
+        }
+        if not request_path_in_config:
+            config.pop("controller_options", None)
+            app.pop("runtime_env", None)
+        self.config = self.tmp / "serve_config.yaml"
+        self.config.write_text(yaml.safe_dump(config))
+        env = dict(os.environ)
+        for key in [k for k in env if k.startswith(("RAY_SERVE_", "RAY_worker"))]:
+            env.pop(key)
+        env.update(haproxy_files_env(self.tmp / "haproxy"))
+        env.update(
+            RAY_TMPDIR=str(self.tmp / "ray"),
+            RAY_SERVE_HAPROXY_STATS_PORT=str(self.stats_port),
+            RAY_SERVE_HAPROXY_METRICS_PORT=str(self.metrics_port),
+            PYTHONPATH=str(ROOT),
+        )
+        (self.tmp / "ray").mkdir()
+        bin_dir = Path(sys.executable).parent
+        if os.environ.get("TRITON_SERVE_TEST_ENV_ONLY"):  # a tree without the launcher (a before run)
+            from deployments.serve.launch import REQUEST_PATH_ENV
+
+            env.update(REQUEST_PATH_ENV)
+            command = [str(bin_dir / "serve"), "run", str(self.config)]
+        elif launcher:
+            command = [sys.executable, "-m", "deployments.serve.launch", "run", str(self.config)]
+        else:
+            command = [str(bin_dir / "serve"), "run", str(self.config)]
+        self.log = self.tmp / "server.log"
+        self.proc = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=env,
+            stdout=self.log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.pids: set[int] = set()
+
+    def track(self) -> set[int]:
+        """Every process the server started so far (kept after they end, so the teardown can check)."""
+        self.pids |= {self.proc.pid} | processes.descendants(self.proc.pid)
+        return self.pids
+
+    def wait_ready(self, models: list[str], timeout_s: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.track()
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log.read_text()[-3000:]}")
+            try:
+                if all(http(f"{self.url}/v2/models/{m}/ready", timeout=2)[0] == 200 for m in models):
+                    self.track()
+                    return
+            except OSError:
+                pass
+            time.sleep(1)
+        raise TimeoutError(f"models {models} not ready: {self.log.read_text()[-3000:]}")
+
+    def replica_pids(self, model: str) -> list[int]:
+        """The pids of ``model``'s Serve replicas among this server's processes."""
+        tag = f"ServeReplica:model-{model}:"
+        return sorted(p for p in processes.alive(self.track()) if tag in processes.command(p))
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60.0) -> set[int]:
+        """Signal the server; what of its processes is still alive ``timeout_s`` later (then ended)."""
+        self.track()
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout_s)
+        deadline = time.monotonic() + 10
+        while processes.alive(self.pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = processes.alive(self.pids)
+        processes.end(self.pids)
+        return left
+
+    def close(self) -> None:
+        self.stop()
+        import shutil
+
+        shutil.rmtree(self.tmp, ignore_errors=True)

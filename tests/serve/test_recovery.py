@@ -1,0 +1,139 @@
+"""Issue 14, items 4 and 5: a replica killed under load, and a model that hangs.
+
+One server of its own (tests/serve/standalone.py), started as ``make serve`` starts it, on the small
+models of tests/serve/recovery_models.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.serve import recovery_models
+from tests.serve.recovery_load import kill_under_load, one_request
+from tests.serve.standalone import Server, http
+
+pytestmark = [pytest.mark.serve, pytest.mark.slow]
+
+MODELS = ["add_one", "add_two_replicas", "hangs"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    repo = recovery_models.build(tmp_path_factory.mktemp("recovery"))
+    srv = Server(repo, args={"model_control_mode": "explicit", "load_model": MODELS})
+    try:
+        srv.wait_ready(MODELS)
+        yield srv
+    finally:
+        srv.close()
+
+
+def _success_count(server: Server, model: str) -> int:
+    status, _, body = http(f"{server.url}/v2/models/{model}/stats")
+    assert status == 200, body
+    return int(json.loads(body)["model_stats"][0]["inference_stats"]["success"]["count"])
+
+
+def test_a_killed_single_replica_answers_again_fast_every_failure_json(server: Server) -> None:
+    report = kill_under_load(server.url, "add_one", server.replica_pids, replicas=1, after_s=12)
+    summary = report.summary()
+    assert summary["failed_not_json"] == 0, summary  # before: plain-text 500s from HAProxy
+    assert summary["first_answer_after_kill_s"] is not None, summary
+    # before: 7-9 s; Serve now checks the replica every second, and a Python replica starts in ~2-4 s here
+    assert summary["first_answer_after_kill_s"] < 6.0, summary
+    server.wait_ready(["add_one"])
+
+
+def test_statistics_are_cumulative_across_a_replica_restart(server: Server) -> None:
+    for i in range(20):
+        assert one_request(server.url, "add_one", float(i)).correct
+    time.sleep(2.5)  # the replica's statistics push (every second) has carried them to the server
+    before = _success_count(server, "add_one")
+    assert before >= 20
+    pid = server.replica_pids("add_one")[0]
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while server.replica_pids("add_one") in ([], [pid]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    server.wait_ready(["add_one"])
+    deadline = time.monotonic() + 30
+    while not one_request(server.url, "add_one", 1.0).correct and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _success_count(server, "add_one") >= before + 1  # before: restarted at 0
+
+
+def test_with_two_replicas_a_crash_loses_only_the_requests_in_flight_on_it(server: Server) -> None:
+    assert len(server.replica_pids("add_two_replicas")) == 2
+    report = kill_under_load(server.url, "add_two_replicas", server.replica_pids, replicas=2, after_s=8)
+    summary = report.summary()
+    assert summary["failed_not_json"] == 0, summary
+    failed = summary["sent"] - summary["answered_correctly"]
+    # at most one request per closed loop can be on the dead replica when it dies
+    assert failed <= report.workers, summary
+    assert summary["failed_outside_in_flight"] == 0, summary
+    server.wait_ready(["add_two_replicas"])
+
+
+def test_a_hung_model_fails_the_request_at_its_execution_timeout_and_serves_again(server: Server) -> None:
+    started = time.monotonic()
+    status, content_type, body = http(
+        f"{server.url}/v2/models/hangs/infer", recovery_models.infer_body(-1.0), timeout=60
+    )
+    elapsed = time.monotonic() - started
+    assert status == 504, body
+    assert "application/json" in content_type
+    assert "execution_timeout_ms" in json.loads(body)["error"]
+    assert elapsed < 5.0  # before: no limit, the request never returned
+    # the hung instance is replaced: the model answers again
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if one_request(server.url, "hangs", 2.0, timeout=5).correct:
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail("the model did not serve again after its hung instance")
+
+
+def test_a_request_timeout_is_honoured_while_it_waits_for_the_instance(server: Server) -> None:
+    # a hung request holds the only instance until its execution timeout (1.5 s)
+    blocker = threading.Thread(
+        target=http,
+        args=(f"{server.url}/v2/models/hangs/infer", recovery_models.infer_body(-1.0)),
+        kwargs={"timeout": 60},
+    )
+    blocker.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    status, _, body = http(
+        f"{server.url}/v2/models/hangs/infer", recovery_models.infer_body(1.0, timeout=200_000), timeout=60
+    )
+    elapsed = time.monotonic() - started
+    blocker.join(60)
+    assert status != 200, body
+    assert "timeout" in json.loads(body)["error"].lower()
+    assert elapsed < 1.2, elapsed  # 0.2 s of queueing allowed, not the blocker's 1.5 s
+    server.wait_ready(["hangs"])
+    deadline = time.monotonic() + 60
+    while not one_request(server.url, "hangs", 2.0, timeout=5).correct and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def test_unloading_a_model_with_a_hung_request_is_prompt(server: Server) -> None:
+    threading.Thread(
+        target=http,
+        args=(f"{server.url}/v2/models/hangs/infer", recovery_models.infer_body(-1.0)),
+        kwargs={"timeout": 60},
+        daemon=True,
+    ).start()
+    time.sleep(0.5)
+    started = time.monotonic()
+    status, _, body = http(f"{server.url}/v2/repository/models/hangs/unload", {}, timeout=60)
+    assert status == 200, body
+    assert time.monotonic() - started < 10.0  # before: 21 s
