@@ -93,7 +93,9 @@ def parse_header_length(value: bytes | str | None, body_size: int) -> int | None
     if value is None:
         return None
     if not (value.isascii() and value.isdigit() and len(value) <= _MAX_LENGTH_DIGITS):
-        raise InvalidArgument(f"{HEADER_LENGTH} must be an integer (decimal digits only), got '{_text(value)[:40]}'")
+        raise InvalidArgument(
+            f"{HEADER_LENGTH} must be an integer (decimal digits only), got '{_text(value)[:40]}'"
+        )
     length = int(value)
     if length < 0 or length > body_size:
         raise InvalidArgument(f"{HEADER_LENGTH} is {length} but the request body holds {body_size} bytes")
@@ -204,15 +206,20 @@ def _tensor_header(item: Any, limits: RequestLimits) -> tuple[str, str, list[int
     shape = item.get("shape")
     if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
         raise InvalidArgument(f"input '{name}' needs a 'shape' list of non-negative integers")
+    check_shape(name, shape, limits)
+    return name, datatype, shape
+
+
+def check_shape(name: str, shape: Sequence[int], limits: RequestLimits = _DEFAULT_LIMITS) -> None:
+    """Refuse an input shape over ``limits``: its rank (400) or its element count (413)."""
     if len(shape) > limits.max_shape_rank:
         raise InvalidArgument(
             f"input '{name}' has {len(shape)} dimensions, more than the limit of {limits.max_shape_rank}"
         )
     if math.prod(shape) > limits.max_tensor_elements:
         raise TooLarge(
-            f"input '{name}' of shape {shape} has more than the limit of {limits.max_tensor_elements} elements"
+            f"input '{name}' of shape {list(shape)} has more than the limit of {limits.max_tensor_elements} elements"
         )
-    return name, datatype, shape
 
 
 def _binary_size(name: str, params: Any) -> int | None:

@@ -27,6 +27,7 @@ from deployments.inference import InferRequest, InferResponse, RequestedOutput
 from deployments.protocol import codec
 from deployments.protocol.proto import grpc_service_pb2 as pb
 from deployments.runtime.checks import ModelSchema
+from deployments.settings import RequestLimits
 from deployments.tensors import to_numpy
 from repository_loader.datatypes import (
     BY_WIRE,
@@ -53,6 +54,7 @@ TYPED_FIELD: dict[str, str] = {
     "BYTES": "bytes_contents",
 }
 _SHARED_MEMORY = "shared_memory_region"
+_DEFAULT_LIMITS = RequestLimits()
 _WIRE_OF: dict[np.dtype, str] = {}
 _Tensor = pb.ModelInferRequest.InferInputTensor
 _Output = pb.ModelInferResponse.InferOutputTensor
@@ -90,12 +92,12 @@ def set_parameter(target: Any, value: Any) -> None:
 # --- ModelInferRequest -> InferRequest -------------------------------------------
 
 
-def decode_infer_request(message: Any) -> InferRequest:
+def decode_infer_request(message: Any, limits: RequestLimits = _DEFAULT_LIMITS) -> InferRequest:
     """Decode a ``ModelInferRequest``.
 
     Raises :class:`InvalidArgument` naming the tensor or field at fault (a data
-    type or byte count that does not fit the tensor's shape), and
-    :class:`Unsupported` for shared-memory tensors.
+    type or byte count that does not fit the tensor's shape, a shape over
+    ``limits``), and :class:`Unsupported` for shared-memory tensors.
     """
     raw = message.raw_input_contents
     tensors = message.inputs
@@ -111,6 +113,7 @@ def decode_infer_request(message: Any) -> InferRequest:
             raise InvalidArgument(f"input '{name}' appears more than once in the request")
         if any(d < 0 for d in shape):
             raise InvalidArgument(f"input '{name}' needs a shape of non-negative integers, got {shape}")
+        codec.check_shape(name, shape, limits)
         if datatype not in BY_WIRE:
             raise InvalidArgument(f"input '{name}' has unknown data-type '{datatype}'")
         if raw:

@@ -320,3 +320,19 @@ def test_limits_come_from_the_server_arguments():
     assert ServerSettings.from_args(settings.to_args()) == settings
     with pytest.raises(SettingsError, match="max_shape_rank must be a positive integer"):
         ServerSettings.from_args({"model_repository": "/models", "max_shape_rank": 0})
+
+
+def test_grpc_requests_are_held_to_the_same_shape_limits():
+    from deployments.protocol import grpc_codec
+    from deployments.protocol.proto import grpc_service_pb2 as pb
+
+    message = pb.ModelInferRequest(model_name="m")
+    tensor = message.inputs.add(name="X", datatype="FP32")
+    tensor.shape.extend([1 << 20, 1 << 20])
+    with pytest.raises(TooLarge) as info:
+        grpc_codec.decode_infer_request(message)
+    assert info.value.grpc_status == "RESOURCE_EXHAUSTED"
+    del tensor.shape[:]
+    tensor.shape.extend([1] * 5)
+    with pytest.raises(InvalidArgument, match="5 dimensions"):
+        grpc_codec.decode_infer_request(message, RequestLimits(max_shape_rank=4))
