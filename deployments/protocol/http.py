@@ -101,6 +101,7 @@ SERVER_ROUTES: tuple[Route, ...] = (
 _JSON = [(b"content-type", b"application/json")]
 _BINARY = b"application/octet-stream"
 _TEXT = [(b"content-type", b"text/plain; charset=utf-8")]
+_NO_CACHE = (b"cache-control", b"no-cache")
 _ERROR_ENCODER = json.JSONEncoder(separators=(",", ":"))
 _DEFAULT_LIMITS = RequestLimits()
 _ESCAPE = re.compile(rb"%([0-9A-Fa-f]{2})")
@@ -127,7 +128,6 @@ class _Router:
                 methods = self.exact.setdefault(segs, {})
             methods[route.method] = route.handler
 
-_NO_CACHE = (b"cache-control", b"no-cache")
     def match(self, segs: tuple[str, ...]) -> tuple[dict[str, str], dict[str, str]] | None:
         """``(handler by method, path parameters)`` or None."""
         methods = self.exact.get(segs)
@@ -216,6 +216,7 @@ class _BaseApp:
         except ServerError as e:  # refused before the body is read in full
             await _respond(send, error_reply(e))
             return
+        reply: Reply | Streamed
         try:
             reply = await self._dispatch(scope, body)
         except ServerError as e:
@@ -247,10 +248,10 @@ class _BaseApp:
                 status=405,
             )
         fixed = self._fixed_params()
-        reply: Reply | Streamed
         if fixed:
             params.update(fixed)
-        return await getattr(self, "_" + handler)(_Call(scope, body, params))
+        result: Reply | Streamed = await getattr(self, "_" + handler)(_Call(scope, body, params))
+        return result
 
     # --- handlers ----------------------------------------------------------
 
@@ -342,38 +343,6 @@ class _BaseApp:
                 headers.append((b"content-encoding", chosen.encode()))
         return 200, headers, out
 
-    async def _schema(self, name: str, version: str) -> tuple[ModelDescription, ModelSchema]:
-        description = await self.dataplane.model_description(name, version)
-        cached = self._schemas.get((name, version))
-        if cached is not None and cached[0] is description:
-            return cached
-        entry = (description, ModelSchema.from_description(description))
-        self._schemas[(name, version)] = entry
-        return entry
-
-
-class ModelHTTPApp(_BaseApp):
-    """The routes of one model (metadata, ready, config, infer, stats, their ``/versions/{v}`` forms).
-
-    Mounted at ``/v2/models/<model_name>``; also answers the full paths and
-    paths relative to the mount point when no ``root_path`` is given.
-    """
-
-    def __init__(
-        self, dataplane: DataPlane, model_name: str, limits: RequestLimits = _DEFAULT_LIMITS
-    ) -> None:
-        super().__init__(dataplane, MODEL_ROUTES, limits)
-        self.model_name = model_name
-        self._prefix = f"/v2/models/{model_name}"
-        self._params = {"m": model_name}
-
-    def _fixed_params(self) -> dict[str, str]:
-        return self._params
-
-    def _locate(self, scope: Scope) -> tuple[str, ...] | None:
-        full = _full_path(scope)
-        prefix = self._prefix
-        if full.startswith(prefix) and (len(full) == len(prefix) or full[len(prefix)] == "/"):
     async def _generate(self, call: _Call) -> Reply:
         """Triton's ``/generate``: one JSON object; a decoupled model must send exactly one response."""
         request, description = await self._generate_request(call)
@@ -441,6 +410,38 @@ class ModelHTTPApp(_BaseApp):
         )
         return generate.generate_document(response)
 
+    async def _schema(self, name: str, version: str) -> tuple[ModelDescription, ModelSchema]:
+        description = await self.dataplane.model_description(name, version)
+        cached = self._schemas.get((name, version))
+        if cached is not None and cached[0] is description:
+            return cached
+        entry = (description, ModelSchema.from_description(description))
+        self._schemas[(name, version)] = entry
+        return entry
+
+
+class ModelHTTPApp(_BaseApp):
+    """The routes of one model (metadata, ready, config, infer, stats, their ``/versions/{v}`` forms).
+
+    Mounted at ``/v2/models/<model_name>``; also answers the full paths and
+    paths relative to the mount point when no ``root_path`` is given.
+    """
+
+    def __init__(
+        self, dataplane: DataPlane, model_name: str, limits: RequestLimits = _DEFAULT_LIMITS
+    ) -> None:
+        super().__init__(dataplane, MODEL_ROUTES, limits)
+        self.model_name = model_name
+        self._prefix = f"/v2/models/{model_name}"
+        self._params = {"m": model_name}
+
+    def _fixed_params(self) -> dict[str, str]:
+        return self._params
+
+    def _locate(self, scope: Scope) -> tuple[str, ...] | None:
+        full = _full_path(scope)
+        prefix = self._prefix
+        if full.startswith(prefix) and (len(full) == len(prefix) or full[len(prefix)] == "/"):
             return _segments(full[len(prefix) :])
         if full.startswith("/v2/"):
             return None  # another model's or the server's path
@@ -618,14 +619,6 @@ async def _respond(send: Send, reply: Reply) -> None:
         pass
 
 
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
 async def _next_answer(stream: AsyncIterator[InferResponse]) -> InferResponse | None:
     """The next response worth an event (an empty final response is not), None at the end."""
     async for response in stream:
@@ -661,3 +654,11 @@ async def _stream(receive: Receive, send: Send, reply: Streamed) -> None:
             await watching
 
 
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
