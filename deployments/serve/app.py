@@ -25,7 +25,7 @@ from deployments.protocol.dataplane import ModelDataPlane, ServedModel
 from deployments.runtime.custom_metrics import merge_snapshots as merge_custom_metrics
 from deployments.runtime.metrics import HostGauges, merge_model_metrics, render_triton
 from deployments.runtime.stats import merge_snapshots
-from deployments.serve import hooks
+from deployments.serve import hooks, request_path
 from deployments.serve.handles import HandleExecutor, RemoteModel
 from deployments.serve.model_app import ModelDeployment
 from deployments.serve.names import (
@@ -142,7 +142,7 @@ class ServerDeployment:
         self._metrics: dict[str, dict[str, dict[str, Any]]] = {}  # pushed metrics snapshots: model, replica
         self._host_gauges = HostGauges()
         self._metrics_server = start_metrics(settings, self.render_metrics)
-        self.dataplane = ModelDataPlane(self.controller)
+        self.dataplane = ModelDataPlane(self.controller, notices=request_path.request_path_notice(logger))
         self._start = asyncio.get_running_loop().create_task(self._startup())
         self._grpc = start_grpc(self.dataplane, settings)
 

