@@ -413,24 +413,36 @@ class MetricFamily:
         return Metric(self, labels, buckets if buckets is not None else self._buckets)
 
 
+_FAMILY_DELETED = (
+    "Invalid metric operation as the corresponding 'MetricFamily' has been deleted. The 'MetricFamily' "
+    "object should be deleted AFTER its corresponding 'Metric' objects have been deleted."
+)
+
+
 class Metric:
     """One metric (one label set) of a :class:`MetricFamily`."""
 
     def __init__(
         self, family: MetricFamily, labels: dict[str, str] | None = None, buckets: list[float] | None = None
     ) -> None:
-        # no reference to the family: tritonserver 2.51 stops printing a family once the model drops its
-        # MetricFamily object, even while metrics of it are held (checked against the peer)
+        # No reference to the family, as in tritonserver 2.51 (checked against the peer): once the model
+        # drops its MetricFamily object the family is deleted, stops printing, and its metrics refuse use.
         state = family._state
         try:
             self._cell = custom_metrics.REGISTRY.metric(state, labels, buckets)
         except ValueError as error:
             raise TritonModelException(str(error)) from None
         self._kind = state.kind
+        self._state = state
         weakref.finalize(self, custom_metrics.REGISTRY.release_metric, state, self._cell)
+
+    def _check_family(self, operation: str) -> None:
+        if not custom_metrics.REGISTRY.holds(self._state):
+            raise TritonModelException(f"Failed to {operation} metric value: {_FAMILY_DELETED}")
 
     def increment(self, value: float) -> None:
         """Add ``value`` (counters: never negative)."""
+        self._check_family("increment")
         if self._kind == custom_metrics.HISTOGRAM:
             raise TritonModelException("increment() is not supported on a histogram: use observe()")
         if self._kind == custom_metrics.COUNTER and value < 0:
@@ -440,6 +452,7 @@ class Metric:
 
     def set(self, value: float) -> None:
         """Set a gauge to ``value``."""
+        self._check_family("set")
         if self._kind != custom_metrics.GAUGE:
             raise TritonModelException(f"set() is only supported on a gauge, not on a {self._kind}")
         with custom_metrics.REGISTRY.lock:
@@ -447,6 +460,7 @@ class Metric:
 
     def observe(self, value: float) -> None:
         """Record one observation in a histogram."""
+        self._check_family("observe")
         if self._kind != custom_metrics.HISTOGRAM:
             raise TritonModelException(f"observe() is only supported on a histogram, not on a {self._kind}")
         with custom_metrics.REGISTRY.lock:
@@ -454,6 +468,7 @@ class Metric:
 
     def value(self) -> float:
         """The current value of a counter or gauge."""
+        self._check_family("get")
         if self._kind == custom_metrics.HISTOGRAM:
             raise TritonModelException("value() is not supported on a histogram")
         return self._cell.value

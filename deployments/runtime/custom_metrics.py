@@ -93,6 +93,11 @@ class Registry:
             state.holders += 1
             return state
 
+    def holds(self, state: FamilyState) -> bool:
+        """Whether the family ``state`` is still registered (a model still holds a MetricFamily of it)."""
+        with self.lock:
+            return self._families.get(state.name) is state
+
     def release_family(self, state: FamilyState) -> None:
         with self.lock:
             state.holders -= 1

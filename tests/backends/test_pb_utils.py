@@ -162,8 +162,12 @@ def test_metric_family_api() -> None:
         metric.set(3)
     with pytest.raises(pb_utils.TritonModelException, match="kind and description"):
         pb_utils.MetricFamily("api_requests", "Other", pb_utils.MetricFamily.GAUGE)
+    # its family object is gone: as in tritonserver, the family is deleted and its metric refuses use
     dropped = pb_utils.MetricFamily("api_dropped", "Dropped", pb_utils.MetricFamily.COUNTER).Metric()
-    dropped.increment(1)  # its family object is gone: as in tritonserver, nothing of it is printed
+    with pytest.raises(
+        pb_utils.TritonModelException, match="Failed to increment metric value: .*has been deleted"
+    ):
+        dropped.increment(1)
     gauge_family = pb_utils.MetricFamily("api_temperature", "A gauge", pb_utils.MetricFamily.GAUGE)
     gauge = gauge_family.Metric()
     gauge.set(-1.25)

@@ -173,13 +173,20 @@ def test_custom_metrics_on_the_metrics_port(
     assert result.as_numpy("COUNT").tolist() == [2.0]
     text = _scrape_until(metrics_url, lambda text: CUSTOM_LINES[2] in text.splitlines())
     lines = text.splitlines()
-    start = lines.index(CUSTOM_LINES[0])
-    assert lines[start : start + 3] == CUSTOM_LINES[:3]
-    start = lines.index(CUSTOM_LINES[3])
-    assert lines[start : start + 3] == CUSTOM_LINES[3:6]
-    start = lines.index(CUSTOM_LINES[6])
-    assert lines[start:] == CUSTOM_LINES[6:]  # histograms print last, as in tritonserver
-    assert "custom_execute_latency_ns" not in text  # its MetricFamily object was dropped by the model
+    for line in CUSTOM_LINES:
+        assert line in lines, line
+    for help_line in (line for line in CUSTOM_LINES if line.startswith("# HELP")):
+        type_line = lines[lines.index(help_line) + 1]
+        assert type_line.startswith("# TYPE " + help_line.split()[2] + " "), type_line
+    latency = 'custom_execute_latency_ns{model="custom_metrics",version="1"} '
+    assert "# TYPE custom_execute_latency_ns counter" in lines
+    assert any(line.startswith(latency) and float(line.split()[-1]) > 0 for line in lines)
+    # tritonserver's order: counters (Triton's, then custom), gauges, histograms last
+    types = [line.split()[2] for line in lines if line.startswith("# TYPE")]
+    assert types.index("nv_inference_compute_output_duration_us") < types.index("custom_requests_total")
+    assert types.index("custom_requests_total") < types.index("nv_inference_pending_request_count")
+    assert types.index("nv_inference_pending_request_count") < types.index("custom_last_input_size")
+    assert types[-1] == "custom_input_value"
 
 
 def test_triton_metrics_after_requests(

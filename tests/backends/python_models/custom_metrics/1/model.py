@@ -29,11 +29,13 @@ class TritonPythonModel:
         self.requests = self.requests_family.Metric(labels=labels)
         self.size = self.size_family.Metric(labels=labels)
         self.values = self.value_family.Metric(labels=labels, buckets=[1.0, 5.0, 10.0])
-        self.latency = pb_utils.MetricFamily(
+        # the family object must outlive its metrics (tritonserver deletes a dropped family)
+        self.latency_family = pb_utils.MetricFamily(
             name="custom_execute_latency_ns",
             description="Cumulative time spent in execute",
             kind=pb_utils.MetricFamily.COUNTER,
-        ).Metric(labels=labels)
+        )
+        self.latency = self.latency_family.Metric(labels=labels)
         self.logger.log_info("initialized")
 
     def execute(self, requests):
