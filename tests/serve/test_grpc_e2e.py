@@ -61,7 +61,7 @@ def _words_inputs(text: str, max_tokens: int | None = None, grpc_module: Any = g
 
 def test_health_and_metadata(client: grpcclient.InferenceServerClient) -> None:
     assert client.is_server_live()
-    assert client.is_server_ready()
+    assert not client.is_server_ready()  # strict readiness: failing_init cannot load
     assert client.is_model_ready("add_sub")
     assert not client.is_model_ready("failing_init")
     meta = client.get_server_metadata(as_json=True)
