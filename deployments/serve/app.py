@@ -166,7 +166,7 @@ class ServerDeployment:
         self._stats.setdefault(model, {})[replica] = snapshot
 
     def report_metrics(self, model: str, replica: str, snapshot: dict[str, Any]) -> None:
-        """A replica of a model with several: its ``ModelRuntime.metrics_snapshot()`` (statistics included)."""
+        """A replica's push: its ``ModelRuntime.metrics_snapshot()`` (statistics included)."""
         self._metrics.setdefault(model, {})[replica] = snapshot
         self.report_stats(model, replica, snapshot["stats"])
 
@@ -182,15 +182,17 @@ class ServerDeployment:
         return render_triton(models, merge_custom_metrics(custom), self._host_gauges.read())
 
     async def _model_metrics(self, name: str) -> list[dict[str, Any]]:
-        snapshots = list(self._metrics.get(name, {}).values())
-        if not snapshots:
-            try:
-                handle = self._executor.handle(name)
-                snapshots = [await asyncio.wait_for(handle.metrics_snapshot.remote(), METRICS_ASK_TIMEOUT_S)]
-            except Exception as exc:  # a replica restarting: the model's counters are left out of this scrape
-                logger.warning("metrics of model '%s' unavailable: %s", name, exc)
+        """The model's snapshots by replica: those pushed, with the one replica asked now replacing its own
+        (a single replica's counters are then current; others are at most a push interval old)."""
+        snapshots = dict(self._metrics.get(name, {}))
+        try:
+            handle = self._executor.handle(name)
+            fresh = await asyncio.wait_for(handle.metrics_snapshot.remote(), METRICS_ASK_TIMEOUT_S)
+            snapshots[fresh.get("replica", "")] = fresh
+        except Exception as exc:  # a replica restarting or busy: its last push stands for it
+            logger.debug("metrics of model '%s' not asked: %s", name, exc)
         hosted = [{"stats": s} for key, s in self._stats.get(name, {}).items() if is_hosted_key(key)]
-        return snapshots + hosted
+        return list(snapshots.values()) + hosted
 
     async def control_load(self, name: str, config: str, files: dict[str, bytes]) -> None:
         """BLS ``pb_utils.load_model``: the repository API's load, with its checks and model control mode."""
@@ -264,7 +266,7 @@ def start_grpc(dataplane: ModelDataPlane, settings: ServerSettings) -> Any:
     return server
 
 
-METRICS_ASK_TIMEOUT_S = 10.0
+METRICS_ASK_TIMEOUT_S = 2.0  # how long a scrape waits for the replica it asks
 
 
 def start_metrics(settings: ServerSettings, render: metrics_http.Render) -> Any:

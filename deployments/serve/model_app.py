@@ -146,8 +146,9 @@ class ModelDeployment:
         return self.runtime.statistics()
 
     def metrics_snapshot(self) -> dict[str, Any]:
-        """What Triton's metrics endpoint prints of this replica (asked on scrape of a single replica)."""
-        return self.runtime.metrics_snapshot()
+        """What Triton's metrics endpoint prints of this replica, named by the replica (pushed every
+        second, and asked of one replica on each scrape so that its counters are current)."""
+        return {**self.runtime.metrics_snapshot(), "replica": self.replica_id}
 
     def check_health(self) -> None:
         if self.load_error is None and not self.runtime.is_ready():

@@ -7,6 +7,7 @@ import re
 import shutil
 import socket
 import subprocess
+import time
 import urllib.request
 from collections.abc import Iterator
 
@@ -127,7 +128,14 @@ def test_custom_metrics_model_matches_tritonserver(
 ) -> None:
     triton_http, triton_metrics = triton
     assert _answers(server_url) == _answers(triton_http) == [[1.0], [2.0], [3.0]]
-    theirs, ours = _scrape(triton_metrics), _scrape(metrics_url)
+    theirs = _scrape(triton_metrics)
+    # a model with several replicas: their counters reach the server with the next push (1 s)
+    done = f'custom_requests_total{{model="{PEER_METRICS_MODEL}",version="1"}} {len(REQUESTS)}'
+    deadline = time.monotonic() + 10
+    ours = _scrape(metrics_url)
+    while done not in ours and time.monotonic() < deadline:
+        time.sleep(0.25)
+        ours = _scrape(metrics_url)
     assert _model_lines(ours) == _model_lines(theirs)
     assert any(line.startswith("custom_input_value_bucket") for line in _model_lines(ours))
     assert any(line.startswith("custom_execute_latency_ns{") for line in _model_lines(ours))
