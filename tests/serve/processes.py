@@ -99,3 +99,11 @@ def _address(hex_addr: str, width: int) -> str:
     if raw[:12] == b"\0" * 10 + b"\xff\xff":
         return ".".join(str(b) for b in raw[12:])
     return ":".join(raw[i : i + 2].hex() for i in range(0, 16, 2))
+
+
+def wait_gone(pid: int, timeout_s: float = 10.0) -> float:
+    """``time.monotonic()`` once ``pid`` has ended (a zombie has), or after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while alive({pid}) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return time.monotonic()

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.serve import processes
 from tests.serve.recovery_models import infer_body
 
 
@@ -37,6 +38,7 @@ class KillReport:
     workers: int
     killed_pid: int
     kill_at: float
+    died_at: float  # when the process was gone (a request sent before then may have reached it)
     outcomes: list[Outcome] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
@@ -44,7 +46,7 @@ class KillReport:
         failures = [o for o in self.outcomes if not o.correct]
         first_ok_after = min((o.ended for o in after if o.correct), default=None)
         last_failure = max((o.ended for o in failures), default=None)
-        in_flight = [o for o in self.outcomes if o.started < self.kill_at <= o.ended]
+        in_flight = [o for o in self.outcomes if o.started < self.died_at and o.ended >= self.kill_at]
         return {
             "model": self.model,
             "replicas": self.replicas,
@@ -117,11 +119,12 @@ def kill_under_load(
     pid = replica_pids(model)[0]
     kill_at = time.monotonic()
     os.kill(pid, signal.SIGKILL)
+    died_at = processes.wait_gone(pid)
     time.sleep(after_s)
     stop.set()
     for t in threads:
         t.join(60)
-    return KillReport(model, replicas, workers, pid, kill_at, outcomes)
+    return KillReport(model, replicas, workers, pid, kill_at, died_at, outcomes)
 
 
 def main() -> None:

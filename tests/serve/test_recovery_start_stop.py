@@ -1,0 +1,131 @@
+"""Issue 14, items 7 and 8: the server comes up on the direct request path however it is started, or
+says it did not; stopping it leaves no process and no bound port; every listener binds the configured
+host. Each case starts a server of its own (tests/serve/standalone.py)."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deployments.serve import haproxy_shim
+from deployments.serve.launch import REQUEST_PATH_ENV
+from tests.serve import processes, recovery_models
+from tests.serve.recovery_load import one_request
+from tests.serve.standalone import ROOT, Server, http, port_is_bound
+
+
+def test_serve_config_carries_the_request_path_variables() -> None:
+    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    controller = config["controller_options"]["runtime_env"]["env_vars"]
+    app = config["applications"][0]["runtime_env"]["env_vars"]
+    assert controller == app
+    tuning = {"RAY_worker_niceness", "RAY_SERVE_HAPROXY_NBTHREAD"}  # a raylet setting; Serve's default 4
+    assert controller == {k: v for k, v in REQUEST_PATH_ENV.items() if k not in tuning}
+
+
+def test_haproxy_configuration_is_adjusted(tmp_path: Path) -> None:
+    text = (
+        "frontend prometheus\n    bind :9101\n    mode http\n"
+        "frontend http_frontend\n    bind 10.1.2.3:8000\n"
+        "defaults\n    errorfile 503 /x/500.http\n"
+        "listen stats\n  bind *:8404\n"
+    )
+    out = haproxy_shim.rewrite(text, tmp_path)
+    assert "bind 10.1.2.3:9101" in out and "bind 10.1.2.3:8404" in out and "bind 10.1.2.3:8000" in out
+    assert f"errorfile 503 {tmp_path}/triton-503.http" in out
+    page = haproxy_shim.error_page(502)
+    head, body = page.split("\r\n\r\n", 1)
+    assert head.startswith("HTTP/1.1 503") and "application/json" in head
+    assert "error" in json.loads(body)
+
+
+def _start(tmp_path: Path, **kwargs: object) -> Server:
+    repo = recovery_models.build(tmp_path)
+    server = Server(repo, args={"model_control_mode": "explicit", "load_model": ["add_one"]}, **kwargs)  # type: ignore[arg-type]
+    server.wait_ready(["add_one"])
+    return server
+
+
+@pytest.mark.serve
+@pytest.mark.slow
+def test_make_serve_is_fast_binds_one_host_and_stops_clean(tmp_path: Path) -> None:
+    server = _start(tmp_path)
+    try:
+        status, _, body = http(f"{server.url}/v2")
+        assert status == 200 and "request_path" not in json.loads(body), body
+        assert one_request(server.url, "add_one", 1.0).correct
+        # the answer came through the model replica's own HTTP server (the direct lane), behind HAProxy
+        # every listener of HAProxy, and the server's configured ports (gRPC, metrics); Ray's own workers'
+        # gRPC ports are Ray's (they listen where Ray puts them)
+        listeners = processes.listening(processes.alive(server.track()))
+        app_args = yaml.safe_load(server.config.read_text())["applications"][0]["args"]
+        configured = {
+            server.port,
+            server.stats_port,
+            server.metrics_port,
+            app_args["grpc_port"],
+            app_args["metrics_port"],
+        }
+        ours = [
+            (processes.command(pid)[:60], addr, port)
+            for pid, addr, port in listeners
+            if port in configured or "haproxy" in processes.command(pid)
+        ]
+        assert {server.port, server.stats_port} <= {port for _, _, port in ours}, ours
+        wide = [row for row in ours if row[1] not in ("127.0.0.1", "::1")]
+        assert not wide, wide  # before: HAProxy's stats and metrics ports on every interface
+        # a replica gone mid-request is a JSON error, never HAProxy's plain-text page
+        status, content_type, body = http(f"{server.url}/v2/models/add_one/no_such_route")
+        assert status == 404 or "application/json" in content_type
+    finally:
+        left = server.stop(signal.SIGTERM)
+    assert not left, [processes.command(p) for p in left]  # before: HAProxy kept running, holding the port
+    assert not port_is_bound(server.port)
+    assert not port_is_bound(server.stats_port)
+
+
+@pytest.mark.serve
+@pytest.mark.slow
+def test_plain_serve_run_on_the_config_is_on_the_fast_path_too(tmp_path: Path) -> None:
+    server = _start(tmp_path, launcher=False)
+    try:
+        status, _, body = http(f"{server.url}/v2")
+        meta = json.loads(body)
+        # HAProxy and the direct lane came up from the config alone; only the worker priority (a raylet
+        # setting) cannot travel in it, and the server says so
+        assert meta.get("request_path", {}).get("missing_settings", []) in ([], ["RAY_worker_niceness"]), meta
+        pids = processes.alive(server.track())
+        assert any("haproxy" in processes.command(p) for p in pids)
+        assert one_request(server.url, "add_one", 1.0).correct
+    finally:
+        left = server.stop(signal.SIGINT)
+    assert not left, [processes.command(p) for p in left]
+    assert not port_is_bound(server.port)
+
+
+@pytest.mark.serve
+@pytest.mark.slow
+def test_a_server_started_without_the_variables_says_so(tmp_path: Path) -> None:
+    server = _start(tmp_path, launcher=False, request_path_in_config=False)
+    try:
+        status, _, body = http(f"{server.url}/v2")
+        meta = json.loads(body)
+        assert status == 200
+        missing = meta["request_path"]["missing_settings"]
+        assert "RAY_SERVE_ENABLE_HA_PROXY" in missing and meta["request_path"]["direct"] is False
+        assert "SLOW REQUEST PATH" in _logs(server)
+    finally:
+        server.stop(signal.SIGTERM)
+
+
+def _logs(server: Server) -> str:
+    text = server.log.read_text(errors="replace")
+    for path in (server.tmp / "ray").rglob("*.log"):
+        text += path.read_text(errors="replace")
+    for path in (server.tmp / "ray").rglob("*.err"):
+        text += path.read_text(errors="replace")
+    return text
