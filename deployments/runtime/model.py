@@ -178,9 +178,15 @@ class VersionRuntime:
                 return
             start = time.monotonic_ns()
             ok = True
-            async for response in self.backend.stream(request):
-                ok = ok and response.error is None
-                yield response
+            stream = self.backend.stream(request)
+            try:
+                async for response in stream:
+                    ok = ok and response.error is None
+                    yield response
+            finally:  # closed early (a cancelled client): the backend cancels the request now
+                aclose = getattr(stream, "aclose", None)
+                if aclose is not None:
+                    await aclose()
             infer_ns = time.monotonic_ns() - start
             self.stats.record_batch(1, 1, [start - arrival], 0, infer_ns, 0)
             self._metrics.batch(self._tags, 1, start - arrival, 0, infer_ns, 0, 1)
