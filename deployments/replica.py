@@ -62,6 +62,10 @@ class ReplicaRegistry:
         self.model = LocalModel(runtime, cluster_stats)
         self.name = runtime.model.name
 
+    def swap(self, runtime: ModelRuntime) -> None:
+        """Serve ``runtime`` (a reload of the same model) from now on."""
+        self.model = LocalModel(runtime, self.model._cluster_stats)
+
     def get(self, name: str) -> LocalModel:
         if name != self.name:
             raise NotFound(f"Request for unknown model: '{name}' is not found")

@@ -123,17 +123,11 @@ class ServerSettings:
     """Everything the server application and its model applications are configured with."""
 
     model_repository: str  # the first repository: a local path (absolute once resolved) or a URL
-    model_repositories: tuple[str, ...] = ()  # every repository (Triton's repeated --model-repository)
     model_control_mode: str = "none"  # none | explicit | poll
     load_models: tuple[str, ...] = ()  # explicit mode: loaded at start ("*" = all)
-    repository_poll_secs: float = 15.0  # poll mode: how often the repositories are compared
     model_config_name: str | None = None  # configs/<name>.pbtxt instead of config.pbtxt
     auto_complete: bool = True
     strict_readiness: bool = True
-    exit_on_error: bool = True  # a model failing at startup fails the server (Triton's default)
-    allow_model_file_upload: bool = False  # load with ``file:<version>/<name>`` contents (runs code)
-    http_restricted_api: tuple[RestrictedApi, ...] = ()
-    grpc_restricted_api: tuple[RestrictedApi, ...] = ()
     access_log: bool = False  # one Serve access-log line per model request (Triton logs none)
     http_host: str = "127.0.0.1"  # the address HAProxy binds (``triton-serve serve`` only)
     http_port: int = 8000
@@ -151,6 +145,12 @@ class ServerSettings:
     stats_push_interval_s: float = 1.0  # how often replicas push statistics to the server application
     control_app_cpus: float = 0.1  # CPUs kept free for the server application at /v2
     limits: RequestLimits = RequestLimits()  # per-request limits of every HTTP front end
+    model_repositories: tuple[str, ...] = ()  # every repository (Triton's repeated --model-repository)
+    repository_poll_secs: float = 15.0  # poll mode: how often the repositories are compared
+    exit_on_error: bool = True  # a model failing at startup fails the server (Triton's default)
+    allow_model_file_upload: bool = False  # load with ``file:<version>/<name>`` contents (runs code)
+    http_restricted_api: tuple[RestrictedApi, ...] = ()
+    grpc_restricted_api: tuple[RestrictedApi, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.model_repository:
@@ -214,8 +214,8 @@ class ServerSettings:
             "strict_readiness": _flag(args, "strict_readiness", True),
             "exit_on_error": _flag(args, "exit_on_error", True),
             "allow_model_file_upload": _flag(args, "allow_model_file_upload", False),
-            "http_restricted_api": tuple(RestrictedApi.parse(t) for t in _texts(args.get("http_restricted_api"))),
-            "grpc_restricted_api": tuple(RestrictedApi.parse(t) for t in _texts(args.get("grpc_restricted_api"))),
+            "http_restricted_api": _restricted(args.get("http_restricted_api")),
+            "grpc_restricted_api": _restricted(args.get("grpc_restricted_api")),
             "access_log": _flag(args, "access_log", False),
             "allow_grpc": _flag(args, "allow_grpc", True),
             "allow_metrics": _flag(args, "allow_metrics", True),
@@ -319,6 +319,10 @@ def _texts(value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         return (value,)
     return tuple(str(v) for v in value)
+
+
+def _restricted(value: Any) -> tuple[RestrictedApi, ...]:
+    return tuple(RestrictedApi.parse(t) for t in _texts(value))
 
 
 def _flag(args: Mapping[str, Any], name: str, default: bool) -> bool:

@@ -126,6 +126,15 @@ class ExecutionTimeout(Unavailable):
         return "DEADLINE_EXCEEDED"
 
 
+class Restricted(Unavailable):
+    """An API group this server answers only with its configured header (Triton's restricted API):
+    HTTP 403, gRPC UNAVAILABLE, as tritonserver answers."""
+
+    @property
+    def http_status(self) -> int:
+        return 403
+
+
 _BY_CODE: dict[ErrorCode, type[ServerError]] = {
     cls.code: cls
     for cls in (

@@ -35,8 +35,9 @@ from deployments.protocol import grpc_codec
 from deployments.protocol.dataplane import DataPlane
 from deployments.protocol.proto import grpc_service_pb2 as pb
 from deployments.runtime.checks import ModelSchema
+from deployments.settings import RestrictedApi, restriction_for
 from repository_loader.config import config_from_json
-from repository_loader.errors import InvalidArgument, ServerError, Unsupported
+from repository_loader.errors import InvalidArgument, Restricted, ServerError, Unsupported
 from repository_loader.model import ModelDescription
 
 logger = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ class GrpcOptions:
     max_send_message_bytes: int = 64 * 1024 * 1024
     compression: str | None = None
     max_concurrent_rpcs: int | None = None
+    restricted: tuple[RestrictedApi, ...] = ()  # Triton's --grpc-restricted-protocol (metadata key/value)
 
     def __post_init__(self) -> None:
         if self.compression not in _COMPRESSION:
@@ -122,15 +124,16 @@ class GRPCInferenceServicer:
         for method in _SERVICE.methods:
             request_type = getattr(pb, method.input_type.name)
             response_type = getattr(pb, method.output_type.name)
+            rule = restriction_for(self.options.restricted, RPC_GROUPS.get(method.name, "inference"))
             if method.client_streaming:
                 handlers[method.name] = grpc.stream_stream_rpc_method_handler(
-                    getattr(self, method.name),
+                    _guarded_stream(getattr(self, method.name), rule),
                     request_deserializer=request_type.FromString,
                     response_serializer=response_type.SerializeToString,
                 )
             else:
                 handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-                    _guarded(getattr(self, method.name)),
+                    _guarded(getattr(self, method.name), rule),
                     request_deserializer=request_type.FromString,
                     response_serializer=response_type.SerializeToString,
                 )
@@ -316,11 +319,63 @@ class GRPCInferenceServicer:
         raise _not_served("log settings")
 
 
-def _guarded(method: Callable[[Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:
+# Triton's API group of each RPC (for the restricted API).
+RPC_GROUPS = {
+    "ServerLive": "health",
+    "ServerReady": "health",
+    "ModelReady": "health",
+    "ServerMetadata": "metadata",
+    "ModelMetadata": "metadata",
+    "ModelInfer": "inference",
+    "ModelStreamInfer": "inference",
+    "ModelConfig": "model-config",
+    "ModelStatistics": "statistics",
+    "RepositoryIndex": "model-repository",
+    "RepositoryModelLoad": "model-repository",
+    "RepositoryModelUnload": "model-repository",
+    "SystemSharedMemoryStatus": "shared-memory",
+    "SystemSharedMemoryRegister": "shared-memory",
+    "SystemSharedMemoryUnregister": "shared-memory",
+    "CudaSharedMemoryStatus": "shared-memory",
+    "CudaSharedMemoryRegister": "shared-memory",
+    "CudaSharedMemoryUnregister": "shared-memory",
+    "TraceSetting": "trace",
+    "LogSettings": "logging",
+}
+
+
+def _check_restricted(rule: RestrictedApi | None, context: Any) -> None:
+    if rule is None:
+        return
+    metadata = dict(context.invocation_metadata() or ())
+    if metadata.get(rule.key) != rule.value:
+        raise Restricted(f"This protocol is restricted, expecting header '{rule.key}'")
+
+
+def _guarded_stream(method: Callable[[Any, Any], AsyncIterator[Any]], rule: RestrictedApi | None) -> Any:
+    """A streaming handler behind the restricted API's check."""
+    if rule is None:
+        return method
+
+    async def handle(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        try:
+            _check_restricted(rule, context)
+        except ServerError as e:
+            await context.abort(grpc.StatusCode[e.grpc_status], e.message)
+        async for item in method(requests, context):
+            yield item
+
+    return handle
+
+
+def _guarded(
+    method: Callable[[Any], Awaitable[Any]], rule: RestrictedApi | None = None
+) -> Callable[[Any, Any], Awaitable[Any]]:
     """A unary handler that turns a raised error into the gRPC status of the one table."""
 
     async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
+            _check_restricted(rule, context)
             return await method(request)
         except ServerError as e:
             await context.abort(grpc.StatusCode[e.grpc_status], e.message)

@@ -28,8 +28,8 @@ from deployments.inference import InferRequest, InferResponse
 from deployments.protocol import codec, compression, generate
 from deployments.protocol.dataplane import DataPlane
 from deployments.runtime.checks import ModelSchema
-from deployments.settings import RequestLimits
-from repository_loader.errors import InvalidArgument, NotFound, ServerError, TooBusy, TooLarge
+from deployments.settings import RequestLimits, RestrictedApi, restriction_for
+from repository_loader.errors import InvalidArgument, NotFound, Restricted, ServerError, TooBusy, TooLarge
 from repository_loader.model import ModelDescription
 
 logger = logging.getLogger(__name__)
@@ -97,6 +97,32 @@ SERVER_ROUTES: tuple[Route, ...] = (
     Route("POST", "repository/models/{m}/unload", "unload_model"),
     *(Route(r.method, f"models/{{m}}/{r.pattern}".rstrip("/"), r.handler) for r in MODEL_ROUTES),
 )
+
+# Triton's API group of each handler (for the restricted API).
+API_GROUP_OF = {
+    "server_metadata": "metadata",
+    "live": "health",
+    "ready": "health",
+    "model_ready": "health",
+    "model_metadata": "metadata",
+    "model_config": "model-config",
+    "infer": "inference",
+    "model_stats": "statistics",
+    "all_stats": "statistics",
+    "repository_index": "model-repository",
+    "load_model": "model-repository",
+    "unload_model": "model-repository",
+}
+
+
+def check_restricted(
+    restricted: tuple[RestrictedApi, ...], group: str, header: Callable[[bytes], bytes | None]
+) -> None:
+    """Raise :class:`Restricted` unless the request carries the header that ``group`` needs."""
+    rule = restriction_for(restricted, group)
+    if rule is not None and header(rule.key.encode("latin-1")) != rule.value.encode("latin-1"):
+        raise Restricted(f"This API is restricted, expecting header '{rule.key}'")
+
 
 _JSON = [(b"content-type", b"application/json")]
 _BINARY = b"application/octet-stream"
@@ -188,6 +214,8 @@ class _BaseApp:
         self._schemas: dict[tuple[str, str], tuple[ModelDescription, ModelSchema]] = {}
         # a stateful model with several replicas: where a sequence's requests go (None: here)
         self.sequence_router: SequenceForwarder | None = None
+        # Triton's restricted API (``ServerSettings.http_restricted_api``): groups that need a header
+        self.restricted: tuple[RestrictedApi, ...] = ()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -250,7 +278,10 @@ class _BaseApp:
         fixed = self._fixed_params()
         if fixed:
             params.update(fixed)
-        result: Reply | Streamed = await getattr(self, "_" + handler)(_Call(scope, body, params))
+        call = _Call(scope, body, params)
+        if self.restricted:
+            check_restricted(self.restricted, API_GROUP_OF.get(handler, "inference"), call.header)
+        result: Reply | Streamed = await getattr(self, "_" + handler)(call)
         return result
 
     # --- handlers ----------------------------------------------------------

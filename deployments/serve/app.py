@@ -35,6 +35,7 @@ from deployments.serve.names import (
     is_hosted_key,
     model_app_name,
 )
+from deployments.serve.reloads import Order, ReloadBoard
 from deployments.settings import ServerSettings
 from repository_loader.errors import ServerError, Unavailable
 from repository_loader.model import ModelDescription
@@ -54,6 +55,7 @@ class RayDeployer:
         self.plan: DeploymentPlan | None = None
         self.models: dict[str, ModelDescription] = {}
         self.deployed: dict[str, DeploymentEntry] = {}
+        self.board = ReloadBoard()  # reloads inside the running replicas (deployments/serve/reloads.py)
 
     def _plan(self, models: Mapping[str, ModelDescription]) -> DeploymentPlan:
         return plan_deployments(models, self.resources, self.settings.control_app_cpus)
@@ -73,8 +75,24 @@ class RayDeployer:
             raise Unavailable("; ".join(plan.problems[model.name]))
         return plan.entries[0]
 
+    async def reload(self, old: ModelDescription, new: ModelDescription) -> None:
+        """A serving model moved to ``new``: inside its running replicas when it keeps their shape
+        (count, kind, resources), so it is never unserved and ``old`` serves on if ``new`` fails;
+        else by redeploying its application (Serve stops a one-replica application's old replica
+        before the new one starts)."""
+        entry = self.entry(new)
+        current = self.deployed.get(new.name)
+        if current is not None and _same_shape(current, entry):
+            composing = self._composing(new) if new.is_ensemble else None
+            timeout = self.settings.deploy_timeout_s
+            await self.board.swap(new, current.num_replicas, timeout, composing)
+            self.models[new.name] = new
+            return
+        await self.deploy(new)
+
     async def deploy(self, model: ModelDescription) -> None:
         entry = self.entry(model)
+        self.board.forget(model.name)
         self.models[model.name] = model
         composing = self._composing(model) if model.is_ensemble else None
         # An access-log line per request costs a trivial model about a tenth of its throughput.
@@ -116,15 +134,34 @@ class RayDeployer:
         raise Unavailable(f"application {name} did not start within {timeout:.0f}s")
 
     async def delete(self, name: str) -> None:
+        self.board.forget(name)
         entry = self.deployed.pop(name, None)
         app_name = entry.app_name if entry is not None else model_app_name(name)
         await asyncio.to_thread(hooks.delete_application, app_name)
 
 
-@serve.deployment(name=SERVER_DEPLOYMENT, ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=1000)
+def _same_shape(a: DeploymentEntry, b: DeploymentEntry) -> bool:
+    """Whether two plan entries run on the same replicas (only the model description differs)."""
+    return (a.num_replicas, a.kind, a.resources, a.replicas, a.max_ongoing_requests) == (
+        b.num_replicas,
+        b.kind,
+        b.resources,
+        b.replicas,
+        b.max_ongoing_requests,
+    )
+
+
+# The constructor loads the initial models (Triton opens its endpoints after that); a failure with
+# exit_on_error is final, not retried.
+@serve.deployment(
+    name=SERVER_DEPLOYMENT,
+    ray_actor_options={"num_cpus": 0.05},
+    max_ongoing_requests=1000,
+    max_constructor_retry_count=1,
+)
 @serve.ingress()
 class ServerDeployment:
-    def __init__(self, settings: ServerSettings) -> None:
+    async def __init__(self, settings: ServerSettings) -> None:  # type: ignore[misc]  # Serve awaits it
         import ray
 
         from deployments.serve.response_writes import coalesce_response_writes
@@ -144,6 +181,7 @@ class ServerDeployment:
         self._metrics_server = start_metrics(settings, self.render_metrics)
         self.dataplane = ModelDataPlane(self.controller, notices=request_path.request_path_notice(logger))
         self._start = asyncio.get_running_loop().create_task(self._startup())
+        await asyncio.shield(self._start)  # live only once the initial models settled
         self._grpc = start_grpc(self.dataplane, settings)
 
     def _remote(self, model: ModelDescription) -> ServedModel:
@@ -152,15 +190,31 @@ class ServerDeployment:
     async def _startup(self) -> None:
         try:
             await self.controller.start()
-        except ServerError as exc:
-            logger.error("model repository: %s", exc.message)
-        except Exception:
-            logger.exception("model repository failed to load")
+        except Exception as exc:
+            if isinstance(exc, ServerError):
+                logger.error("model repository: %s", exc.message)
+            else:
+                logger.exception("model repository failed to load")
+            if self.deployer.settings.exit_on_error:
+                for name in list(self.deployer.deployed):
+                    await self.deployer.delete(name)
+                raise RuntimeError(getattr(exc, "message", str(exc))) from None
+
+    async def reload_order(self, model: str, seen: tuple[int, str], timeout_s: float) -> Order | None:
+        """A model replica's long poll for reload orders (``deployments.serve.reloads.follow``)."""
+        return await self.deployer.board.wait(model, seen, timeout_s)
+
+    async def reload_report(
+        self, model: str, generation: int, replica: str, phase: str, error: str | None
+    ) -> None:
+        await self.deployer.board.report(model, generation, replica, phase, error)
 
     def __serve_build_asgi_app__(self) -> Any:
         from deployments.protocol.http import ServerHTTPApp
 
-        return ServerHTTPApp(self.dataplane, limits=self.deployer.settings.limits)
+        app = ServerHTTPApp(self.dataplane, limits=self.deployer.settings.limits)
+        app.restricted = self.deployer.settings.http_restricted_api
+        return app
 
     def report_stats(self, model: str, replica: str, snapshot: list[dict[str, Any]]) -> None:
         self._stats.setdefault(model, {})[replica] = snapshot
@@ -259,6 +313,7 @@ def start_grpc(dataplane: ModelDataPlane, settings: ServerSettings) -> Any:
         max_receive_message_bytes=settings.grpc_max_receive_message_bytes,
         max_send_message_bytes=settings.grpc_max_send_message_bytes,
         compression=settings.grpc_compression,
+        restricted=settings.grpc_restricted_api,
     )
     server, _ = build_grpc_server(dataplane, options)
     asyncio.get_running_loop().create_task(server.start())

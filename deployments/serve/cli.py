@@ -17,11 +17,47 @@ from deployments.settings import CONTROL_MODES, ServerSettings, SettingsError
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("serve", help="serve a model repository over the KServe v2 protocol")
-    p.add_argument("repository", help="path or URL (s3://...) of the Triton model repository")
+    p.add_argument(
+        "repository", nargs="*", help="path or URL (s3://...) of a Triton model repository (one or more)"
+    )
+    p.add_argument(
+        "--model-repository",
+        action="append",
+        default=[],
+        help="another repository (Triton's flag; repeatable)",
+    )
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--host", default="127.0.0.1", help="address HAProxy binds (0.0.0.0 for every interface)")
     p.add_argument("--model-control-mode", choices=CONTROL_MODES, default="none")
-    p.add_argument("--load-model", action="append", default=[], help="explicit mode: model to load at start")
+    p.add_argument(
+        "--load-model", action="append", default=[], help="explicit mode: model to load at start ('*': all)"
+    )
+    p.add_argument(
+        "--repository-poll-secs", type=float, default=None, help="poll mode: seconds between scans"
+    )
+    p.add_argument(
+        "--exit-on-error", default="true", help="true: a model failing at startup fails the server (Triton's)"
+    )
+    p.add_argument(
+        "--allow-model-file-upload",
+        action="store_true",
+        help="let the repository API load models from uploaded files (runs code on the cluster)",
+    )
+    p.add_argument(
+        "--http-restricted-api",
+        action="append",
+        default=[],
+        metavar="API[,API...]:KEY=VALUE",
+        help="answer these API groups only with header KEY: VALUE (repeatable)",
+    )
+    p.add_argument(
+        "--grpc-restricted-api",
+        "--grpc-restricted-protocol",
+        action="append",
+        default=[],
+        metavar="API[,API...]:KEY=VALUE",
+        help="the same for gRPC, checked on the request metadata",
+    )
     p.add_argument("--grpc-port", type=int, default=8001, help="port of the KServe v2 gRPC service")
     p.add_argument("--grpc-host", default="127.0.0.1", help="address the gRPC service binds")
     p.add_argument("--allow-grpc", default="true", help="false: no gRPC service (Triton's flag)")
@@ -44,7 +80,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def server_args(args: argparse.Namespace) -> dict[str, Any]:
     """The flags as the server arguments ``serve_config.yaml`` names."""
     return {
-        "model_repository": args.repository,
+        "model_repository": [*args.repository, *args.model_repository],
         "http_host": args.host,
         "http_port": args.http_port,
         "allow_grpc": args.allow_grpc,
@@ -53,6 +89,11 @@ def server_args(args: argparse.Namespace) -> dict[str, Any]:
         "grpc_compression": args.grpc_infer_response_compression,
         "model_control_mode": args.model_control_mode,
         "load_model": args.load_model,
+        "repository_poll_secs": args.repository_poll_secs,
+        "exit_on_error": args.exit_on_error,
+        "allow_model_file_upload": args.allow_model_file_upload,
+        "http_restricted_api": args.http_restricted_api,
+        "grpc_restricted_api": args.grpc_restricted_api,
         "model_config_name": args.model_config_name,
         "disable_auto_complete_config": args.disable_auto_complete_config,
         "strict_readiness": not args.no_strict_readiness,

@@ -14,7 +14,7 @@ from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.http import ModelHTTPApp
 from deployments.replica import replica_dataplane
 from deployments.runtime.model import ModelRuntime
-from deployments.serve import ingress
+from deployments.serve import ingress, reloads
 from deployments.serve.devices import pin_replica_gpu
 from deployments.serve.handles import HandleExecutor
 from deployments.serve.names import SERVER_APP, SERVER_DEPLOYMENT, hosted_key, model_route
@@ -82,6 +82,9 @@ class ModelDeployment:
             replica_dataplane(self.runtime, self._cluster_stats), model.name, settings.limits
         )
         ingress.serve_directly(self._route, self._app, enabled=settings.direct_routes)
+        self._app.restricted = settings.http_restricted_api
+        self._kind = kind
+        self._reloads = asyncio.get_running_loop().create_task(self._follow_reloads())
         self._sequences: SequenceRouter | None = None
         if model.sequence_batching is not None and replicas > 1 and context is not None:
             self._sequences = self._sequence_router(context)
@@ -125,6 +128,46 @@ class ModelDeployment:
         return ingress.answered_directly(self._route)
 
     async def infer_internal(self, request: InferRequest) -> InferResponse:
+    async def _follow_reloads(self) -> None:
+        """Reloads ordered by the server: a new description loaded beside this one, then swapped in."""
+        await reloads.follow(
+            self.model.name,
+            self.replica_id,
+            self._server_handle,
+            self._prepare_runtime,
+            self._commit_runtime,
+            self._discard_runtime,
+        )
+
+    async def _prepare_runtime(
+        self, model: ModelDescription, composing: dict[str, ModelDescription] | None
+    ) -> ModelRuntime:
+        runtime = ModelRuntime(
+            model,
+            instance_kind=self._kind,
+            device_id=0,
+            executor=HandleExecutor(),
+            instance_name=self.replica_id,
+            composing=composing,
+        )
+        try:
+            await runtime.load()  # every version, warmup included
+        except BaseException:
+            await runtime.close()
+            raise
+        return runtime
+
+    async def _commit_runtime(self, runtime: ModelRuntime) -> None:
+        old = self.runtime
+        self.runtime, self.model, self.load_error = runtime, runtime.model, None
+        self._app.dataplane.registry.swap(runtime)  # type: ignore[attr-defined]
+        logger.info("model '%s' now serves versions %s", runtime.model.name, list(runtime.model.versions))
+        await asyncio.sleep(1.0)  # requests already inside the old runtime finish there
+        await old.close()
+
+    async def _discard_runtime(self, runtime: ModelRuntime) -> None:
+        await runtime.close()
+
         if self.load_error is not None:
             raise Unavailable(f"model '{self.model.name}' is unavailable: {self.load_error}")
         return await self.runtime.infer(request)
@@ -201,3 +244,4 @@ class ModelDeployment:
             self._push_task.cancel()
         if self.runtime.hung() is None:  # a hung model's thread never returns: the process just ends
             await self.runtime.close()
+        self._reloads.cancel()

@@ -1,0 +1,330 @@
+"""The model controller without Ray: control modes, the repository API's rules, POLL's change detection,
+and the two-phase reload board, over a recording deployer and real repositories on disk."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import shutil
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deployments.control import ModelController
+from deployments.serve.reloads import ReloadBoard, follow
+from deployments.settings import ServerSettings
+from repository_loader.errors import InvalidArgument, NotFound, ServerError, Unavailable
+from repository_loader.model import ModelDescription
+
+MODEL_PY = textwrap.dedent(
+    """
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [pb_utils.InferenceResponse(output_tensors=[]) for _ in requests]
+    """
+)
+
+
+def _config(name: str, extra: str = "") -> str:
+    return (
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        "instance_group [ { count: 1 kind: KIND_CPU } ]\n" + extra
+    )
+
+
+def add_model(repo: Path, name: str, versions: tuple[int, ...] = (1,), extra: str = "") -> Path:
+    folder = repo / name
+    for v in versions:
+        (folder / str(v)).mkdir(parents=True, exist_ok=True)
+        (folder / str(v) / "model.py").write_text(MODEL_PY)
+    (folder / "config.pbtxt").write_text(_config(name, extra))
+    return folder
+
+
+def add_ensemble(repo: Path, name: str, step: str) -> None:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: 8\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        "ensemble_scheduling { step [ { "
+        f'model_name: "{step}" model_version: -1 '
+        'input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT" } } ] }\n'
+    )
+
+
+class RecordingDeployer:
+    """Records what the controller asks for; ``fail`` names models whose deploy or reload fails."""
+
+    def __init__(self) -> None:
+        self.deployed: dict[str, ModelDescription] = {}
+        self.calls: list[tuple[str, str]] = []
+        self.fail: set[str] = set()
+
+    def prepare(self, models: dict[str, ModelDescription]) -> None:
+        pass
+
+    async def deploy(self, model: ModelDescription) -> None:
+        self.calls.append(("deploy", model.name))
+        if model.name in self.fail:
+            raise Unavailable(f"initialize() of '{model.name}' raised")
+        self.deployed[model.name] = model
+
+    async def reload(self, old: ModelDescription, new: ModelDescription) -> None:
+        self.calls.append(("reload", new.name))
+        if new.name in self.fail:
+            raise Unavailable("the new version failed to load")
+        self.deployed[new.name] = new
+
+    async def delete(self, name: str) -> None:
+        self.calls.append(("delete", name))
+        self.deployed.pop(name, None)
+
+
+def controller(repos: list[Path], **args: Any) -> tuple[ModelController, RecordingDeployer]:
+    settings = ServerSettings.from_args({"model_repository": [str(r) for r in repos], **args}, {})
+    deployer = RecordingDeployer()
+    return ModelController(settings, deployer), deployer
+
+
+def states(c: ModelController) -> dict[str, str]:
+    return {row["name"]: row.get("state", "") for row in c.index()}
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    add_model(root, "a")
+    add_model(root, "b")
+    return root
+
+
+def test_none_mode_loads_everything_and_refuses_the_api(repo: Path) -> None:
+    c, d = controller([repo])
+    asyncio.run(c.start())
+    assert states(c) == {"a": "READY", "b": "READY"} and c.ready() and c.live()
+    with pytest.raises(Unavailable, match="not allowed"):
+        asyncio.run(c.load("a"))
+
+
+def test_explicit_mode_loads_the_named_models_and_lists_the_rest_by_name(repo: Path) -> None:
+    c, _ = controller([repo], model_control_mode="explicit", load_model=["a"])
+    asyncio.run(c.start())
+    assert c.index() == [{"name": "a", "version": "1", "state": "READY"}, {"name": "b"}]
+    assert c.ready()
+
+
+def test_a_name_in_two_repositories_is_an_error_for_that_name(repo: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    add_model(other, "a")
+    add_model(other, "c")
+    c, _ = controller([repo, other], exit_on_error=False)
+    asyncio.run(c.start())
+    rows = {r["name"]: r for r in c.index()}
+    assert rows["a"]["state"] == "UNAVAILABLE" and "more than one model repository" in rows["a"]["reason"]
+    assert rows["b"]["state"] == rows["c"]["state"] == "READY"
+    assert not c.ready()  # strict readiness: a model asked for is not READY
+    assert str(tmp_path) not in json.dumps(c.index())
+
+
+def test_exit_on_error_fails_the_start_and_non_strict_readiness_ignores_models(repo: Path) -> None:
+    (repo / "b" / "config.pbtxt").write_text(_config("b", "max_batch_size: -3\n"))
+    c, _ = controller([repo])
+    with pytest.raises(Unavailable, match="exit_on_error"):
+        asyncio.run(c.start())
+    c, _ = controller([repo], exit_on_error=False, strict_readiness=False)
+    asyncio.run(c.start())
+    assert states(c)["b"] == "UNAVAILABLE" and c.ready()
+
+
+def test_loading_an_unknown_or_invalid_name_records_nothing(repo: Path) -> None:
+    c, d = controller([repo], model_control_mode="explicit")
+    asyncio.run(c.start())
+    before = c.index()
+    with pytest.raises(InvalidArgument, match="failed to poll from model repository") as err:
+        asyncio.run(c.load("doesnotexist"))
+    assert str(repo) not in err.value.message
+    for bad in ("x" * 10_000, "../a", "a/b", ".hidden", ""):
+        with pytest.raises(InvalidArgument, match="invalid model name"):
+            asyncio.run(c.load(bad))
+    assert c.index() == before and c.ready() and d.calls == []
+
+
+def test_explicit_load_with_a_config_override_then_unload(repo: Path) -> None:
+    c, d = controller([repo], model_control_mode="explicit")
+    asyncio.run(c.start())
+    override = json.loads(json.dumps({"name": "a", "backend": "python", "max_batch_size": 2}))
+    override["input"] = [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}]
+    override["output"] = [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}]
+    asyncio.run(c.load("a", {"config": json.dumps(override)}))
+    assert d.deployed["a"].max_batch_size == 2
+    asyncio.run(c.load("a"))  # again, from the repository: a reload
+    assert d.calls[-1] == ("reload", "a") and d.deployed["a"].max_batch_size == 8
+    asyncio.run(c.unload("a"))
+    assert c.index()[0] == {"name": "a", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}
+    assert c.ready()  # an unloaded model is not asked for any more
+
+
+def test_file_upload_is_refused_unless_allowed(repo: Path) -> None:
+    params = {
+        "config": json.dumps({"name": "up", "backend": "python", "max_batch_size": 0}),
+        "file:1/model.py": base64.b64encode(MODEL_PY.encode()).decode(),
+    }
+    c, d = controller([repo], model_control_mode="explicit")
+    asyncio.run(c.start())
+    with pytest.raises(InvalidArgument, match="allow_model_file_upload"):
+        asyncio.run(c.load("up", params))
+    assert "up" not in states(c)
+    c, d = controller([repo], model_control_mode="explicit", allow_model_file_upload=True)
+    asyncio.run(c.start())
+    with pytest.raises(InvalidArgument, match="file:<version>/<name>"):
+        asyncio.run(c.load("up", {**params, "file:../../etc/passwd": "eA=="}))
+    spec = {"name": "up", "backend": "python", "max_batch_size": 0}
+    spec["input"] = [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}]
+    spec["output"] = [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}]
+    asyncio.run(c.load("up", {**params, "config": json.dumps(spec)}))
+    assert states(c)["up"] == "READY" and (d.deployed["up"].path / "1" / "model.py").read_text() == MODEL_PY
+
+
+def test_a_failed_reload_keeps_the_serving_version(repo: Path) -> None:
+    c, d = controller([repo], model_control_mode="explicit", load_model=["*"])
+    asyncio.run(c.start())
+    served = d.deployed["a"]
+    (repo / "a" / "config.pbtxt").write_text(_config("a", "max_batch_size: -3\n"))
+    with pytest.raises(InvalidArgument, match="failed to load 'a'"):
+        asyncio.run(c.load("a"))
+    add_model(repo, "a", (1, 2))
+    d.fail.add("a")
+    with pytest.raises(InvalidArgument, match="the new version failed to load"):
+        asyncio.run(c.load("a"))
+    assert states(c)["a"] == "READY" and c.describe("a") is served and d.deployed["a"] is served
+
+
+def test_an_ensemble_loads_its_steps_and_unload_dependents_unloads_them(repo: Path) -> None:
+    add_ensemble(repo, "ens", "a")
+    c, d = controller([repo], model_control_mode="explicit")
+    asyncio.run(c.start())
+    asyncio.run(c.load("ens"))
+    assert [call for call in d.calls if call[0] == "deploy"] == [("deploy", "a"), ("deploy", "ens")]
+    asyncio.run(c.unload("ens"))
+    assert states(c) == {"a": "READY", "b": "", "ens": "UNAVAILABLE"}
+    asyncio.run(c.load("ens"))
+    asyncio.run(c.unload("ens", {"unload_dependents": True}))
+    assert states(c) == {"a": "UNAVAILABLE", "b": "", "ens": "UNAVAILABLE"}
+
+
+def test_poll_picks_up_each_kind_of_change(repo: Path) -> None:
+    c, d = controller([repo], model_control_mode="poll")
+
+    async def scenario() -> None:
+        await c.start()
+        assert await c.poll() == []
+        add_model(repo, "c")  # a new model folder
+        assert await c.poll() == ["c"] and states(c)["c"] == "READY"
+        add_model(repo, "a", (1, 2))  # a new version folder (latest policy: 2 replaces 1)
+        assert await c.poll() == ["a"] and d.deployed["a"].versions == (2,)
+        shutil.rmtree(repo / "a" / "2")  # a removed version folder
+        assert await c.poll() == ["a"] and d.deployed["a"].versions == (1,)
+        (repo / "b" / "config.pbtxt").write_text(
+            _config("b").replace("max_batch_size: 8", "max_batch_size: 4")
+        )
+        assert await c.poll() == ["b"] and d.deployed["b"].max_batch_size == 4  # an edited config
+        (repo / "c" / "1" / "model.py").write_text(MODEL_PY + "\n# v2\n")  # a changed model file
+        assert await c.poll() == ["c"] and d.calls[-1] == ("reload", "c")
+        shutil.rmtree(repo / "c")  # a removed model folder
+        assert await c.poll() == ["c"] and "c" not in states(c) and "c" not in d.deployed
+        (repo / "b" / "config.pbtxt").write_text(_config("b", "max_batch_size: -3\n"))
+        await c.poll()  # a broken edit: the served version stays
+        assert states(c)["b"] == "READY" and d.deployed["b"].max_batch_size == 4
+        await c.stop()
+
+    asyncio.run(scenario())
+    reloads = [n for kind, n in d.calls if kind == "reload"]
+    assert reloads == ["a", "a", "b", "c"]
+
+
+def test_unload_of_a_model_never_loaded_and_of_an_unknown_one(repo: Path) -> None:
+    c, _ = controller([repo], model_control_mode="explicit")
+    asyncio.run(c.start())
+    asyncio.run(c.unload("a"))  # in the repository, not loaded: nothing to do
+    with pytest.raises(NotFound):
+        asyncio.run(c.unload("nope"))
+    assert states(c) == {"a": "", "b": ""}
+
+
+# --- the reload board: two phases across replicas ------------------------------------------------
+
+
+class FakeReplica:
+    def __init__(self, board: ReloadBoard, name: str, replica: str, fail: bool = False) -> None:
+        self.board, self.name, self.replica, self.fail = board, name, replica, fail
+        self.serving = "old"
+        self.closed: list[str] = []
+
+    def server(self) -> Any:
+        board = self.board
+
+        class Method:
+            def __init__(self, fn: Any) -> None:
+                self.remote = fn
+
+        class Handle:
+            reload_order = Method(lambda name, seen, timeout: board.wait(name, seen, timeout))
+            reload_report = Method(board.report)
+
+        return Handle()
+
+    async def prepare(self, model: ModelDescription, composing: Any) -> str:
+        await asyncio.sleep(0.01)
+        if self.fail:
+            raise ServerError("warmup 'w' failed")
+        return f"v{model.max_batch_size}"
+
+    async def commit(self, runtime: str) -> None:
+        self.serving = runtime
+
+    async def discard(self, runtime: str) -> None:
+        self.closed.append(runtime)
+
+    def run(self) -> asyncio.Task[None]:
+        return asyncio.get_running_loop().create_task(
+            follow(self.name, self.replica, self.server, self.prepare, self.commit, self.discard, 0.2)
+        )
+
+
+def _model(repo: Path, batch: int) -> ModelDescription:
+    from repository_loader import load_model
+
+    (repo / "a" / "config.pbtxt").write_text(
+        _config("a").replace("max_batch_size: 8", f"max_batch_size: {batch}")
+    )
+    return load_model(str(repo), "a")
+
+
+def test_the_board_commits_when_every_replica_prepared_and_aborts_on_one_failure(repo: Path) -> None:
+    async def scenario() -> None:
+        board = ReloadBoard()
+        replicas = [FakeReplica(board, "a", f"r{i}") for i in range(2)]
+        tasks = [r.run() for r in replicas]
+        await board.swap(_model(repo, 4), 2, 5.0)
+        assert [r.serving for r in replicas] == ["v4", "v4"]
+        replicas[1].fail = True
+        with pytest.raises(Unavailable, match="warmup 'w' failed"):
+            await board.swap(_model(repo, 2), 2, 5.0)
+        await asyncio.sleep(0.05)
+        assert [r.serving for r in replicas] == ["v4", "v4"] and replicas[0].closed == ["v2"]
+        late = FakeReplica(board, "a", "r9")  # a replica Serve started later catches up
+        tasks.append(late.run())
+        await asyncio.sleep(0.1)
+        assert late.serving == "v4"
+        for t in tasks:
+            t.cancel()
+
+    asyncio.run(scenario())
