@@ -120,14 +120,6 @@ class ModelDeployment:
             return {}
         return {"rank": router.rank, "local": router.local, "forwarded": router.forwarded}
 
-    def load_status(self) -> dict[str, Any]:
-        return {"ready": self.load_error is None and self.runtime.is_ready(), "error": self.load_error}
-
-    def answered_directly(self) -> int | None:
-        """HTTP requests this replica answered without Serve's wrapper (None: the lane is off)."""
-        return ingress.answered_directly(self._route)
-
-    async def infer_internal(self, request: InferRequest) -> InferResponse:
     async def _follow_reloads(self) -> None:
         """Reloads ordered by the server: a new description loaded beside this one, then swapped in."""
         await reloads.follow(
@@ -168,6 +160,14 @@ class ModelDeployment:
     async def _discard_runtime(self, runtime: ModelRuntime) -> None:
         await runtime.close()
 
+    def load_status(self) -> dict[str, Any]:
+        return {"ready": self.load_error is None and self.runtime.is_ready(), "error": self.load_error}
+
+    def answered_directly(self) -> int | None:
+        """HTTP requests this replica answered without Serve's wrapper (None: the lane is off)."""
+        return ingress.answered_directly(self._route)
+
+    async def infer_internal(self, request: InferRequest) -> InferResponse:
         if self.load_error is not None:
             raise Unavailable(f"model '{self.model.name}' is unavailable: {self.load_error}")
         return await self.runtime.infer(request)
