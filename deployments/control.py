@@ -322,7 +322,7 @@ class ModelController:
         try:
             await self.deployer.reload(entry.model, model)
         except Exception as exc:
-            reason = self._scrub(_reason(exc))
+            reason = self._scrub(_reason(exc), model.path.parent)
             logger.error(
                 "model '%s' failed to reload, the loaded version keeps serving: %s", model.name, reason
             )
@@ -345,7 +345,7 @@ class ModelController:
             entry.state = ModelState.READY
         except Exception as exc:
             entry.state = ModelState.UNAVAILABLE
-            entry.reason = self._scrub(_reason(exc))
+            entry.reason = self._scrub(_reason(exc), model.path.parent)
             logger.error("model '%s' is unavailable: %s", model.name, entry.reason)
             with contextlib.suppress(Exception):  # nothing may have been deployed
                 await self.deployer.delete(model.name)

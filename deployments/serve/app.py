@@ -55,6 +55,7 @@ class RayDeployer:
         self.plan: DeploymentPlan | None = None
         self.models: dict[str, ModelDescription] = {}
         self.deployed: dict[str, DeploymentEntry] = {}
+        self.planned_from: dict[str, ModelDescription] = {}  # the descriptions ``plan`` was made from
         self.board = ReloadBoard()  # reloads inside the running replicas (deployments/serve/reloads.py)
 
     def _plan(self, models: Mapping[str, ModelDescription]) -> DeploymentPlan:
@@ -63,17 +64,21 @@ class RayDeployer:
     def prepare(self, models: dict[str, ModelDescription]) -> None:
         self.plan = self._plan(models)
         self.models = dict(models)
+        self.planned_from = dict(models)
 
     def entry(self, model: ModelDescription) -> DeploymentEntry:
-        """The model's entry of the plan; a model (re)loaded since with other versions is planned alone,
-        by the same function."""
+        """The model's entry of the plan; a model loaded or changed since is planned beside every model
+        this deployer knows, by the same function (so its CPU share is the others', not a whole CPU)."""
         planned = self.plan.entry(model.name) if self.plan is not None else None
-        if planned is not None and planned.versions == tuple(model.versions):
+        if planned is not None and self.planned_from.get(model.name) == model:
             return planned
-        plan = self._plan({model.name: model})
+        plan = self._plan({**self.models, model.name: model})
         if plan.problems.get(model.name):
             raise Unavailable("; ".join(plan.problems[model.name]))
-        return plan.entries[0]
+        found = plan.entry(model.name)
+        if found is None:
+            raise Unavailable(f"model '{model.name}' could not be planned")
+        return found
 
     async def reload(self, old: ModelDescription, new: ModelDescription) -> None:
         """A serving model moved to ``new``: inside its running replicas when it keeps their shape
@@ -141,13 +146,13 @@ class RayDeployer:
 
 
 def _same_shape(a: DeploymentEntry, b: DeploymentEntry) -> bool:
-    """Whether two plan entries run on the same replicas (only the model description differs)."""
-    return (a.num_replicas, a.kind, a.resources, a.replicas, a.max_ongoing_requests) == (
+    """Whether a model planned as ``b`` can run on the replicas started as ``a``: the same count, kind
+    and GPUs (a CPU share that moved because other models came or went does not count)."""
+    return (a.num_replicas, a.kind, a.resources.num_gpus, a.replica_gpu_ids) == (
         b.num_replicas,
         b.kind,
-        b.resources,
-        b.replicas,
-        b.max_ongoing_requests,
+        b.resources.num_gpus,
+        b.replica_gpu_ids,
     )
 
 
