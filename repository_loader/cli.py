@@ -1,10 +1,12 @@
 """The ``triton-serve`` command.
 
 ``triton-serve validate <repo>`` loads a model repository and prints, per model
-and version, OK with its deployment plan or every error found; for an
+and version, OK with its deployment plan or every error found, and a warning for
+each config field the server accepts without acting on it; for an
 ensemble, also its placement (which steps its replica hosts in process and how
 each tensor travels), bad placement parameters failing that ensemble alone. The
-exit status is non-zero when any model fails. Other subcommands (``serve``) register
+exit status is non-zero when any model fails. ``--print-config`` prints instead each
+model's completed config as ``GET /v2/models/<m>/config`` returns it. Other subcommands (``serve``) register
 themselves through ``add_parser(subparsers)`` in their own modules.
 """
 
@@ -66,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_repository_options(validate)
     validate.add_argument("--json", action="store_true", help="print the result as JSON")
+    validate.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print each model's completed config as GET /v2/models/<m>/config returns it (JSON, "
+        "keyed by model name); warnings and errors go to stderr",
+    )
     validate.set_defaults(func=run_validate)
     for module_name in EXTRA_COMMANDS:
         try:
@@ -100,12 +108,33 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None) -> int:
     gpus = detected_gpus() if args.gpus is None else args.gpus
     plan = plan_deployments(state.models, ClusterResources(num_cpus=args.cpus, num_gpus=gpus))
     placements = place_ensembles(state, plan)
-    if args.json:
+    if getattr(args, "print_config", False):
+        print_configs(state, plan, placements, out)
+    elif args.json:
         json.dump(validation_report(state, plan, placements), out, indent=2)
         out.write("\n")
     else:
         out.write(format_report(state, plan, placements))
     return EXIT_MODEL_ERRORS if state.failed or plan.problems or placements.errors else EXIT_OK
+
+
+def print_configs(
+    state: RepositoryState,
+    plan: DeploymentPlan,
+    placements: Placements,
+    out: TextIO,
+    err: TextIO | None = None,
+) -> None:
+    """Each loaded model's completed config, the document the server's ``/config`` endpoint returns."""
+    err = err or sys.stderr
+    configs = {name: dict(model.config_json) for name, model in sorted(state.models.items())}
+    json.dump(configs, out, indent=2)
+    out.write("\n")
+    for warning in state.warnings:
+        err.write(f"warning: {warning}\n")
+    for name in sorted({*state.models, *state.failed}):
+        for error in _errors(state, plan, placements, name):
+            err.write(f"error: {error}\n")
 
 
 class Placements(NamedTuple):
