@@ -328,3 +328,32 @@ def test_the_board_commits_when_every_replica_prepared_and_aborts_on_one_failure
             t.cancel()
 
     asyncio.run(scenario())
+
+
+# --- Triton's restricted API on the HTTP front end --------------------------------------------------
+
+
+def test_restricted_api_groups_need_their_header(tmp_path: Path) -> None:
+    from deployments.protocol.http import ServerHTTPApp
+    from deployments.settings import RestrictedApi, SettingsError
+    from tests.protocol.fakes import FakeDataPlane, all_models
+    from tests.protocol.test_http_app import call
+
+    app = ServerHTTPApp(FakeDataPlane(all_models(tmp_path)))
+    app.restricted = (RestrictedApi.parse("model-repository,statistics:Admin-Key=s3cret"),)
+
+    async def scenario() -> None:
+        refused = await call(app, "POST", "/v2/repository/index")
+        assert refused is not None and refused.status == 403
+        assert refused.json() == {"error": "This API is restricted, expecting header 'admin-key'"}
+        wrong = await call(app, "GET", "/v2/models/stats", headers={"admin-key": "S3CRET"})
+        assert wrong is not None and wrong.status == 403
+        allowed = await call(app, "POST", "/v2/repository/index", headers={"Admin-Key": "s3cret"})
+        assert allowed is not None and allowed.status == 200
+        open_route = await call(app, "GET", "/v2/health/live")
+        assert open_route is not None and open_route.status == 200
+
+    asyncio.run(scenario())
+    for bad in ("model-repository", "model-repository:key", "nope:k=v", ":k=v"):
+        with pytest.raises(SettingsError):
+            RestrictedApi.parse(bad)
