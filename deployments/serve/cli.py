@@ -116,7 +116,9 @@ def run(args: argparse.Namespace) -> int:
         launch.start(settings)
         for row in launch.call_server("index"):
             reason = f" ({row['reason']})" if row.get("reason") else ""
-            print(f"{row['name']:<24} {row.get('version', '-'):>4}  {row['state']}{reason}", flush=True)
+            print(
+                f"{row['name']:<24} {row.get('version', '-'):>4}  {row.get('state', '-')}{reason}", flush=True
+            )
         print(f"ready: serving on http://{settings.http_host}:{settings.http_port}/v2", flush=True)
         if settings.allow_grpc:
             print(f"ready: gRPC on {settings.grpc_host}:{settings.grpc_port}", flush=True)
