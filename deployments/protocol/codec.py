@@ -65,7 +65,8 @@ _DTYPES = _numpy_types()
 _DECODER = json.JSONDecoder()
 _ITEMSIZE = {w: BY_WIRE[w].size for w in BY_WIRE}
 _RESERVED = frozenset(("sequence_id", "sequence_start", "sequence_end", "priority", "timeout"))
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_LENIENT_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 _JSON_NATIVE = frozenset("biuf")  # numpy kinds whose tolist() JSON encodes as is
 _DEFAULT_LIMITS = RequestLimits()
 _NUMBERS = frozenset((int, float))
@@ -317,7 +318,9 @@ def _strict_values(name: str, datatype: str, flat: list, allowed: frozenset[type
 
 
 def _json_text(item: Any) -> str:
-    text = _ENCODER.encode(item) if item is None or type(item) in (bool, int, float, str) else repr(item)
+    text = (
+        _LENIENT_ENCODER.encode(item) if item is None or type(item) in (bool, int, float, str) else repr(item)
+    )
     return text if len(text) <= 40 else text[:37] + "..."
 
 
@@ -457,7 +460,11 @@ def encode_infer_response(
     if response.parameters:
         doc["parameters"] = response.parameters
     doc["outputs"] = outputs
-    header = _ENCODER.encode(doc).encode("utf-8")
+    try:
+        text = _ENCODER.encode(doc)  # strict: refuses NaN and Infinity, at no cost when there are none
+    except ValueError:
+        text = _encode_non_finite(doc)
+    header = text.encode("utf-8")
     if not blobs:
         return header, None
     blobs.insert(0, header)
@@ -490,10 +497,21 @@ def _json_data(name: str, array: np.ndarray, datatype: str) -> list:
             ) from None
     if array.dtype.kind not in _JSON_NATIVE and datatype != "BOOL":
         array = array.astype(np.float32)  # BF16
-    values = array.reshape(-1).tolist()
-    if array.dtype.kind == "f" and not np.isfinite(array).all():
-        return [_NON_FINITE_TEXT.get(v, "NaN") if v != v or v in _NON_FINITE_TEXT else v for v in values]
-    return values
+    return array.reshape(-1).tolist()
+
+
+def _encode_non_finite(doc: dict[str, Any]) -> str:
+    """``doc`` as JSON with the non-finite numbers of its outputs' data written as Triton's names, in
+    strings (``"NaN"``, ``"Infinity"``, ``"-Infinity"``); a non-finite number elsewhere (a model's
+    response parameters) keeps Python's bare token."""
+    for output in doc["outputs"]:
+        data = output.get("data")
+        if data and output["datatype"] in _FLOATS:
+            output["data"] = [v if math.isfinite(v) else _NON_FINITE_TEXT.get(v, "NaN") for v in data]
+    try:
+        return _ENCODER.encode(doc)
+    except ValueError:
+        return _LENIENT_ENCODER.encode(doc)
 
 
 def _as_text(item: Any) -> str:
