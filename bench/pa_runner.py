@@ -89,7 +89,7 @@ def run_level(
                 protocol=protocol,
             )
 
-        before = _snapshot(url)
+        before = _snapshot(url) if protocol == "http" else {}  # statistics are read over HTTP
         cpu0, wall0 = _children_cpu(), time.perf_counter()
         proc = _run_once(cmd(stability), timeout)
         points = read_perf_analyzer_csv(csv_path, model, batch_size)
@@ -97,7 +97,7 @@ def run_level(
         if not points:
             proc = _run_once(cmd(1000), timeout)
             points = read_perf_analyzer_csv(csv_path, model, batch_size)
-        after = _snapshot(url)
+        after = _snapshot(url) if protocol == "http" else {}
         cores = (_children_cpu() - cpu0) / max(1e-9, time.perf_counter() - wall0)
     if not points:
         print(f"perf_analyzer failed at {level:g}: {(proc.stdout + proc.stderr)[-800:]}", file=sys.stderr)

@@ -76,7 +76,12 @@ def test_config_statistics_index(client: grpcclient.InferenceServerClient) -> No
     assert config["name"] == "word_stream"
     assert config["model_transaction_policy"]["decoupled"] is True
     client.infer("add_sub", _add_sub_inputs(np.ones((1, 4), np.float32), np.ones((1, 4), np.float32)))
-    stats = client.get_inference_statistics("add_sub", as_json=True)["model_stats"]
+    deadline = time.monotonic() + 10  # replicas push their statistics every second
+    while True:
+        stats = client.get_inference_statistics("add_sub", as_json=True)["model_stats"]
+        if int(stats[0].get("inference_count", 0)) >= 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert stats[0]["name"] == "add_sub" and int(stats[0]["inference_count"]) >= 1
     index = {m["name"]: m for m in client.get_model_repository_index(as_json=True)["models"]}
     assert index["add_sub"]["state"] == "READY"
@@ -113,17 +118,13 @@ def test_infer_unary(client: grpcclient.InferenceServerClient) -> None:
 
 
 def test_strings_and_typed_contents(grpc_url: str) -> None:
-    words = np.array([[b"hello", b"gRPC"]], dtype=np.object_)
-    tensor = grpcclient.InferInput("INPUT0", [1, 2], "BYTES")
-    tensor.set_data_from_numpy(words)
+    words = np.array([b"hello", b"gRPC"], dtype=np.object_)
     with grpcclient.InferenceServerClient(grpc_url) as c:
         config = c.get_model_config("string_upper", as_json=True)["config"]
-        name = config["input"][0]["name"]
-        tensor = grpcclient.InferInput(name, [1, 2], "BYTES")
+        tensor = grpcclient.InferInput(config["input"][0]["name"], [2], "BYTES")
         tensor.set_data_from_numpy(words)
-        output = config["output"][0]["name"]
         result = c.infer("string_upper", [tensor])
-        assert result.as_numpy(output).tolist() == [[b"HELLO", b"GRPC"]]
+        assert result.as_numpy(config["output"][0]["name"]).tolist() == [b"HELLO", b"GRPC"]
     # typed contents (no raw_input_contents), through the generated stub
     with grpc.insecure_channel(grpc_url) as channel:
         stub = triton_grpc.GRPCInferenceServiceStub(channel)
