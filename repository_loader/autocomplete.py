@@ -151,6 +151,12 @@ def complete_onnx(
             f"-1; but shape expected by the model is {list(tensor.shape)}"
         )
     skip = 1 if config.max_batch_size > 0 else 0
+    # The sequence batcher's control and state tensors are the model's too, never the config's inputs.
+    seq = config.sequence_batching
+    fed = {c.name for c in seq.control_input} | {s.input_name for s in seq.state}
+    kept = {s.output_name for s in seq.state}
+    inputs = [t for t in inputs if t.name not in fed]
+    outputs = [t for t in outputs if t.name not in kept]
     _fill_tensors(config, config.input, inputs, skip, "input", prefix, problems)
     _fill_tensors(config, config.output, outputs, skip, "output", prefix, problems)
     if problems:

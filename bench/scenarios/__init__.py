@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-SCENARIOS = ("overhead", "batching", "limit", "ensemble", "agreement", "revisions", "grpc")
+SCENARIOS = ("overhead", "batching", "limit", "ensemble", "agreement", "revisions", "grpc", "sequence")
 
 
 def run_scenario(name: str, quick: bool = False) -> int:

@@ -110,7 +110,15 @@ class ModelDeployment:
 
         actor = ray.get_runtime_context().get_actor_name() or ""
         return SequenceRouter(
-            name, context.app_name, rank, self.replicas, self.replica_id, actor, register, members
+            name,
+            context.app_name,
+            rank,
+            self.replicas,
+            self.replica_id,
+            actor,
+            register,
+            members,
+            bind_host=self.settings.http_host,
         )
 
     def sequence_routing(self) -> dict[str, int]:

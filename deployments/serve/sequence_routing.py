@@ -64,6 +64,7 @@ class SequenceRouter:
         actor_name: str,
         register: RegisterFn,
         members: MembersFn,
+        bind_host: str = "0.0.0.0",
     ) -> None:
         self.model_name = model_name
         self.app_name = app_name
@@ -71,6 +72,7 @@ class SequenceRouter:
         self.world_size = world_size
         self.replica_id = replica_id
         self.actor_name = actor_name
+        self.bind_host = bind_host  # where replicas' HTTP servers listen (``http_options.host``)
         self._register = register
         self._read_members = members
         self._members: Members = {}
@@ -89,7 +91,10 @@ class SequenceRouter:
                 targets = {}
             address = targets.get(self.actor_name)
             if address is not None:
-                await self._register(self.rank, (self.replica_id, *address))
+                ip, port = address
+                if self.bind_host.startswith("127.") or self.bind_host == "localhost":
+                    ip = self.bind_host  # replicas listen on loopback only: one node
+                await self._register(self.rank, (self.replica_id, ip, port))
                 self._members = await self._read_members()
                 return
             await asyncio.sleep(0.2)
