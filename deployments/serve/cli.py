@@ -62,6 +62,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--grpc-host", default="127.0.0.1", help="address the gRPC service binds")
     p.add_argument("--allow-grpc", default="true", help="false: no gRPC service (Triton's flag)")
     p.add_argument("--grpc-infer-response-compression", default="none", help="none | gzip | deflate")
+    p.add_argument("--metrics-port", type=int, default=8002, help="port of Triton's /metrics")
+    p.add_argument("--metrics-address", default=None, help="address /metrics binds (default: --host)")
+    p.add_argument("--allow-metrics", default="true", help="false: no metrics endpoint (Triton's flag)")
     p.add_argument("--model-config-name", default=None)
     p.add_argument("--disable-auto-complete-config", action="store_true")
     p.add_argument("--no-strict-readiness", action="store_true")
@@ -87,6 +90,9 @@ def server_args(args: argparse.Namespace) -> dict[str, Any]:
         "grpc_host": args.grpc_host,
         "grpc_port": args.grpc_port,
         "grpc_compression": args.grpc_infer_response_compression,
+        "allow_metrics": args.allow_metrics,
+        "metrics_host": args.metrics_address,
+        "metrics_port": args.metrics_port,
         "model_control_mode": args.model_control_mode,
         "load_model": args.load_model,
         "repository_poll_secs": args.repository_poll_secs,
@@ -122,6 +128,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"ready: serving on http://{settings.http_host}:{settings.http_port}/v2", flush=True)
         if settings.allow_grpc:
             print(f"ready: gRPC on {settings.grpc_host}:{settings.grpc_port}", flush=True)
+        if settings.allow_metrics:
+            metrics = f"http://{settings.metrics_host}:{settings.metrics_port}/metrics"
+            print(f"ready: metrics on {metrics}", flush=True)
         stop.wait()
         return 0
     finally:
