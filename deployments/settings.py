@@ -131,15 +131,15 @@ class ServerSettings:
     access_log: bool = False  # one Serve access-log line per model request (Triton logs none)
     http_host: str = "127.0.0.1"  # the address HAProxy binds (``triton-serve serve`` only)
     http_port: int = 8000
+    allow_metrics: bool = True  # Triton's metrics endpoint (``/metrics``), served by the server application
+    metrics_host: str = "127.0.0.1"  # the one address it binds (default: ``http_host``)
+    metrics_port: int = 8002
     allow_grpc: bool = True  # the KServe v2 gRPC service, served by the server application's replica
     grpc_host: str = "127.0.0.1"  # the one address the gRPC server binds ("0.0.0.0": every interface)
     grpc_port: int = 8001
     grpc_max_receive_message_bytes: int = 64 * 1024 * 1024  # a larger request: RESOURCE_EXHAUSTED
     grpc_max_send_message_bytes: int = 64 * 1024 * 1024
     grpc_compression: str = "none"  # responses: none | gzip | deflate (compressed requests always accepted)
-    allow_metrics: bool = True  # Triton's metrics endpoint (``/metrics``), served by the server application
-    metrics_host: str = "127.0.0.1"  # the one address it binds (default: ``http_host``)
-    metrics_port: int = 8002
     direct_routes: bool = True  # a model replica answers its routes without Serve's per-request wrapper
     deploy_timeout_s: float = 600.0  # how long one model's application may take to start
     stats_push_interval_s: float = 1.0  # how often replicas push statistics to the server application
@@ -167,6 +167,8 @@ class ServerSettings:
             )
         if not 0 < self.http_port < 65536:
             raise SettingsError(f"http_port must be between 1 and 65535, not {self.http_port}")
+        if not 0 < self.metrics_port < 65536:
+            raise SettingsError(f"metrics_port must be between 1 and 65535, not {self.metrics_port}")
         if not 0 < self.grpc_port < 65536:
             raise SettingsError(f"grpc_port must be between 1 and 65535, not {self.grpc_port}")
         if self.grpc_compression not in GRPC_COMPRESSIONS:
@@ -176,8 +178,6 @@ class ServerSettings:
         for name in ("grpc_max_receive_message_bytes", "grpc_max_send_message_bytes"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive, not {getattr(self, name)}")
-        if not 0 < self.metrics_port < 65536:
-            raise SettingsError(f"metrics_port must be between 1 and 65535, not {self.metrics_port}")
         for name in ("deploy_timeout_s", "stats_push_interval_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive, not {getattr(self, name)}")
@@ -217,21 +217,21 @@ class ServerSettings:
             "http_restricted_api": _restricted(args.get("http_restricted_api")),
             "grpc_restricted_api": _restricted(args.get("grpc_restricted_api")),
             "access_log": _flag(args, "access_log", False),
-            "allow_grpc": _flag(args, "allow_grpc", True),
             "allow_metrics": _flag(args, "allow_metrics", True),
             "metrics_host": str(args.get("metrics_host") or args.get("http_host") or "127.0.0.1"),
+            "allow_grpc": _flag(args, "allow_grpc", True),
             "direct_routes": env.get(DIRECT_ROUTES_ENV, "1").strip() != "0",
         }
         for name, kind in (
             ("repository_poll_secs", float),
             ("http_host", str),
             ("http_port", int),
+            ("metrics_port", int),
             ("grpc_host", str),
             ("grpc_port", int),
             ("grpc_max_receive_message_bytes", int),
             ("grpc_max_send_message_bytes", int),
             ("grpc_compression", str),
-            ("metrics_port", int),
             ("deploy_timeout_s", float),
             ("stats_push_interval_s", float),
             ("control_app_cpus", float),
@@ -260,15 +260,15 @@ class ServerSettings:
             "access_log": self.access_log,
             "http_host": self.http_host,
             "http_port": self.http_port,
+            "allow_metrics": self.allow_metrics,
+            "metrics_host": self.metrics_host,
+            "metrics_port": self.metrics_port,
             "allow_grpc": self.allow_grpc,
             "grpc_host": self.grpc_host,
             "grpc_port": self.grpc_port,
             "grpc_max_receive_message_bytes": self.grpc_max_receive_message_bytes,
             "grpc_max_send_message_bytes": self.grpc_max_send_message_bytes,
             "grpc_compression": self.grpc_compression,
-            "allow_metrics": self.allow_metrics,
-            "metrics_host": self.metrics_host,
-            "metrics_port": self.metrics_port,
             "deploy_timeout_s": self.deploy_timeout_s,
             "stats_push_interval_s": self.stats_push_interval_s,
             "control_app_cpus": self.control_app_cpus,
@@ -294,15 +294,15 @@ _ARG_NAMES = {
     "access_log",
     "http_host",
     "http_port",
+    "allow_metrics",
+    "metrics_host",
+    "metrics_port",
     "allow_grpc",
     "grpc_host",
     "grpc_port",
     "grpc_max_receive_message_bytes",
     "grpc_max_send_message_bytes",
     "grpc_compression",
-    "allow_metrics",
-    "metrics_host",
-    "metrics_port",
     "deploy_timeout_s",
     "stats_push_interval_s",
     "control_app_cpus",

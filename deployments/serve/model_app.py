@@ -246,10 +246,10 @@ class ModelDeployment:
 
     async def __del__(self) -> None:
         ingress.withdraw(self._route)
+        self._reloads.cancel()
         if self._sequences is not None:
             await self._sequences.close()
         if self._push_task is not None:
             self._push_task.cancel()
         if self.runtime.hung() is None:  # a hung model's thread never returns: the process just ends
             await self.runtime.close()
-        self._reloads.cancel()

@@ -215,26 +215,3 @@ def test_onnx_sequence_control_and_state_tensors_are_not_config_inputs(repo: Pat
     )
     model = load_model(repo, "m")
     assert [t.name for t in model.inputs] == ["IN"] and [t.name for t in model.outputs] == ["OUT"]
-
-
-def test_onnx_sequence_control_and_state_tensors_are_not_config_inputs(repo: Path, write_model) -> None:
-    """Triton's ONNX Runtime backend counts control and state tensors as the model's own."""
-    stateful = onnx_model_bytes(
-        [("IN", TensorProto.FLOAT, ["b", 1]), ("STATE_IN", TensorProto.FLOAT, ["b", 1])],
-        [("OUT", TensorProto.FLOAT, ["b", 1]), ("STATE_OUT", TensorProto.FLOAT, ["b", 1])],
-    )
-    write_model(
-        "m",
-        """
-        backend: "onnxruntime"
-        max_batch_size: 8
-        input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
-        output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
-        sequence_batching {
-          state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
-        }
-        """,
-        {"1/model.onnx": stateful},
-    )
-    model = load_model(repo, "m")
-    assert [t.name for t in model.inputs] == ["IN"] and [t.name for t in model.outputs] == ["OUT"]

@@ -172,7 +172,11 @@ def test_without_schema_decodes_by_declared_types():
             "batch-size must be <= 8",
         ),
         (json_body([fp32("INPUT0", data=[0] * 15), pair()[1]]), None, "'INPUT0' has 15 elements"),
-        (json_body([fp32("INPUT0", data=["x"] * 16), pair()[1]]), None, "'INPUT0' of data-type FP32 takes numbers"),
+        (
+            json_body([fp32("INPUT0", data=["x"] * 16), pair()[1]]),
+            None,
+            "'INPUT0' of data-type FP32 takes numbers",
+        ),
         (json_body([fp32("INPUT0", (2, 16), data=[0] * 32), pair()[1]]), None, "share one batch-size"),
         (json_body(pair() + pair()[:1]), None, "'INPUT0' appears more than once"),
         (json_body([fp32("INPUT0"), pair()[1]]), None, "'INPUT0' has neither 'data' nor binary_data_size"),

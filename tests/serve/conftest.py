@@ -113,10 +113,10 @@ def build_test_repository(root: Path) -> Path:
         shutil.copy(BLS_MODELS / source / "1" / "model.py", repo / name / "1" / "model.py")
         (repo / name / "config.pbtxt").write_text(_bls_config(name, outputs) + extra)
     _stateful_models(repo)
-    add_streaming_models(repo)
     from tests.serve.python_api_models import add_python_api_models
 
     add_python_api_models(repo)
+    add_streaming_models(repo)
     return repo
 
 

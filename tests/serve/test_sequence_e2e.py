@@ -150,3 +150,38 @@ def test_idle_sequence_loses_its_slot(client: httpclient.InferenceServerClient) 
         _sum(client, cid, 2)
     assert _missing_start(cid) in str(err.value)
     assert _sum(client, cid, 2, sequence_start=True, sequence_end=True) == 2
+
+
+def _replica_actor(pid: int) -> str:
+    from deployments.serve import hooks
+
+    for app in hooks.serve_details()["applications"].values():
+        for deployment in app["deployments"].values():
+            for replica in deployment["replicas"]:
+                if replica.get("pid") == pid:
+                    return str(replica["actor_name"])
+    raise AssertionError(f"no replica with pid {pid}")
+
+
+@pytest.mark.slow
+def test_replica_lost_mid_sequence_fails_its_later_requests(client: httpclient.InferenceServerClient) -> None:
+    """Run last: kills one replica of seq_accumulator; Serve starts a replacement."""
+    import ray
+
+    cid = 7300
+    first = client.infer(ACC, _acc_input(1), sequence_id=cid, sequence_start=True)
+    pid = int(first.as_numpy("PID")[0, 0])
+    ray.kill(ray.get_actor(_replica_actor(pid), namespace="serve"), no_restart=True)
+    time.sleep(1.0)
+    for _ in range(3):  # whichever replica HAProxy picks: never a sum without the sequence's state
+        with pytest.raises(InferenceServerException) as err:
+            _sum(client, cid, 1)
+        assert f"sequence {cid}" in str(err.value)
+    deadline = time.monotonic() + 120
+    while True:  # the replacement takes the lost rank; new sequences run again on both ranks
+        try:
+            assert all(_sum(client, c, 3, sequence_start=True, sequence_end=True) == 3 for c in (7401, 7404))
+            break
+        except InferenceServerException:
+            assert time.monotonic() < deadline, "the lost replica was not replaced"
+            time.sleep(1.0)
