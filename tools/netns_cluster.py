@@ -395,6 +395,7 @@ def up(
     state = ClusterState(dir=str(root), http_port=http_port)
     state.save()
     try:
+        auth_token()  # every node reads it at start (a fresh machine has none yet)
         make_network(state)
         start_node(HEAD, state)
         wait_for("the head node", lambda: _port_open(HEAD.ip, DASHBOARD_PORT) and ray_nodes(), 120, state)
