@@ -80,6 +80,14 @@ def group_app_name(model: str, index: int) -> str:
     return base if index == 0 else f"{base}{GROUP_APP_MARK}{index}"
 
 
+def is_group_app(app: str, model: str | None = None) -> bool:
+    """Whether Serve application ``app`` is an instance group's past the first (of ``model``, if given)."""
+    base, mark, index = app.rpartition(GROUP_APP_MARK)
+    if not mark or not index.isdigit() or index.startswith("0"):
+        return False
+    return model is None or base == model_app_name(model)
+
+
 def group_route(model: str, index: int) -> str:
     """The route prefix of instance group ``index`` of ``model``: group 0 answers the model's route,
     the others a route of their own that no client calls."""

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 from repository_loader.plan import (
-    GROUP_APP_MARK,
     MODEL_DEPLOYMENT,
     SERVER_APP,
     SERVER_ROUTE,
+    is_group_app,
     model_app_name,
     model_route,
 )
@@ -23,14 +23,6 @@ def hosted_key(replica_id: str, ensemble: str) -> str:
 
 def is_hosted_key(key: str) -> bool:
     return HOSTED_MARK in key
-
-
-def is_group_app(app: str, model: str | None = None) -> bool:
-    """Whether Serve application ``app`` is an instance group's past the first (of ``model``, if given)."""
-    base, mark, index = app.rpartition(GROUP_APP_MARK)
-    if not mark or not index.isdigit() or index.startswith("0"):
-        return False
-    return model is None or base == model_app_name(model)
 
 
 __all__ = [

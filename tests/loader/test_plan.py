@@ -12,6 +12,7 @@ from repository_loader.plan import (
     MIN_ONGOING_REQUESTS,
     ClusterResources,
     cpu_share,
+    is_group_app,
     plan_deployments,
 )
 
@@ -262,3 +263,9 @@ def test_plan_is_pure_and_frozen() -> None:
     assert first == plan_deployments({"m": model}, ClusterResources(2, 0))
     with pytest.raises(AttributeError):
         first.entries[0].num_replicas = 9  # type: ignore[misc]
+
+
+def test_group_applications_are_told_apart_from_models() -> None:
+    assert is_group_app("model-m--group-1", "m") and is_group_app("model-m--group-12")
+    assert not is_group_app("model-m--group-1", "m--group-1") and not is_group_app("model-m", "m")
+    assert not is_group_app("model-m--group-01") and not is_group_app("model-m--group-x")

@@ -12,7 +12,6 @@ import pytest
 
 from deployments.inference import InferRequest, InferResponse
 from deployments.serve.handles import GroupApps, GroupPicker, HandleExecutor
-from deployments.serve.names import is_group_app
 from deployments.settings import ServerSettings
 from repository_loader.errors import NotFound, Unavailable
 from repository_loader.model import InstanceGroup, InstanceKind, ModelDescription, TensorSpec
@@ -182,9 +181,3 @@ def test_the_deployer_names_the_groups_handles_spread_over() -> None:
     assert _same_shape(entries, deployer.entries(dataclasses.replace(model, versions=(1, 2))))
     assert not _same_shape(entries, deployer.entries(_two_groups(cpu_count=3)))
     assert not _same_shape(entries, entries[:1])
-
-
-def test_group_applications_are_told_apart_from_models() -> None:
-    assert is_group_app("model-m--group-1", "m") and is_group_app("model-m--group-12")
-    assert not is_group_app("model-m--group-1", "m--group-1") and not is_group_app("model-m", "m")
-    assert not is_group_app("model-m--group-01") and not is_group_app("model-m--group-x")
