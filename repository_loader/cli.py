@@ -240,8 +240,12 @@ def _entry_lines(plan: DeploymentPlan, name: str, version: int) -> list[str]:
             if entry.batching.sequence
             else "no batching"
         )
+        ranks = ""
+        if entry.num_replicas != entry.model_replicas:  # one of several instance groups
+            last = entry.rank_offset + entry.num_replicas - 1
+            ranks = f" (ranks {entry.rank_offset}-{last} of the model's {entry.model_replicas})"
         lines.append(
-            f"      {entry.group or 'ensemble'}: {entry.kind} x{entry.num_replicas}{gpus}, "
+            f"      {entry.group or 'ensemble'}: {entry.kind} x{entry.num_replicas}{gpus}{ranks}, "
             f"{entry.resources.num_cpus:g} CPU + {entry.resources.num_gpus:g} GPU per replica, "
             f"{batching}, route {entry.route_prefix}, max_ongoing_requests {entry.max_ongoing_requests}"
         )

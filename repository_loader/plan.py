@@ -10,10 +10,16 @@ tested without Ray. Triton's instance groups become replicas:
 * no instance_group -> Triton's default: one instance per GPU, or a CPU group
   (2 instances for ONNX Runtime, 1 otherwise) on a cluster without GPUs.
 
-Each :class:`DeploymentEntry` is exactly one Serve deployment, applied as it is
-by the serving layer: one per model, serving every selected version, in its own
-application at ``/v2/models/<name>`` (several instance groups are collapsed
-into it, see the entry's description).
+Each :class:`DeploymentEntry` is exactly one Serve deployment in its own Serve
+application, applied as it is by the serving layer: one per instance group of a
+model (an ensemble has one), each serving every selected version with its own
+count, kind, GPUs and resources. The first group's application is the model's
+own, at ``/v2/models/<name>``; group ``i > 0`` gets ``<model app>--group-<i>`` at
+``/v2/-/instance-groups/<that app>``, a route no client uses: the serving layer
+spreads the model's HTTP requests over every group behind the model's route
+(HAProxy), and its handle calls over the groups' applications. The replicas of a
+model are ranked over all its groups in config order (``rank_offset``), so
+that a stateful model has one owner per sequence however many groups it has.
 
 CPU shares are sized so every replica fits at once: on a 2-core machine the
 default of one CPU per replica would leave the third replica waiting forever.
@@ -50,6 +56,8 @@ ENSEMBLE_KIND = "ensemble"
 SERVER_APP = "triton"
 SERVER_ROUTE = "/v2"
 MODEL_DEPLOYMENT = "model"
+GROUP_APP_MARK = "--group-"
+GROUP_ROUTE = f"{SERVER_ROUTE}/-/instance-groups"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -64,6 +72,26 @@ def model_app_name(model: str) -> str:
 def model_route(model: str) -> str:
     """The route prefix of ``model``'s application."""
     return f"{SERVER_ROUTE}/models/{model}"
+
+
+def group_app_name(model: str, index: int) -> str:
+    """The Serve application of instance group ``index`` of ``model`` (group 0's is the model's own)."""
+    base = model_app_name(model)
+    return base if index == 0 else f"{base}{GROUP_APP_MARK}{index}"
+
+
+def is_group_app(app: str, model: str | None = None) -> bool:
+    """Whether Serve application ``app`` is an instance group's past the first (of ``model``, if given)."""
+    base, mark, index = app.rpartition(GROUP_APP_MARK)
+    if not mark or not index.isdigit() or index.startswith("0"):
+        return False
+    return model is None or base == model_app_name(model)
+
+
+def group_route(model: str, index: int) -> str:
+    """The route prefix of instance group ``index`` of ``model``: group 0 answers the model's route,
+    the others a route of their own that no client calls."""
+    return model_route(model) if index == 0 else f"{GROUP_ROUTE}/{group_app_name(model, index)}"
 
 
 @dataclass(frozen=True)
@@ -110,29 +138,6 @@ class BatchingPlan:
 
 
 @dataclass(frozen=True)
-class GroupPlan:
-    """One instance group of a model as planned: its replicas and what each asks for."""
-
-    name: str  # instance group name; "" for an ensemble
-    kind: str  # resolved: KIND_GPU, KIND_CPU, KIND_MODEL or "ensemble"
-    num_replicas: int
-    resources: ReplicaResources  # per replica
-    gpu_ids: tuple[int, ...]  # the GPU each replica targets (KIND_GPU only)
-    passive: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "kind": self.kind,
-            "num_replicas": self.num_replicas,
-            "num_cpus_per_replica": self.resources.num_cpus,
-            "num_gpus_per_replica": self.resources.num_gpus,
-            "gpu_ids": list(self.gpu_ids),
-            "passive": self.passive,
-        }
-
-
-@dataclass(frozen=True)
 class ReplicaSlot:
     """What replica ``rank`` of a deployment stands for: its instance group and the GPU it targets."""
 
@@ -142,34 +147,36 @@ class ReplicaSlot:
 
 @dataclass(frozen=True)
 class DeploymentEntry:
-    """One deployed Serve deployment: one model (every served version) in its own application.
+    """One deployed Serve deployment: one instance group of one model (every served version), in its
+    own application.
 
     The serving layer applies an entry as it is (``deployments.serve.app.RayDeployer``): application
     ``app_name`` at ``route_prefix`` with one deployment ``deployment_name`` of ``num_replicas``
     replicas, each asking Ray for ``ray_actor_options`` and accepting ``max_ongoing_requests``, built
     with ``init_kwargs``.
 
-    Several instance groups of one model are collapsed here, for now, into that one deployment:
-    replicas are summed over the groups (in the order of the config, so ``replicas`` records each
-    rank's group and GPU), and every replica asks for the resources and runs as the kind of the
-    largest group (the most replicas; the first on a tie). A model mixing CPU and GPU groups thus
-    reserves the same share for all its replicas; ``groups`` keeps each group as planned, for the
-    day each becomes its own deployment.
+    ``group_index`` is the group's place in the model's ``instance_group`` list; group 0 is the
+    model's own application at ``/v2/models/<name>``. Replica ``r`` of this deployment (``replicas[r]``:
+    its group and GPU) is replica ``rank_offset + r`` of the model's ``model_replicas`` replicas over
+    all its groups.
     """
 
     model: str
     versions: tuple[int, ...]
+    group: str  # the instance group's name; "" for an ensemble
+    group_index: int
     kind: str  # resolved: KIND_GPU, KIND_CPU, KIND_MODEL or "ensemble"
     num_replicas: int
     resources: ReplicaResources  # per replica
-    replicas: tuple[ReplicaSlot, ...]  # by replica rank
-    groups: tuple[GroupPlan, ...]
+    replicas: tuple[ReplicaSlot, ...]  # by replica rank within this deployment
+    rank_offset: int  # the model's rank of this deployment's replica 0 (replicas of earlier groups)
+    model_replicas: int  # the model's replicas over all its groups
     batching: BatchingPlan
     app_name: str
     deployment_name: str
     route_prefix: str
     max_ongoing_requests: int
-    passive: bool = False  # every group is passive (loaded, never scheduled)
+    passive: bool = False  # the group is passive (loaded, never scheduled)
 
     @property
     def version(self) -> int:
@@ -177,13 +184,8 @@ class DeploymentEntry:
         return max(self.versions)
 
     @property
-    def group(self) -> str:
-        """The instance groups' names, joined by ``+`` ("" for an ensemble)."""
-        return "+".join(g.name for g in self.groups if g.name)
-
-    @property
     def replica_gpu_ids(self) -> tuple[int, ...]:
-        """The GPUs the replicas of GPU groups target, in rank order."""
+        """The GPUs the replicas target (KIND_GPU only), in rank order."""
         return tuple(r.gpu for r in self.replicas if r.gpu is not None)
 
     @property
@@ -200,7 +202,8 @@ class DeploymentEntry:
         """Arguments of the model deployment's constructor, besides the model description."""
         return {
             "instance_kind": self.instance_kind,
-            "replicas": self.num_replicas,
+            "replicas": self.model_replicas,
+            "rank_offset": self.rank_offset,
             "gpu_ids": [r.gpu for r in self.replicas],
         }
 
@@ -218,15 +221,17 @@ class DeploymentEntry:
             "model": self.model,
             "versions": list(self.versions),
             "group": self.group,
+            "group_index": self.group_index,
             "kind": self.kind,
             "app_name": self.app_name,
             "deployment_name": self.deployment_name,
             "num_replicas": self.num_replicas,
+            "rank_offset": self.rank_offset,
+            "model_replicas": self.model_replicas,
             "num_cpus_per_replica": self.resources.num_cpus,
             "num_gpus_per_replica": self.resources.num_gpus,
             "replica_gpu_ids": list(self.replica_gpu_ids),
             "replica_groups": [r.group for r in self.replicas],
-            "groups": [g.to_dict() for g in self.groups],
             "route_prefix": self.route_prefix,
             "max_ongoing_requests": self.max_ongoing_requests,
             "passive": self.passive,
@@ -243,11 +248,12 @@ class DeploymentPlan:
     problems: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # model -> reasons
 
     def for_model(self, name: str) -> tuple[DeploymentEntry, ...]:
-        return tuple(e for e in self.entries if e.model == name)
+        """The deployments of model ``name``, one per instance group, in group order."""
+        return tuple(sorted((e for e in self.entries if e.model == name), key=lambda e: e.group_index))
 
     def entry(self, name: str) -> DeploymentEntry | None:
-        """The deployment of model ``name`` (None where it has none)."""
-        return next((e for e in self.entries if e.model == name), None)
+        """The deployment of model ``name``'s first instance group (None where it has none)."""
+        return next((e for e in self.entries if e.model == name and e.group_index == 0), None)
 
     @property
     def total_cpus(self) -> float:
@@ -284,7 +290,7 @@ def plan_deployments(
     resources: ClusterResources,
     control_app_cpus: float = CONTROL_APP_CPUS,
 ) -> DeploymentPlan:
-    """Plan one deployment per model of ``models`` on a cluster with ``resources``.
+    """Plan one deployment per instance group of each model of ``models`` on a cluster with ``resources``.
 
     ``control_app_cpus`` are kept free for the server application (``ServerSettings.control_app_cpus``).
     """
@@ -299,11 +305,30 @@ def plan_deployments(
     every = [p for _, placements in placed for p in placements]
     share = cpu_share(resources.num_cpus, sum(p.num_replicas for p in every), control_app_cpus)
     gpu_scale = _gpu_scale(every)
-    entries = tuple(
-        _entry(model, [_group(p, share, _gpu_fraction(p, gpu_scale)) for p in placements])
-        for model, placements in placed
-    )
-    return DeploymentPlan(entries=entries, resources=resources, problems=problems)
+    entries = [
+        entry for model, placements in placed for entry in _entries(model, placements, share, gpu_scale)
+    ]
+    problems.update(_application_clashes(entries))
+    kept = tuple(e for e in entries if e.model not in problems)
+    return DeploymentPlan(entries=kept, resources=resources, problems=problems)
+
+
+def _application_clashes(entries: list[DeploymentEntry]) -> dict[str, tuple[str, ...]]:
+    """Models whose application names meet (a group's ``<app>--group-<i>`` is another model's own):
+    both are refused, so that neither replaces the other's application."""
+    owners: dict[str, set[str]] = {}
+    for entry in entries:
+        owners.setdefault(entry.app_name, set()).add(entry.model)
+    problems: dict[str, list[str]] = {}
+    for app, models in sorted(owners.items()):
+        if len(models) > 1:
+            for model in sorted(models):
+                others = ", ".join(f"'{m}'" for m in sorted(models - {model}))
+                problems.setdefault(model, []).append(
+                    f"model '{model}': its Serve application '{app}' is also that of model {others}; "
+                    "rename one of them"
+                )
+    return {model: tuple(reasons) for model, reasons in problems.items()}
 
 
 def _gpu_scale(placements: list[_Placement]) -> dict[int, float]:
@@ -395,37 +420,36 @@ def _place_gpu(group: InstanceGroup, resources: ClusterResources, where: str) ->
     )
 
 
-def _group(placement: _Placement, share: float, gpu_fraction: float) -> GroupPlan:
-    return GroupPlan(
-        name=placement.group,
-        kind=placement.kind,
-        num_replicas=placement.num_replicas,
-        resources=ReplicaResources(num_cpus=share, num_gpus=gpu_fraction),
-        gpu_ids=placement.gpu_ids,
-        passive=placement.passive,
-    )
-
-
-def _entry(model: ModelDescription, groups: list[GroupPlan]) -> DeploymentEntry:
-    """The model's one deployment: its groups collapsed as :class:`DeploymentEntry` describes."""
-    largest = max(groups, key=lambda g: g.num_replicas)  # max() keeps the first on a tie
-    replicas = tuple(
-        ReplicaSlot(g.name, g.gpu_ids[i] if g.gpu_ids else None)
-        for g in groups
-        for i in range(g.num_replicas)
-    )
-    return DeploymentEntry(
-        model=model.name,
-        versions=tuple(model.versions),
-        kind=largest.kind,
-        num_replicas=len(replicas),
-        resources=largest.resources,
-        replicas=replicas,
-        groups=tuple(groups),
-        batching=BatchingPlan(model.max_batch_size, model.dynamic_batching, model.sequence_batching),
-        app_name=model_app_name(model.name),
-        deployment_name=MODEL_DEPLOYMENT,
-        route_prefix=model_route(model.name),
-        max_ongoing_requests=max_ongoing_requests(model),
-        passive=all(g.passive for g in groups),
-    )
+def _entries(
+    model: ModelDescription, placements: list[_Placement], share: float, gpu_scale: Mapping[int, float]
+) -> list[DeploymentEntry]:
+    """The model's deployments, one per instance group, ranked over all its groups in config order."""
+    total = sum(p.num_replicas for p in placements)
+    entries = []
+    offset = 0
+    for index, placement in enumerate(placements):
+        entries.append(
+            DeploymentEntry(
+                model=model.name,
+                versions=tuple(model.versions),
+                group=placement.group,
+                group_index=index,
+                kind=placement.kind,
+                num_replicas=placement.num_replicas,
+                resources=ReplicaResources(num_cpus=share, num_gpus=_gpu_fraction(placement, gpu_scale)),
+                replicas=tuple(
+                    ReplicaSlot(placement.group, placement.gpu_ids[i] if placement.gpu_ids else None)
+                    for i in range(placement.num_replicas)
+                ),
+                rank_offset=offset,
+                model_replicas=total,
+                batching=BatchingPlan(model.max_batch_size, model.dynamic_batching, model.sequence_batching),
+                app_name=group_app_name(model.name, index),
+                deployment_name=MODEL_DEPLOYMENT,
+                route_prefix=group_route(model.name, index),
+                max_ongoing_requests=max_ongoing_requests(model),
+                passive=placement.passive,
+            )
+        )
+        offset += placement.num_replicas
+    return entries

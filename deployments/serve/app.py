@@ -2,8 +2,8 @@
 
 ``serve run serve_config.yaml`` starts :func:`build_app`'s server deployment.
 Its replica reads the repository and deploys every model as its own Serve
-application, exactly as the deployment plan's entry for it says
-(``repository_loader.plan``), then answers health, server metadata, the
+applications, one per instance group, exactly as the deployment plan's entries
+for it say (``repository_loader.plan``), then answers health, server metadata, the
 repository API and statistics across models through the one data plane
 (``deployments.protocol.dataplane.ModelDataPlane``) over the model controller.
 """
@@ -26,12 +26,13 @@ from deployments.runtime.custom_metrics import merge_snapshots as merge_custom_m
 from deployments.runtime.metrics import HostGauges, merge_model_metrics, render_triton
 from deployments.runtime.stats import merge_snapshots
 from deployments.serve import hooks, request_path
-from deployments.serve.handles import HandleExecutor, RemoteModel
+from deployments.serve.handles import GroupApps, HandleExecutor, RemoteModel, own_app
 from deployments.serve.model_app import ModelDeployment
 from deployments.serve.names import (
     MODEL_DEPLOYMENT,
     SERVER_APP,
     SERVER_DEPLOYMENT,
+    is_group_app,
     is_hosted_key,
     model_app_name,
 )
@@ -47,14 +48,15 @@ Snapshots = dict[str, dict[str, list[dict[str, Any]]]]
 
 
 class RayDeployer:
-    """Applies the deployment plan's entries to the running Serve instance, one model at a time."""
+    """Applies the deployment plan's entries to the running Serve instance, one model at a time: one
+    Serve application per instance group of the model."""
 
     def __init__(self, settings: ServerSettings, resources: ClusterResources) -> None:
         self.settings = settings
         self.resources = resources
         self.plan: DeploymentPlan | None = None
         self.models: dict[str, ModelDescription] = {}
-        self.deployed: dict[str, DeploymentEntry] = {}
+        self.deployed: dict[str, tuple[DeploymentEntry, ...]] = {}  # model -> its entries, group order
         self.planned_from: dict[str, ModelDescription] = {}  # the descriptions ``plan`` was made from
         self.board = ReloadBoard()  # reloads inside the running replicas (deployments/serve/reloads.py)
 
@@ -66,52 +68,73 @@ class RayDeployer:
         self.models = dict(models)
         self.planned_from = dict(models)
 
-    def entry(self, model: ModelDescription) -> DeploymentEntry:
-        """The model's entry of the plan; a model loaded or changed since is planned beside every model
-        this deployer knows, by the same function (so its CPU share is the others', not a whole CPU)."""
-        planned = self.plan.entry(model.name) if self.plan is not None else None
-        if planned is not None and self.planned_from.get(model.name) == model:
+    def entries(self, model: ModelDescription) -> tuple[DeploymentEntry, ...]:
+        """The model's entries of the plan, one per instance group; a model loaded or changed since is
+        planned beside every model this deployer knows, by the same function (so its CPU share is the
+        others', not a whole CPU)."""
+        planned = self.plan.for_model(model.name) if self.plan is not None else ()
+        if planned and self.planned_from.get(model.name) == model:
             return planned
         plan = self._plan({**self.models, model.name: model})
         if plan.problems.get(model.name):
             raise Unavailable("; ".join(plan.problems[model.name]))
-        found = plan.entry(model.name)
-        if found is None:
+        found = plan.for_model(model.name)
+        if not found:
             raise Unavailable(f"model '{model.name}' could not be planned")
         return found
 
+    def group_apps(self, name: str) -> GroupApps:
+        """The applications model ``name`` is deployed as, one per instance group in group order, with
+        their replica counts (``deployments.serve.handles`` spreads handle calls over them)."""
+        entries = self.deployed.get(name)
+        if not entries:
+            return own_app(name)
+        return tuple((e.app_name, e.num_replicas) for e in entries)
+
     async def reload(self, old: ModelDescription, new: ModelDescription) -> None:
         """A serving model moved to ``new``: inside its running replicas when it keeps their shape
-        (count, kind, resources), so it is never unserved and ``old`` serves on if ``new`` fails;
-        else by redeploying its application (Serve stops a one-replica application's old replica
-        before the new one starts)."""
-        entry = self.entry(new)
+        (groups, counts, kinds, resources), so it is never unserved and ``old`` serves on if ``new``
+        fails; else by redeploying its applications (Serve stops a one-replica application's old
+        replica before the new one starts)."""
+        entries = self.entries(new)
         current = self.deployed.get(new.name)
-        if current is not None and _same_shape(current, entry):
+        if current is not None and _same_shape(current, entries):
             composing = self._composing(new) if new.is_ensemble else None
             timeout = self.settings.deploy_timeout_s
-            await self.board.swap(new, current.num_replicas, timeout, composing)
+            replicas = sum(e.num_replicas for e in current)  # every group's replicas follow the order
+            await self.board.swap(new, replicas, timeout, composing)
             self.models[new.name] = new
             return
         await self.deploy(new)
 
     async def deploy(self, model: ModelDescription) -> None:
-        entry = self.entry(model)
+        entries = self.entries(model)
         self.board.forget(model.name)
         self.models[model.name] = model
         composing = self._composing(model) if model.is_ensemble else None
+        # applications the model had and no longer has (a reload with fewer instance groups)
+        leftover = await self._applications(model.name) - {e.app_name for e in entries}
         # An access-log line per request costs a trivial model about a tenth of its throughput.
         logging_config = {"enable_access_log": self.settings.access_log}
-        app = ModelDeployment.options(  # type: ignore[attr-defined]
-            logging_config=logging_config, **entry.serve_options()
-        ).bind(model, settings=self.settings, composing=composing, **entry.init_kwargs)
-        await asyncio.to_thread(hooks.run_application, app, entry.app_name, entry.route_prefix)
-        self.deployed[model.name] = entry
-        await self._wait_running(entry.app_name)
+        for entry in entries:
+            app = ModelDeployment.options(  # type: ignore[attr-defined]
+                logging_config=logging_config, **entry.serve_options()
+            ).bind(model, settings=self.settings, composing=composing, **entry.init_kwargs)
+            await asyncio.to_thread(hooks.run_application, app, entry.app_name, entry.route_prefix)
+        self.deployed[model.name] = entries
+        try:
+            await self._wait_running([e.app_name for e in entries])
+            statuses = await asyncio.gather(*(self._load_status(e) for e in entries))
+        finally:
+            await self._delete_applications(leftover)
+        errors = [status["error"] for status in statuses if status["error"]]
+        if errors:
+            raise Unavailable(errors[0])
+
+    async def _load_status(self, entry: DeploymentEntry) -> dict[str, Any]:
         handle = serve.get_deployment_handle(entry.deployment_name, app_name=entry.app_name)
-        status = await handle.load_status.remote()
-        if status["error"]:
-            raise Unavailable(status["error"])
+        status: dict[str, Any] = await handle.load_status.remote()
+        return status
 
     def _composing(self, model: ModelDescription) -> dict[str, ModelDescription]:
         """Every model an ensemble reaches, nested ensembles included."""
@@ -125,35 +148,58 @@ class RayDeployer:
             todo.extend(s.model_name for s in found[name].ensemble_steps)
         return found
 
-    async def _wait_running(self, name: str) -> None:
+    async def _wait_running(self, names: list[str]) -> None:
         timeout = self.settings.deploy_timeout_s
         deadline = time.monotonic() + timeout
+        waiting = list(names)
         while time.monotonic() < deadline:
-            app = (await asyncio.to_thread(serve.status)).applications.get(name)
-            status = str(getattr(app, "status", "")) if app else ""
-            if status.endswith("RUNNING"):
+            applications = (await asyncio.to_thread(serve.status)).applications
+            for name in list(waiting):
+                app = applications.get(name)
+                status = str(getattr(app, "status", "")) if app else ""
+                if status.endswith("RUNNING"):
+                    waiting.remove(name)
+                elif status.endswith("DEPLOY_FAILED") or status.endswith("UNHEALTHY"):
+                    raise Unavailable(getattr(app, "message", "") or f"application {name} failed to deploy")
+            if not waiting:
                 return
-            if status.endswith("DEPLOY_FAILED") or status.endswith("UNHEALTHY"):
-                raise Unavailable(getattr(app, "message", "") or f"application {name} failed to deploy")
             await asyncio.sleep(0.5)
-        raise Unavailable(f"application {name} did not start within {timeout:.0f}s")
+        raise Unavailable(f"application {waiting[0]} did not start within {timeout:.0f}s")
+
+    async def _applications(self, name: str) -> set[str]:
+        """Every Serve application of model ``name``: those deployed for it, its own, and the instance
+        group applications Serve runs under its name (left by an earlier start of the server), never
+        an application of another model."""
+        running = (await asyncio.to_thread(serve.status)).applications
+        found = {e.app_name for e in self.deployed.get(name, ())} | {model_app_name(name)}
+        found |= {app for app in running if is_group_app(app, name)}
+        others = {e.app_name for model, entries in self.deployed.items() if model != name for e in entries}
+        others |= {model_app_name(model) for model in self.models if model != name}
+        return found - others
+
+    async def _delete_applications(self, names: set[str]) -> None:
+        """Delete the applications ``names``, the model's own (its route) last."""
+        for app in sorted(names, key=lambda app: (not is_group_app(app), app)):
+            await asyncio.to_thread(hooks.delete_application, app)
 
     async def delete(self, name: str) -> None:
         self.board.forget(name)
-        entry = self.deployed.pop(name, None)
-        app_name = entry.app_name if entry is not None else model_app_name(name)
-        await asyncio.to_thread(hooks.delete_application, app_name)
+        applications = await self._applications(name)
+        self.deployed.pop(name, None)
+        await self._delete_applications(applications)
 
 
-def _same_shape(a: DeploymentEntry, b: DeploymentEntry) -> bool:
-    """Whether a model planned as ``b`` can run on the replicas started as ``a``: the same count, kind
-    and GPUs (a CPU share that moved because other models came or went does not count)."""
-    return (a.num_replicas, a.kind, a.resources.num_gpus, a.replica_gpu_ids) == (
-        b.num_replicas,
-        b.kind,
-        b.resources.num_gpus,
-        b.replica_gpu_ids,
-    )
+def _same_shape(a: tuple[DeploymentEntry, ...], b: tuple[DeploymentEntry, ...]) -> bool:
+    """Whether a model planned as ``b`` can run on the replicas started as ``a``: the same groups, each
+    with the same count, kind and GPUs (a CPU share that moved because other models came or went
+    does not count)."""
+
+    def shape(entries: tuple[DeploymentEntry, ...]) -> list[tuple[Any, ...]]:
+        return [
+            (e.app_name, e.num_replicas, e.kind, e.resources.num_gpus, e.replica_gpu_ids) for e in entries
+        ]
+
+    return shape(a) == shape(b)
 
 
 # The constructor loads the initial models (Triton opens its endpoints after that); a failure with
@@ -179,7 +225,8 @@ class ServerDeployment:
         self.deployer = RayDeployer(settings, resources)
         self._stats: Snapshots = {}
         self._sequence_members: dict[str, dict[int, tuple[str, str, int]]] = {}
-        self._executor = HandleExecutor()
+        # the server reads its deployer for a model's instance groups on every call (no Ray call)
+        self._executor = HandleExecutor(self._group_apps, refresh_s=0.0)
         self.controller = ModelController(settings, self.deployer, remote=self._remote)
         self._metrics: dict[str, dict[str, dict[str, Any]]] = {}  # pushed metrics snapshots: model, replica
         self._host_gauges = HostGauges()
@@ -188,6 +235,14 @@ class ServerDeployment:
         self._start = asyncio.get_running_loop().create_task(self._startup())
         await asyncio.shield(self._start)  # live only once the initial models settled
         self._grpc = start_grpc(self.dataplane, settings)
+
+    async def _group_apps(self, name: str) -> GroupApps:
+        return self.deployer.group_apps(name)
+
+    def model_apps(self, name: str) -> GroupApps:
+        """The applications of model ``name``, one per instance group, with their replica counts
+        (asked by model replicas' handle executors, ``deployments.serve.handles``)."""
+        return self.deployer.group_apps(name)
 
     def _remote(self, model: ModelDescription) -> ServedModel:
         return RemoteModel(model, self._executor, self._stats.setdefault(model.name, {}))
@@ -292,9 +347,10 @@ class ServerDeployment:
     def index(self) -> list[dict[str, Any]]:
         return self.controller.index()
 
-    def deployed_plan(self) -> dict[str, dict[str, Any]]:
-        """The plan entry each deployed model's application was started from, by model."""
-        return {name: entry.to_dict() for name, entry in self.deployer.deployed.items()}
+    def deployed_plan(self) -> dict[str, list[dict[str, Any]]]:
+        """The plan entries each deployed model's applications were started from (one per instance
+        group, in group order), by model."""
+        return {name: [e.to_dict() for e in entries] for name, entries in self.deployer.deployed.items()}
 
     def is_started(self) -> bool:
         return self._start.done()

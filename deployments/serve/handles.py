@@ -1,8 +1,20 @@
-"""Other models' replicas through Serve deployment handles (BLS, ensembles, the server's registry)."""
+"""Other models' replicas through Serve deployment handles (BLS, ensembles, the server's registry).
+
+A model with several instance groups has one Serve application per group (``repository_loader.plan``),
+so one handle per group: each call goes to the group least loaded by this process's calls in
+flight, per replica of the group (the first group on a tie), and Serve's handle picks a replica
+inside it. Which applications a model has is the server's deployer's to say
+(``RayDeployer.group_apps``): the server application reads it in place, a model replica asks
+the server once per model and again every ``GROUP_APPS_REFRESH_S`` (never per call).
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping
+import asyncio
+import logging
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from deployments.inference import InferRequest, InferResponse
@@ -18,29 +30,129 @@ from deployments.serve.names import (
 from repository_loader.errors import InvalidArgument, NotFound, ServerError, Unavailable
 from repository_loader.model import ModelDescription
 
+logger = logging.getLogger("ray.serve")
 
-class HandleExecutor:
-    """A ``ModelExecutor`` that calls the target model's own deployment."""
+GroupApps = tuple[tuple[str, int], ...]
+"""A model's Serve applications, one per instance group in group order, each with its replica count."""
+GroupAppsLookup = Callable[[str], Awaitable[GroupApps]]
+Connect = Callable[[str], Any]  # application name -> the handle of its model deployment
+
+GROUP_APPS_REFRESH_S = 30.0  # how long a model replica trusts what the server said of a model's groups
+GROUP_APPS_ASK_TIMEOUT_S = 2.0  # the server may be starting (its constructor deploys the models)
+
+
+def own_app(model: str) -> GroupApps:
+    """The model's own application alone (a model with one instance group, or none known)."""
+    return ((model_app_name(model), 1),)
+
+
+class GroupPicker:
+    """Which instance group of a model takes the next call: the one with the fewest calls in flight
+    from this process per replica of the group, the first on a tie."""
 
     def __init__(self) -> None:
-        self._handles: dict[str, Any] = {}
+        self.in_flight: dict[str, int] = {}  # application -> calls in flight through it
+
+    def pick(self, apps: GroupApps) -> str:
+        if len(apps) == 1:
+            return apps[0][0]
+        index = min(
+            range(len(apps)), key=lambda i: (self.in_flight.get(apps[i][0], 0) / max(1, apps[i][1]), i)
+        )
+        return apps[index][0]
+
+    @contextmanager
+    def calling(self, app: str) -> Iterator[None]:
+        """Count one call in flight through ``app`` while the block runs."""
+        self.in_flight[app] = self.in_flight.get(app, 0) + 1
+        try:
+            yield
+        finally:
+            left = self.in_flight[app] - 1
+            if left:
+                self.in_flight[app] = left
+            else:
+                del self.in_flight[app]
+
+
+def _serve_handle(app: str) -> Any:
+    from ray import serve
+
+    return serve.get_deployment_handle(MODEL_DEPLOYMENT, app_name=app)
+
+
+class HandleExecutor:
+    """A ``ModelExecutor`` that calls the target model's own deployments.
+
+    ``group_apps`` says which applications a model has (default: ask the server application);
+    ``refresh_s`` is how long an answer is kept; ``connect`` makes an application's handle.
+    """
+
+    def __init__(
+        self,
+        group_apps: GroupAppsLookup | None = None,
+        refresh_s: float = GROUP_APPS_REFRESH_S,
+        connect: Connect = _serve_handle,
+    ) -> None:
+        self._lookup = group_apps or self._ask_server
+        self._refresh_s = refresh_s
+        self._connect = connect
+        self._handles: dict[str, Any] = {}  # application -> handle
+        self._groups: dict[str, tuple[GroupApps, float]] = {}  # model -> its applications, when asked
+        self.picker = GroupPicker()
 
     def handle(self, model: str) -> Any:
-        handle = self._handles.get(model)
-        if handle is None:
-            from ray import serve
+        """The handle of the model's own application (its first instance group)."""
+        return self._app_handle(model, model_app_name(model))
 
+    def _app_handle(self, model: str, app: str) -> Any:
+        handle = self._handles.get(app)
+        if handle is None:
             try:
-                handle = serve.get_deployment_handle(MODEL_DEPLOYMENT, app_name=model_app_name(model))
+                handle = self._connect(app)
             except Exception:
                 raise NotFound(f"Request for unknown model: '{model}' is not found") from None
-            self._handles[model] = handle
+            self._handles[app] = handle
         return handle
 
-    async def infer(self, request: InferRequest) -> InferResponse:
-        handle = self.handle(request.model_name)
+    async def _group_apps(self, model: str) -> GroupApps:
+        known = self._groups.get(model)
+        now = time.monotonic()
+        if known is not None and now - known[1] < self._refresh_s:
+            return known[0]
+        apps = await self._lookup(model) or own_app(model)
+        self._groups[model] = (apps, now)
+        return apps
+
+    async def _pick(self, model: str) -> tuple[str, Any]:
+        """The application (least loaded instance group) the next call to ``model`` goes to, and its handle."""
+        app = self.picker.pick(await self._group_apps(model))
+        return app, self._app_handle(model, app)
+
+    async def _ask_server(self, model: str) -> GroupApps:
+        """The model's applications as the server's deployer holds them; the model's own alone while
+        the server does not answer (it is starting), asked again after ``refresh_s``."""
+        from ray import serve
+
         try:
-            response: InferResponse = await handle.infer_internal.remote(request)
+            server = serve.get_deployment_handle(SERVER_DEPLOYMENT, app_name=SERVER_APP)
+            found = await asyncio.wait_for(server.model_apps.remote(model), GROUP_APPS_ASK_TIMEOUT_S)
+        except Exception as exc:
+            logger.debug("instance groups of model '%s' not known yet: %s", model, exc)
+            return own_app(model)
+        return tuple((str(app), int(replicas)) for app, replicas in found)
+
+    def forget(self, model: str) -> None:
+        """Drop what is known of ``model``'s applications and their handles (asked again on next use)."""
+        known = self._groups.pop(model, None)
+        for app, _ in (*own_app(model), *(known[0] if known is not None else ())):
+            self._handles.pop(app, None)
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        app, handle = await self._pick(request.model_name)
+        try:
+            with self.picker.calling(app):
+                response: InferResponse = await handle.infer_internal.remote(request)
             return response
         except Exception as exc:
             raise self._failure(request.model_name, exc) from None
@@ -51,20 +163,21 @@ class HandleExecutor:
         Closing this iterator early (or cancelling the task reading it) cancels the call on the
         replica, where the model sees ``request.is_cancelled()``.
         """
-        handle = self.handle(request.model_name)
+        app, handle = await self._pick(request.model_name)
         responses = handle.options(stream=True).infer_stream_internal.remote(request)
         finished = False
         try:
-            while True:
-                try:
-                    response: InferResponse = await responses.__anext__()
-                except StopAsyncIteration:
-                    finished = True
-                    return
-                except Exception as exc:
-                    finished = True
-                    raise self._failure(request.model_name, exc) from None
-                yield response
+            with self.picker.calling(app):
+                while True:
+                    try:
+                        response: InferResponse = await responses.__anext__()
+                    except StopAsyncIteration:
+                        finished = True
+                        return
+                    except Exception as exc:
+                        finished = True
+                        raise self._failure(request.model_name, exc) from None
+                    yield response
         finally:
             if not finished:
                 responses.cancel()
@@ -73,11 +186,11 @@ class HandleExecutor:
 
     async def load_model(self, name: str, config: str, files: Mapping[str, bytes]) -> None:
         await self._control("control_load", name, config, dict(files))
-        self._handles.pop(name, None)
+        self.forget(name)
 
     async def unload_model(self, name: str, unload_dependents: bool) -> None:
         await self._control("control_unload", name, unload_dependents)
-        self._handles.pop(name, None)
+        self.forget(name)
 
     async def is_model_ready(self, name: str, version: str) -> bool:
         return bool(await self._control("control_is_ready", name, version))
@@ -101,7 +214,7 @@ class HandleExecutor:
         cause = getattr(exc, "cause", None) or getattr(exc, "__cause__", None)
         if isinstance(cause, ServerError):
             return cause
-        self._handles.pop(model, None)
+        self.forget(model)
         return Unavailable(f"model '{model}' is unavailable: {exc}")
 
 

@@ -3,7 +3,7 @@
 Serve's HAProxy manager starts the binary named by ``RAY_SERVE_HAPROXY_BINARY_PATH``
 (``deployments.serve.hooks.HAPROXY_BINARY_ENV``); ``deployments.serve.launch`` points it
 at a two-line script that calls :func:`main` here, which then replaces itself with the real
-HAProxy after three changes:
+HAProxy after four changes:
 
 * **Every listener binds the configured host.** Serve's template binds the ingress to
   ``http_options.host`` but its stats page and Prometheus listener to every interface
@@ -11,6 +11,12 @@ HAProxy after three changes:
 * **Errors are Triton's JSON.** Serve maps HAProxy's own 502/503/504 (no replica up, a
   replica gone mid-request, a timeout) to a plain-text ``500 Internal Server Error`` page;
   they become ``503``/``504`` with a ``{"error": ...}`` body, as every other error of the server.
+* **A model's instance groups share its backend.** Each instance group of a model past the
+  first is a Serve application of its own (``repository_loader.plan``), so Serve writes a
+  backend ``<base>--group-<n>`` beside the model's own ``<base>``; the replicas of every group
+  (their ``server`` lines, ``backup`` ones left out) are added to the model's backend, so its
+  ``leastconn`` spreads the model's requests over all of them in one hop. A group replica
+  answers the model's routes through its direct lane (``deployments.serve.ingress``).
 * **HAProxy ends with its manager.** It is started with ``PR_SET_PDEATHSIG``, so when
   Serve's HAProxy manager (a Ray actor) exits or is killed, at shutdown included, its HAProxy
   does not stay behind holding the port.
@@ -39,6 +45,7 @@ ERRORS = {
 }
 
 _BIND = re.compile(r"^(\s*bind\s+)(\S*?):(\d+)(.*)$")
+_GROUP_BACKEND = re.compile(r"^(.+)--group-([0-9]+)$")
 _ERRORFILE = re.compile(r"^(\s*errorfile\s+)(50[234])(\s+)(\S+)(.*)$")
 
 
@@ -64,9 +71,77 @@ def frontend_host(lines: list[str]) -> str | None:
     return None
 
 
+def _backends(lines: list[str]) -> dict[str, tuple[int, int]]:
+    """Each ``backend`` section's name and its lines (header excluded) as ``(start, end)``."""
+    found: dict[str, tuple[int, int]] = {}
+    current: tuple[str, int] | None = None
+    for i, line in enumerate([*lines, "end"]):
+        if line[:1].isspace() or not line.strip() or line.startswith("#"):
+            continue
+        if current is not None:
+            found[current[0]] = (current[1], i)
+            current = None
+        words = line.split()
+        if words[0] == "backend" and len(words) > 1:
+            current = (words[1], i + 1)
+    return found
+
+
+def _is_server(line: str) -> bool:
+    words = line.split()
+    return bool(words) and words[0] == "server"
+
+
+def _is_backup(line: str) -> bool:
+    return _is_server(line) and "backup" in line.split()[2:]
+
+
+def merge_group_backends(lines: list[str]) -> list[str]:
+    """``lines`` with the non-backup ``server`` lines of every backend ``<base>--group-<n>`` also in
+    backend ``<base>`` (where the file has it), before that backend's first ``backup`` server."""
+    backends = _backends(lines)
+    added: dict[str, list[str]] = {}
+    groups = sorted(
+        ((m.group(1), int(m.group(2)), name) for name in backends if (m := _GROUP_BACKEND.match(name))),
+    )
+    for base, _, name in groups:
+        if base not in backends:
+            continue
+        start, end = backends[name]
+        added.setdefault(base, []).extend(
+            line for line in lines[start:end] if _is_server(line) and not _is_backup(line)
+        )
+    inserts: dict[int, list[str]] = {}
+    for base, servers in added.items():
+        inserts[_insertion_point(lines, *backends[base])] = servers
+    out: list[str] = []
+    for i, line in enumerate(lines):
+        out.extend(inserts.get(i, ()))
+        out.append(line)
+    out.extend(inserts.get(len(lines), ()))
+    return out
+
+
+def _insertion_point(lines: list[str], start: int, end: int) -> int:
+    """Where added servers go in a backend: before its first backup server (and the comment lines just
+    above it), else after its last server, else after its last line."""
+    block = range(start, end)
+    backup = next((i for i in block if _is_backup(lines[i])), None)
+    if backup is not None:
+        while backup > start and lines[backup - 1].strip().startswith("#"):
+            backup -= 1
+        return backup
+    servers = [i for i in block if _is_server(lines[i])]
+    if servers:
+        return servers[-1] + 1
+    filled = [i for i in block if lines[i].strip()]
+    return filled[-1] + 1 if filled else start
+
+
 def rewrite(text: str, error_dir: Path) -> str:
-    """Serve's HAProxy configuration with every wildcard bind on the ingress host and JSON error pages."""
-    lines = text.splitlines()
+    """Serve's HAProxy configuration with every wildcard bind on the ingress host, JSON error pages, and
+    the replicas of a model's later instance groups in the model's own backend."""
+    lines = merge_group_backends(text.splitlines())
     host = frontend_host(lines)
     out = []
     for line in lines:

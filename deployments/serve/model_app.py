@@ -17,7 +17,7 @@ from deployments.runtime.model import ModelRuntime
 from deployments.serve import ingress, reloads
 from deployments.serve.devices import pin_replica_gpu
 from deployments.serve.handles import HandleExecutor
-from deployments.serve.names import SERVER_APP, SERVER_DEPLOYMENT, hosted_key, model_route
+from deployments.serve.names import SERVER_APP, SERVER_DEPLOYMENT, hosted_key, model_app_name, model_route
 from deployments.serve.response_writes import coalesce_response_writes
 from deployments.serve.sequence_routing import SequenceRouter
 from deployments.settings import ServerSettings
@@ -36,8 +36,12 @@ logger = logging.getLogger("ray.serve")
 class ModelDeployment:
     """Loads the model (every selected version, warmup included) before it reports ready.
 
-    Built from the model's deployment plan entry (``DeploymentEntry.init_kwargs``): the instance
-    kind its replicas run as, how many there are, and the GPU each rank targets (None: no GPU).
+    Built from a deployment plan entry of the model (``DeploymentEntry.init_kwargs``), one per
+    instance group: the instance kind its replicas run as, how many replicas the model has over all
+    its groups, the model's rank of this deployment's first replica, and the GPU each rank of this
+    deployment targets (None: no GPU). Every group's replica answers the model's own routes
+    (``/v2/models/<m>``) through the direct lane, which is how HAProxy reaches the replicas of
+    later groups (``deployments.serve.haproxy_shim``).
     """
 
     async def __init__(  # type: ignore[misc]  # Serve awaits an async constructor
@@ -48,12 +52,14 @@ class ModelDeployment:
         replicas: int = 1,
         composing: dict[str, ModelDescription] | None = None,
         gpu_ids: list[int | None] | None = None,
+        rank_offset: int = 0,
     ) -> None:
         coalesce_response_writes()
         self.model = model
         self.settings = settings
         self._route = model_route(model.name)
         self.replicas = replicas
+        self.rank_offset = rank_offset
         kind = InstanceKind(instance_kind)
         context = serve.get_replica_context()
         self.visible_gpus = pin_replica_gpu(gpu_ids or [], context) if kind == InstanceKind.GPU else None
@@ -81,7 +87,10 @@ class ModelDeployment:
         self._app = ModelHTTPApp(
             replica_dataplane(self.runtime, self._cluster_stats), model.name, settings.limits
         )
-        ingress.serve_directly(self._route, self._app, enabled=settings.direct_routes)
+        # a later instance group's replica answers the model's routes only directly: Serve would refuse
+        # them as outside its own application's route
+        own_group = context is None or context.app_name == model_app_name(model.name)
+        ingress.serve_directly(self._route, self._app, enabled=settings.direct_routes or not own_group)
         self._app.restricted = settings.http_restricted_api
         self._kind = kind
         self._reloads = asyncio.get_running_loop().create_task(self._follow_reloads())
@@ -99,7 +108,8 @@ class ModelDeployment:
         import ray
 
         name = self.model.name
-        rank = int(getattr(context.rank, "rank", context.rank))
+        # ranked over the replicas of every instance group of the model: one owner per sequence
+        rank = self.rank_offset + int(getattr(context.rank, "rank", context.rank))
 
         async def register(rank: int, member: tuple[str, str, int]) -> None:
             await self._server_handle().sequence_register.remote(name, rank, member)

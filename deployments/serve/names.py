@@ -3,7 +3,14 @@
 
 from __future__ import annotations
 
-from repository_loader.plan import MODEL_DEPLOYMENT, SERVER_APP, SERVER_ROUTE, model_app_name, model_route
+from repository_loader.plan import (
+    MODEL_DEPLOYMENT,
+    SERVER_APP,
+    SERVER_ROUTE,
+    is_group_app,
+    model_app_name,
+    model_route,
+)
 
 SERVER_DEPLOYMENT = "server"
 HOSTED_MARK = "#hosted-by:"
@@ -25,6 +32,7 @@ __all__ = [
     "SERVER_DEPLOYMENT",
     "SERVER_ROUTE",
     "hosted_key",
+    "is_group_app",
     "is_hosted_key",
     "model_app_name",
     "model_route",

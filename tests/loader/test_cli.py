@@ -51,6 +51,25 @@ def test_json_output(mixed_repo: Path, capsys) -> None:
     assert good["plan"][0]["num_replicas"] == 4 and good["plan"][0]["num_gpus_per_replica"] == 0.5
 
 
+def test_each_instance_group_is_printed_as_its_own_deployment(repo: Path, write_model, capsys) -> None:
+    groups = (
+        "instance_group [ { name: 'c' kind: KIND_CPU count: 2 }, { name: 'g' kind: KIND_GPU gpus: [1] } ]"
+    )
+    write_model("m", TORCH_IO + groups, {"1/model.pt": b""})
+    assert main(["validate", str(repo), "--cpus", "4", "--gpus", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "      c: KIND_CPU x2 (ranks 0-1 of the model's 3), " in out and "route /v2/models/m," in out
+    assert "      g: KIND_GPU x1 on GPU(s) [1] (ranks 2-2 of the model's 3), " in out
+    assert "route /v2/-/instance-groups/model-m--group-1," in out
+    assert main(["validate", str(repo), "--json", "--cpus", "4", "--gpus", "2"]) == 0
+    plan = json.loads(capsys.readouterr().out)["models"]["m"]["plan"]
+    assert [(e["group"], e["group_index"], e["rank_offset"], e["model_replicas"]) for e in plan] == [
+        ("c", 0, 0, 3),
+        ("g", 1, 2, 3),
+    ]
+    assert [e["num_gpus_per_replica"] for e in plan] == [0.0, 1.0]
+
+
 def test_plan_problem_fails_validation(repo: Path, write_model, capsys) -> None:
     write_model("m", TORCH_IO + "instance_group [ { kind: KIND_GPU } ]", {"1/model.pt": b""})
     assert main(["validate", str(repo), "--gpus", "0"]) == 1

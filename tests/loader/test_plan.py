@@ -12,6 +12,7 @@ from repository_loader.plan import (
     MIN_ONGOING_REQUESTS,
     ClusterResources,
     cpu_share,
+    is_group_app,
     plan_deployments,
 )
 
@@ -106,22 +107,80 @@ def test_model_kind_reserves_no_gpu() -> None:
     assert (entry.kind, entry.num_replicas, entry.resources.num_gpus) == ("KIND_MODEL", 2, 0.0)
 
 
-def test_one_entry_per_model_with_its_groups_collapsed() -> None:
+def test_one_entry_per_instance_group_each_with_its_own_kind_and_resources() -> None:
     groups = (InstanceGroup("cpu", InstanceKind.CPU, 2), InstanceGroup("gpu", InstanceKind.GPU, 1))
     model = _model("m", groups, versions=(1, 2))
     plan = plan_deployments({"m": model}, ClusterResources(8, 1))
-    (entry,) = plan.entries
-    assert entry.versions == (1, 2) and entry.version == 2
-    assert [g.name for g in entry.groups] == ["cpu", "gpu"] and entry.group == "cpu+gpu"
-    # replicas summed over the groups; each rank keeps its group and GPU
-    assert entry.num_replicas == 3
-    assert [(r.group, r.gpu) for r in entry.replicas] == [("cpu", None), ("cpu", None), ("gpu", 0)]
-    assert entry.replica_gpu_ids == (0,)
-    # the largest group (most replicas) sets every replica's resources and kind
-    assert entry.kind == "KIND_CPU" and entry.resources == entry.groups[0].resources
-    assert entry.groups[1].resources.num_gpus == 1.0
-    assert entry.route_prefix == "/v2/models/m"
-    assert (entry.app_name, entry.deployment_name) == ("model-m", "model")
+    cpu, gpu = plan.entries
+    assert plan.for_model("m") == (cpu, gpu) and plan.entry("m") == cpu
+    assert cpu.versions == gpu.versions == (1, 2) and cpu.version == 2
+    assert [(e.group, e.group_index, e.kind) for e in plan.entries] == [
+        ("cpu", 0, "KIND_CPU"),
+        ("gpu", 1, "KIND_GPU"),
+    ]
+    # each group: its own count, resources and GPUs
+    assert (cpu.num_replicas, gpu.num_replicas) == (2, 1)
+    assert cpu.ray_actor_options == {"num_cpus": cpu.resources.num_cpus, "num_gpus": 0.0}
+    assert gpu.ray_actor_options == {"num_cpus": gpu.resources.num_cpus, "num_gpus": 1.0}
+    assert [(r.group, r.gpu) for r in cpu.replicas] == [("cpu", None), ("cpu", None)]
+    assert [(r.group, r.gpu) for r in gpu.replicas] == [("gpu", 0)]
+    assert (cpu.replica_gpu_ids, gpu.replica_gpu_ids) == ((), (0,))
+    # ranked over the model's replicas of every group
+    assert [(e.rank_offset, e.model_replicas) for e in plan.entries] == [(0, 3), (2, 3)]
+    assert cpu.init_kwargs == {
+        "instance_kind": "KIND_CPU",
+        "replicas": 3,
+        "rank_offset": 0,
+        "gpu_ids": [None, None],
+    }
+    assert gpu.init_kwargs == {"instance_kind": "KIND_GPU", "replicas": 3, "rank_offset": 2, "gpu_ids": [0]}
+    # group 0 is the model's own application and route; the others have their own, off the model's
+    assert (cpu.app_name, cpu.route_prefix, cpu.deployment_name) == ("model-m", "/v2/models/m", "model")
+    assert (gpu.app_name, gpu.route_prefix, gpu.deployment_name) == (
+        "model-m--group-1",
+        "/v2/-/instance-groups/model-m--group-1",
+        "model",
+    )
+    assert gpu.serve_options()["num_replicas"] == 1
+    assert plan.total_cpus == pytest.approx(3 * cpu.resources.num_cpus) and plan.total_gpus == 1.0
+    data = gpu.to_dict()
+    assert (data["group"], data["group_index"], data["rank_offset"], data["model_replicas"]) == (
+        "gpu",
+        1,
+        2,
+        3,
+    )
+
+
+def test_cpu_shares_count_every_replica_of_every_group() -> None:
+    groups = (InstanceGroup("a", InstanceKind.CPU, 2), InstanceGroup("b", InstanceKind.CPU, 3))
+    plan = plan_deployments({"m": _model("m", groups)}, ClusterResources(2, 0))
+    assert [e.num_replicas for e in plan.entries] == [2, 3]
+    assert {e.resources.num_cpus for e in plan.entries} == {cpu_share(2, 5)}
+    assert plan.total_cpus <= 2 - CONTROL_APP_CPUS
+
+
+def test_gpu_groups_of_one_model_keep_their_gpus_and_ranks() -> None:
+    groups = (
+        InstanceGroup("first", InstanceKind.GPU, 2, gpus=(1,)),
+        InstanceGroup("second", InstanceKind.GPU, 1, gpus=(0, 1)),
+    )
+    first, second = plan_deployments({"m": _model("m", groups)}, ClusterResources(8, 2)).entries
+    assert (first.replica_gpu_ids, second.replica_gpu_ids) == ((1, 1), (0, 1))
+    assert (first.rank_offset, second.rank_offset) == (0, 2)
+    assert first.init_kwargs["gpu_ids"] == [1, 1] and second.init_kwargs["gpu_ids"] == [0, 1]
+    # GPU 1 is asked for by three replicas: their fractions are scaled to fit it
+    assert 2 * first.resources.num_gpus + second.resources.num_gpus <= 1.0
+    assert second.app_name == "model-m--group-1"
+
+
+def test_a_group_application_that_is_another_models_own_is_refused() -> None:
+    groups = (InstanceGroup("a", InstanceKind.CPU, 1), InstanceGroup("b", InstanceKind.CPU, 1))
+    models = {"x": _model("x", groups), "x--group-1": _model("x--group-1"), "y": _model("y", groups)}
+    plan = plan_deployments(models, ClusterResources(4, 0))
+    assert sorted(plan.problems) == ["x", "x--group-1"]
+    assert "'model-x--group-1' is also that of model 'x--group-1'" in plan.problems["x"][0]
+    assert [e.app_name for e in plan.entries] == ["model-y", "model-y--group-1"]
 
 
 def test_entry_is_the_serve_deployment_spec() -> None:
@@ -133,10 +192,16 @@ def test_entry_is_the_serve_deployment_spec() -> None:
         "max_ongoing_requests": entry.max_ongoing_requests,
         "ray_actor_options": {"num_cpus": entry.resources.num_cpus, "num_gpus": 0.5},
     }
-    assert entry.init_kwargs == {"instance_kind": "KIND_GPU", "replicas": 4, "gpu_ids": [0, 0, 1, 1]}
+    assert entry.init_kwargs == {
+        "instance_kind": "KIND_GPU",
+        "replicas": 4,
+        "rank_offset": 0,
+        "gpu_ids": [0, 0, 1, 1],
+    }
     data = entry.to_dict()
     assert data["app_name"] == "model-m" and data["replica_groups"] == ["g"] * 4
-    assert data["versions"] == [1] and data["groups"][0]["gpu_ids"] == [0, 0, 1, 1]
+    assert data["versions"] == [1] and data["replica_gpu_ids"] == [0, 0, 1, 1]
+    assert (data["group"], data["group_index"], data["rank_offset"], data["model_replicas"]) == ("g", 0, 0, 4)
 
 
 def test_ensemble_entry_runs_as_a_cpu_replica() -> None:
@@ -182,6 +247,7 @@ def test_ensemble_is_its_own_entry_with_batching_and_routes() -> None:
     plan = plan_deployments({"e": ensemble, "m": member}, ClusterResources(4, 0))
     ens = plan.for_model("e")[0]
     assert ens.kind == "ensemble" and ens.num_replicas == 1 and ens.group == ""
+    assert plan.for_model("e") == (ens,) and (ens.group_index, ens.app_name) == (0, "model-e")
     entry = plan.for_model("m")[0]
     assert entry.batching.max_batch_size == 32
     assert entry.batching.dynamic is not None and entry.batching.dynamic.preferred_batch_size == (4,)
@@ -197,3 +263,9 @@ def test_plan_is_pure_and_frozen() -> None:
     assert first == plan_deployments({"m": model}, ClusterResources(2, 0))
     with pytest.raises(AttributeError):
         first.entries[0].num_replicas = 9  # type: ignore[misc]
+
+
+def test_group_applications_are_told_apart_from_models() -> None:
+    assert is_group_app("model-m--group-1", "m") and is_group_app("model-m--group-12")
+    assert not is_group_app("model-m--group-1", "m--group-1") and not is_group_app("model-m", "m")
+    assert not is_group_app("model-m--group-01") and not is_group_app("model-m--group-x")

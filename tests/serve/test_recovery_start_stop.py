@@ -43,6 +43,101 @@ def test_haproxy_configuration_is_adjusted(tmp_path: Path) -> None:
     assert "error" in json.loads(body)
 
 
+# Serve's configuration for two models (``m`` with two instance groups, ``solo`` with one), as its template
+# writes it: one backend per application, each replica a ``server`` line, the head's proxy a ``backup``.
+SERVE_HAPROXY_CFG = """\
+frontend http_frontend
+    bind 127.0.0.1:8000
+    acl is_http-model-m path_beg /v2/models/m/
+    acl is_http-model-m--group-1 path_beg /v2/-/instance-groups/model-m--group-1/
+    use_backend http-model-m--group-1 if is_http-model-m--group-1
+    use_backend http-model-m if is_http-model-m
+    use_backend http-model-solo if is_http-model-solo
+    default_backend default_backend
+backend default_backend
+    http-request return status 404 content-type text/plain lf-string "not found"
+backend http-model-m
+    log global
+    http-reuse always
+    option httpchk GET /-/healthz
+    http-check expect status 200
+    default-server inter 5s fall 3 rise 2
+    # Servers in this backend
+    server SERVE_REPLICA--model-m-model-a1 127.0.0.1:30001 check
+    # Fallback to head node's Serve proxy when no ingress replicas are available
+    server fallback 127.0.0.1:8010 check backup
+backend http-model-m--group-1
+    log global
+    http-reuse always
+    option httpchk GET /-/healthz
+    default-server inter 5s fall 3 rise 2
+    # Servers in this backend
+    server SERVE_REPLICA--model-m--group-1-model-b1 127.0.0.1:30002 check
+    server SERVE_REPLICA--model-m--group-1-model-b2 10.0.0.2:30003 check observe layer4 error-limit 10 on-error mark-down
+    # Fallback to head node's Serve proxy when no ingress replicas are available
+    server fallback 127.0.0.1:8010 check backup
+backend http-model-solo
+    log global
+    server SERVE_REPLICA--model-solo-model-c1 127.0.0.1:30004 check
+backend http-model-gone--group-1
+    server SERVE_REPLICA--model-gone--group-1-model-d1 127.0.0.1:30005 check
+"""
+
+
+def _backend(text: str, name: str) -> list[str]:
+    lines = text.splitlines()
+    start = lines.index(f"backend {name}") + 1
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith(" ")), len(lines))
+    return [line.strip() for line in lines[start:end]]
+
+
+def test_haproxy_gives_a_models_backend_the_replicas_of_all_its_groups(tmp_path: Path) -> None:
+    out = haproxy_shim.rewrite(SERVE_HAPROXY_CFG, tmp_path)
+    own = _backend(out, "http-model-m")
+    servers = [line.split()[1] for line in own if line.startswith("server ")]
+    assert servers == [
+        "SERVE_REPLICA--model-m-model-a1",
+        "SERVE_REPLICA--model-m--group-1-model-b1",
+        "SERVE_REPLICA--model-m--group-1-model-b2",
+        "fallback",
+    ]
+    # copied as Serve wrote them, before the backup server (and its comment), which stays last
+    assert "server SERVE_REPLICA--model-m--group-1-model-b2 10.0.0.2:30003 check observe layer4 " in out
+    assert own[-2:] == [
+        "# Fallback to head node's Serve proxy when no ingress replicas are available",
+        "server fallback 127.0.0.1:8010 check backup",
+    ]
+    # every other line as it was: the group's backend, a model with one group, a group without its model
+    group_servers = _backend(SERVE_HAPROXY_CFG, "http-model-m--group-1")[-4:-2]
+    lines = SERVE_HAPROXY_CFG.splitlines()
+    backup_comment = lines.index(
+        "    # Fallback to head node's Serve proxy when no ingress replicas are available"
+    )
+    expected = [*lines[:backup_comment], *(f"    {line}" for line in group_servers), *lines[backup_comment:]]
+    assert out.splitlines() == expected
+
+
+def test_haproxy_group_servers_go_after_the_last_server_without_a_backup() -> None:
+    lines = [
+        "backend http-model-m",
+        "    server a 127.0.0.1:1 check",
+        "    timeout server 5s",
+        "backend http-model-m--group-2",
+        "    server c 127.0.0.1:3 check",
+        "backend http-model-m--group-1",
+        "    server b 127.0.0.1:2 check",
+        "",
+    ]
+    assert haproxy_shim.merge_group_backends(lines)[:5] == [
+        "backend http-model-m",
+        "    server a 127.0.0.1:1 check",
+        "    server b 127.0.0.1:2 check",
+        "    server c 127.0.0.1:3 check",
+        "    timeout server 5s",
+    ]
+    assert haproxy_shim.merge_group_backends(lines[3:]) == lines[3:]
+
+
 def _start(tmp_path: Path, **kwargs: object) -> Server:
     repo = recovery_models.build(tmp_path)
     server = Server(repo, args={"model_control_mode": "explicit", "load_model": ["add_one"]}, **kwargs)  # type: ignore[arg-type]

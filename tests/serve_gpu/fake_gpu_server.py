@@ -58,7 +58,10 @@ MODELS = {
     "on_gpu_1": "{ count: 1 kind: KIND_GPU gpus: [ 1 ] }",
     # a CPU model on the same cluster reserves no GPU
     "on_cpu": "{ count: 1 kind: KIND_CPU }",
+    # a CPU group and a GPU group: two deployments, both answering the model's route
+    "mixed": "{ count: 1 kind: KIND_CPU }, { count: 1 kind: KIND_GPU gpus: [ 1 ] }",
 }
+REPLICAS = {"on_both_gpus": 2, "on_gpu_1": 1, "on_cpu": 1, "mixed": 2}
 
 
 def free_port() -> int:
@@ -125,7 +128,11 @@ def main(workdir: str) -> int:
         seen: dict[str, list[str]] = {}
         for name in MODELS:
             values = set()
-            for _ in range(40):
+            # 40 requests, and more while some replica has not answered (HAProxy's routes lag readiness)
+            deadline = time.monotonic() + 60.0
+            sent = 0
+            while sent < 40 or (len(values) < REPLICAS[name] and time.monotonic() < deadline):
+                sent += 1
                 x = http.InferInput("IN", [1], "INT32")
                 x.set_data_from_numpy(np.array([1], np.int32))
                 result = client.infer(name, [x])

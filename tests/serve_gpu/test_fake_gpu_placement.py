@@ -75,3 +75,7 @@ def test_replicas_land_on_the_gpus_their_instance_group_names() -> None:
 
     (cpu,) = seen["on_cpu"]
     assert (cpu[0], cpu[1]) == ("", "CPU"), cpu  # no GPU reserved, none visible
+
+    # one model, two instance groups: each its own kind and GPU, both reached through the model's route
+    mixed = seen["mixed"]
+    assert sorted((gpu, kind) for gpu, kind, _ in mixed) == [("", "CPU"), ("1", "GPU")], mixed

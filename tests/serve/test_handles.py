@@ -1,0 +1,183 @@
+"""Handle calls to a model with several instance groups go to the least loaded group, over the applications
+the deployer names (no Ray running)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deployments.inference import InferRequest, InferResponse
+from deployments.serve.handles import GroupApps, GroupPicker, HandleExecutor
+from deployments.settings import ServerSettings
+from repository_loader.errors import NotFound, Unavailable
+from repository_loader.model import InstanceGroup, InstanceKind, ModelDescription, TensorSpec
+from repository_loader.plan import ClusterResources
+
+APPS: GroupApps = (("model-m", 1), ("model-m--group-1", 1))
+
+
+class FakeHandle:
+    """A model deployment's handle: ``infer_internal.remote`` answers once its call is released."""
+
+    def __init__(self, app: str) -> None:
+        self.app = app
+        self.pending: list[asyncio.Event] = []
+        self.fail = False
+
+    @property
+    def infer_internal(self) -> FakeHandle:
+        return self
+
+    def remote(self, request: InferRequest) -> Any:
+        release = asyncio.Event()
+        self.pending.append(release)
+
+        async def answer() -> InferResponse:
+            await release.wait()
+            if self.fail:
+                raise RuntimeError("replica gone")
+            return InferResponse(model_name=request.model_name, outputs={}, id=self.app)
+
+        return answer()
+
+
+class Cluster:
+    """The fake handles by application, and how often the executor asked for a model's applications."""
+
+    def __init__(self, apps: GroupApps = APPS) -> None:
+        self.apps = apps
+        self.handles: dict[str, FakeHandle] = {}
+        self.asked = 0
+
+    def connect(self, app: str) -> FakeHandle:
+        if app not in {name for name, _ in self.apps}:
+            raise KeyError(app)
+        return self.handles.setdefault(app, FakeHandle(app))
+
+    async def group_apps(self, model: str) -> GroupApps:
+        self.asked += 1
+        return self.apps
+
+    def executor(self, refresh_s: float = 30.0) -> HandleExecutor:
+        return HandleExecutor(self.group_apps, refresh_s=refresh_s, connect=self.connect)
+
+
+async def _started(executor: HandleExecutor) -> asyncio.Task[InferResponse]:
+    task = asyncio.get_running_loop().create_task(executor.infer(InferRequest("m", {})))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    return task
+
+
+def test_picker_takes_the_fewest_calls_per_replica_and_the_first_group_on_a_tie() -> None:
+    picker = GroupPicker()
+    assert picker.pick(APPS) == "model-m"
+    picker.in_flight = {"model-m": 1}
+    assert picker.pick(APPS) == "model-m--group-1"
+    picker.in_flight = {"model-m": 1, "model-m--group-1": 1}
+    assert picker.pick(APPS) == "model-m"
+    # a group of three replicas takes three calls for every one of a single-replica group
+    weighted: GroupApps = (("a", 1), ("b", 3))
+    picker.in_flight = {"a": 1, "b": 2}
+    assert picker.pick(weighted) == "b"
+    picker.in_flight = {"a": 1, "b": 3}
+    assert picker.pick(weighted) == "a"
+    with picker.calling("a"), picker.calling("a"):
+        assert picker.in_flight["a"] == 3
+    assert picker.in_flight == {"a": 1, "b": 3}
+
+
+async def test_calls_go_to_the_least_loaded_group() -> None:
+    cluster = Cluster()
+    executor = cluster.executor()
+    first = await _started(executor)
+    second = await _started(executor)
+    third = await _started(executor)
+    group0, group1 = cluster.handles["model-m"], cluster.handles["model-m--group-1"]
+    assert (len(group0.pending), len(group1.pending)) == (2, 1)  # tie -> the first group, then the idle one
+    group1.pending[0].set()
+    assert (await second).id == "model-m--group-1"
+    fourth = await _started(executor)  # group 1 is idle again: fewer in flight than group 0's two
+    assert len(group1.pending) == 2
+    for release in group0.pending + group1.pending:
+        release.set()
+    assert [(await t).id for t in (first, third, fourth)] == ["model-m", "model-m", "model-m--group-1"]
+    assert executor.picker.in_flight == {}
+    # the model's applications were asked once for all these calls, not once per call
+    assert cluster.asked == 1
+
+
+async def test_applications_are_asked_again_after_refresh_and_after_a_failure() -> None:
+    cluster = Cluster()
+    executor = cluster.executor(refresh_s=0.0)
+    call = await _started(executor)
+    cluster.handles["model-m"].pending[0].set()
+    await call
+    assert cluster.asked == 1
+    call = await _started(executor)
+    assert cluster.asked == 2  # refresh_s 0: the server application reads its deployer every call
+    cluster.handles["model-m"].fail = True
+    cluster.handles["model-m"].pending[-1].set()
+    with pytest.raises(Unavailable, match="replica gone"):
+        await call
+    assert executor.picker.in_flight == {}
+    cluster = Cluster()
+    executor = cluster.executor()
+    call = await _started(executor)
+    cluster.handles["model-m"].fail = True
+    cluster.handles["model-m"].pending[0].set()
+    with pytest.raises(Unavailable):
+        await call
+    call = await _started(executor)  # the failure dropped what was known: asked again
+    assert cluster.asked == 2
+    cluster.handles["model-m"].fail = False
+    cluster.handles["model-m"].pending[-1].set()
+    await call
+
+
+async def test_one_group_and_unknown_models() -> None:
+    cluster = Cluster((("model-m", 2),))
+    executor = cluster.executor()
+    call = await _started(executor)
+    assert list(cluster.handles) == ["model-m"] and executor.handle("m") is cluster.handles["model-m"]
+    cluster.handles["model-m"].pending[0].set()
+    assert (await call).id == "model-m"
+    with pytest.raises(NotFound, match="'other' is not found"):
+        executor.handle("other")
+
+
+def _two_groups(cpu_count: int = 2) -> ModelDescription:
+    spec = TensorSpec("x", "FP32", (4,))
+    groups = (InstanceGroup("c", InstanceKind.CPU, cpu_count), InstanceGroup("g", InstanceKind.GPU, 1))
+    return ModelDescription(
+        name="m",
+        path=Path("/repo/m"),
+        platform="onnxruntime_onnx",
+        backend="onnxruntime",
+        max_batch_size=8,
+        inputs=(spec,),
+        outputs=(spec,),
+        versions=(1,),
+        instance_groups=groups,
+    )
+
+
+def test_the_deployer_names_the_groups_handles_spread_over() -> None:
+    from deployments.serve.app import RayDeployer, _same_shape
+
+    deployer = RayDeployer(ServerSettings("/r"), ClusterResources(4, 1))
+    model = _two_groups()
+    deployer.prepare({"m": model})
+    entries = deployer.entries(model)
+    assert [e.app_name for e in entries] == ["model-m", "model-m--group-1"]
+    assert deployer.group_apps("m") == (("model-m", 1),)  # not deployed yet: the model's own
+    deployer.deployed["m"] = entries
+    assert deployer.group_apps("m") == (("model-m", 2), ("model-m--group-1", 1))
+    # a reload keeps the running replicas only where every group keeps its shape
+    assert _same_shape(entries, deployer.entries(dataclasses.replace(model, versions=(1, 2))))
+    assert not _same_shape(entries, deployer.entries(_two_groups(cpu_count=3)))
+    assert not _same_shape(entries, entries[:1])
