@@ -119,6 +119,7 @@ class ModelController:
     remote: RemoteFn | None = None  # how a served model is reached (None: it is not)
     entries: dict[str, ModelEntry] = field(default_factory=dict)
     listing: Listing = field(default_factory=Listing)
+    folders: set[str] = field(default_factory=set)  # model folders seen by the last index call
     started: bool = False
 
     def __post_init__(self) -> None:
@@ -562,9 +563,31 @@ class ModelController:
             return True
         return all(e.state == ModelState.READY for e in self.entries.values() if e.requested)
 
-    def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
-        """Every model of the repositories; those never loaded by name only, as Triton lists them."""
-        names = sorted({*self.entries, *self.listing.where, *self.listing.duplicates})
+    async def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """Every model of the repositories, read again at each call as Triton does (a folder added since
+        the last load or poll shows by name); those never loaded by name only."""
+        try:
+            self.folders = await asyncio.to_thread(self._model_folders)
+        except Exception as exc:  # an unreachable repository: list what was last seen
+            logger.warning("repository index: cannot list the repositories: %s", _reason(exc))
+        return self.index_rows(ready_only)
+
+    def _model_folders(self) -> set[str]:
+        from repository_loader.storage import open_storage
+
+        found: set[str] = set()
+        for repo in self.settings.model_repositories:
+            storage, root = open_storage(repo)
+            found.update(
+                n
+                for n in storage.list_dir(root)
+                if not n.startswith(".") and storage.is_dir(storage.join(root, n))
+            )
+        return found
+
+    def index_rows(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """The index from what is known now (no repository read)."""
+        names = sorted({*self.entries, *self.listing.where, *self.listing.duplicates, *self.folders})
         rows: list[dict[str, Any]] = []
         for name in names:
             entry = self.entries.get(name)

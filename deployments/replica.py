@@ -80,7 +80,7 @@ class ReplicaRegistry:
     def served(self) -> list[str]:
         return [self.name]
 
-    def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+    async def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         rows = [
             {"name": self.name, "version": str(v), "state": "READY" if r.ready else "UNAVAILABLE"}
             for v, r in sorted(self.model.runtime.versions.items())

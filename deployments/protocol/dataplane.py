@@ -149,7 +149,7 @@ class ModelRegistry(Protocol):
         """The names of the models :meth:`get` returns."""
         ...
 
-    def index(self, ready_only: bool = False) -> list[dict[str, Any]]: ...
+    async def index(self, ready_only: bool = False) -> list[dict[str, Any]]: ...
 
     async def load(self, name: str, parameters: Mapping[str, Any]) -> None: ...
 
@@ -207,7 +207,7 @@ class ModelDataPlane:
         return {"model_stats": [s for r in results if isinstance(r, list) for s in r]}
 
     async def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
-        return self.registry.index(ready_only)
+        return await self.registry.index(ready_only)
 
     async def load_model(self, name: str, parameters: Mapping[str, Any]) -> None:
         await self.registry.load(name, parameters)

@@ -95,7 +95,7 @@ def controller(repos: list[Path], **args: Any) -> tuple[ModelController, Recordi
 
 
 def states(c: ModelController) -> dict[str, str]:
-    return {row["name"]: row.get("state", "") for row in c.index()}
+    return {row["name"]: row.get("state", "") for row in c.index_rows()}
 
 
 @pytest.fixture
@@ -117,8 +117,15 @@ def test_none_mode_loads_everything_and_refuses_the_api(repo: Path) -> None:
 def test_explicit_mode_loads_the_named_models_and_lists_the_rest_by_name(repo: Path) -> None:
     c, _ = controller([repo], model_control_mode="explicit", load_model=["a"])
     asyncio.run(c.start())
-    assert c.index() == [{"name": "a", "version": "1", "state": "READY"}, {"name": "b"}]
+    assert asyncio.run(c.index()) == [{"name": "a", "version": "1", "state": "READY"}, {"name": "b"}]
     assert c.ready()
+
+
+def test_the_index_reads_the_repository_again_at_each_call(repo: Path) -> None:
+    c, d = controller([repo], model_control_mode="explicit", load_model=["a"])
+    asyncio.run(c.start())
+    add_model(repo, "late")  # added after start: Triton lists it by name at the next index call
+    assert asyncio.run(c.index())[-1] == {"name": "late"} and d.calls == [("deploy", "a")]
 
 
 def test_a_name_in_two_repositories_is_an_error_for_that_name(repo: Path, tmp_path: Path) -> None:
@@ -127,11 +134,11 @@ def test_a_name_in_two_repositories_is_an_error_for_that_name(repo: Path, tmp_pa
     add_model(other, "c")
     c, _ = controller([repo, other], exit_on_error=False)
     asyncio.run(c.start())
-    rows = {r["name"]: r for r in c.index()}
+    rows = {r["name"]: r for r in asyncio.run(c.index())}
     assert rows["a"]["state"] == "UNAVAILABLE" and "more than one model repository" in rows["a"]["reason"]
     assert rows["b"]["state"] == rows["c"]["state"] == "READY"
     assert not c.ready()  # strict readiness: a model asked for is not READY
-    assert str(tmp_path) not in json.dumps(c.index())
+    assert str(tmp_path) not in json.dumps(asyncio.run(c.index()))
 
 
 def test_exit_on_error_fails_the_start_and_non_strict_readiness_ignores_models(repo: Path) -> None:
@@ -147,14 +154,14 @@ def test_exit_on_error_fails_the_start_and_non_strict_readiness_ignores_models(r
 def test_loading_an_unknown_or_invalid_name_records_nothing(repo: Path) -> None:
     c, d = controller([repo], model_control_mode="explicit")
     asyncio.run(c.start())
-    before = c.index()
+    before = asyncio.run(c.index())
     with pytest.raises(InvalidArgument, match="failed to poll from model repository") as err:
         asyncio.run(c.load("doesnotexist"))
     assert str(repo) not in err.value.message
     for bad in ("x" * 10_000, "../a", "a/b", ".hidden", ""):
         with pytest.raises(InvalidArgument, match="invalid model name"):
             asyncio.run(c.load(bad))
-    assert c.index() == before and c.ready() and d.calls == []
+    assert asyncio.run(c.index()) == before and c.ready() and d.calls == []
 
 
 def test_explicit_load_with_a_config_override_then_unload(repo: Path) -> None:
@@ -168,7 +175,12 @@ def test_explicit_load_with_a_config_override_then_unload(repo: Path) -> None:
     asyncio.run(c.load("a"))  # again, from the repository: a reload
     assert d.calls[-1] == ("reload", "a") and d.deployed["a"].max_batch_size == 8
     asyncio.run(c.unload("a"))
-    assert c.index()[0] == {"name": "a", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}
+    assert asyncio.run(c.index())[0] == {
+        "name": "a",
+        "version": "1",
+        "state": "UNAVAILABLE",
+        "reason": "unloaded",
+    }
     assert c.ready()  # an unloaded model is not asked for any more
 
 
