@@ -33,7 +33,7 @@ import hashlib
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from repository_loader import platforms
@@ -354,6 +354,21 @@ def cpu_share(num_cpus: float, total_replicas: int, control_app_cpus: float = CO
     available = max(num_cpus - control_app_cpus, 0.0)
     share = math.floor(available / total_replicas * 100) / 100
     return max(MIN_CPU_SHARE, min(1.0, share))
+
+
+def within_cpus(entries: tuple[DeploymentEntry, ...], free_cpus: float) -> tuple[DeploymentEntry, ...]:
+    """``entries`` (a model loaded beside running ones) with their CPU share lowered, where needed, so
+    that all their replicas fit in the ``free_cpus`` the running models left (never below
+    ``MIN_CPU_SHARE``): the running replicas keep their shares, and a share the cluster cannot give
+    would leave the new replicas waiting forever."""
+    replicas = sum(e.num_replicas for e in entries)
+    if replicas <= 0:
+        return entries
+    share = max(MIN_CPU_SHARE, math.floor(max(free_cpus, 0.0) / replicas * 100) / 100)
+    return tuple(
+        e if e.resources.num_cpus <= share else replace(e, resources=replace(e.resources, num_cpus=share))
+        for e in entries
+    )
 
 
 def max_ongoing_requests(model: ModelDescription) -> int:

@@ -40,7 +40,13 @@ from deployments.serve.reloads import Order, ReloadBoard
 from deployments.settings import ServerSettings
 from repository_loader.errors import ServerError, Unavailable
 from repository_loader.model import ModelDescription
-from repository_loader.plan import ClusterResources, DeploymentEntry, DeploymentPlan, plan_deployments
+from repository_loader.plan import (
+    ClusterResources,
+    DeploymentEntry,
+    DeploymentPlan,
+    plan_deployments,
+    within_cpus,
+)
 
 logger = logging.getLogger("ray.serve")
 
@@ -81,7 +87,9 @@ class RayDeployer:
         found = plan.for_model(model.name)
         if not found:
             raise Unavailable(f"model '{model.name}' could not be planned")
-        return found
+        others = [e for name, entries in self.deployed.items() if name != model.name for e in entries]
+        used = sum(e.num_replicas * e.resources.num_cpus for e in others)
+        return within_cpus(found, self.resources.num_cpus - self.settings.control_app_cpus - used)
 
     def group_apps(self, name: str) -> GroupApps:
         """The applications model ``name`` is deployed as, one per instance group in group order, with
@@ -344,8 +352,8 @@ class ServerDeployment:
         """Where each rank of a stateful model answers HTTP (``deployments.serve.sequence_routing``)."""
         return dict(self._sequence_members.get(model, {}))
 
-    def index(self) -> list[dict[str, Any]]:
-        return self.controller.index()
+    async def index(self) -> list[dict[str, Any]]:
+        return await self.controller.index()
 
     def deployed_plan(self) -> dict[str, list[dict[str, Any]]]:
         """The plan entries each deployed model's applications were started from (one per instance

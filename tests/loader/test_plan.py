@@ -9,11 +9,13 @@ import pytest
 from repository_loader.model import DynamicBatching, InstanceGroup, InstanceKind, ModelDescription, TensorSpec
 from repository_loader.plan import (
     CONTROL_APP_CPUS,
+    MIN_CPU_SHARE,
     MIN_ONGOING_REQUESTS,
     ClusterResources,
     cpu_share,
     is_group_app,
     plan_deployments,
+    within_cpus,
 )
 
 
@@ -76,6 +78,23 @@ def test_cpu_group_and_shares_that_fit_two_cores() -> None:
     assert all(e.resources.num_gpus == 0 for e in plan.entries)
     assert plan.total_cpus <= 2 - CONTROL_APP_CPUS
     assert plan.entries[0].resources.num_cpus == pytest.approx(0.38)
+
+
+def test_a_model_loaded_later_fits_in_the_cpus_the_running_ones_left() -> None:
+    running = plan_deployments(
+        {"a": _model("a", (InstanceGroup("a_0", InstanceKind.CPU, 2),))}, ClusterResources(2)
+    )
+    assert running.total_cpus == pytest.approx(1.9)  # 0.95 each: 0.0 left beside the server app
+    later = plan_deployments(
+        {"a": _model("a", (InstanceGroup("a_0", InstanceKind.CPU, 2),)), "b": _model("b")},
+        ClusterResources(2),
+    ).for_model("b")
+    assert later[0].resources.num_cpus == pytest.approx(0.47)  # what a fresh plan of both gives it
+    fitted = within_cpus(later, 2 - CONTROL_APP_CPUS - running.total_cpus)
+    assert [e.resources.num_cpus for e in fitted] == [MIN_CPU_SHARE] * len(later)
+    assert fitted[0].serve_options()["ray_actor_options"]["num_cpus"] == MIN_CPU_SHARE
+    roomy = within_cpus(later, 10.0)  # room enough: the share is kept
+    assert roomy == later
 
 
 def test_cpu_share_is_capped_at_one() -> None:
