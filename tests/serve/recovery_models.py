@@ -1,5 +1,6 @@
 """Small Python models for the recovery, timeout and soak tests: ``OUTPUT0 = INPUT0 + 1`` after a short
-sleep, one with two replicas, and one that never returns for a negative input."""
+sleep, one with two replicas, and one that never returns for a negative input (touching the file named
+by the request parameter ``hang_marker`` first, when there is one)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from pathlib import Path
 
 MODEL_PY = textwrap.dedent(
     """
+    import json
+    import pathlib
     import time
 
     import numpy as np
@@ -20,6 +23,9 @@ MODEL_PY = textwrap.dedent(
             for request in requests:
                 x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
                 if float(x.reshape(-1)[0]) < 0:
+                    marker = json.loads(request.parameters()).get("hang_marker")
+                    if marker:  # tells a test that the instance is now held
+                        pathlib.Path(marker).touch()
                     while True:  # a hung model: never returns
                         time.sleep(3600)
                 time.sleep(0.01)

@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -101,15 +102,24 @@ def test_a_hung_model_fails_the_request_at_its_execution_timeout_and_serves_agai
         pytest.fail("the model did not serve again after its hung instance")
 
 
-def test_a_request_timeout_is_honoured_while_it_waits_for_the_instance(server: Server) -> None:
+def test_a_request_timeout_is_honoured_while_it_waits_for_the_instance(
+    server: Server, tmp_path: Path
+) -> None:
     # a hung request holds the only instance until its execution timeout (1.5 s)
+    marker = tmp_path / "hanging"
     blocker = threading.Thread(
         target=http,
-        args=(f"{server.url}/v2/models/hangs/infer", recovery_models.infer_body(-1.0)),
+        args=(
+            f"{server.url}/v2/models/hangs/infer",
+            recovery_models.infer_body(-1.0, hang_marker=str(marker)),
+        ),
         kwargs={"timeout": 60},
     )
     blocker.start()
-    time.sleep(0.3)
+    deadline = time.monotonic() + 30
+    while not marker.exists():  # the blocker holds the instance from here on
+        assert time.monotonic() < deadline, "the blocking request never reached the model"
+        time.sleep(0.01)
     started = time.monotonic()
     status, _, body = http(
         f"{server.url}/v2/models/hangs/infer", recovery_models.infer_body(1.0, timeout=200_000), timeout=60
