@@ -9,6 +9,13 @@ its owner runs there (one hop); any other replica forwards the request's HTTP
 body as it came to the owner's own direct-ingress HTTP port (two hops) and
 returns the owner's reply as it is.
 
+Unary calls from inside the server (gRPC requests through the server
+application, BLS, ensemble steps) reach a replica's HTTP port too
+(``deployments.serve.direct_calls``), so they are forwarded the same way. A call
+that arrives through a deployment handle instead (a decoupled stream, or Serve's
+own proxy path) and is not the replica's own sequence is refused as UNAVAILABLE:
+it never runs without its state.
+
 The ranks' addresses live in the server deployment (``ServerDeployment``): each
 replica registers ``rank -> (replica id, ip, port)`` once its port is
 allocated, and every replica keeps a copy, read again when an owner is missing
@@ -29,6 +36,7 @@ from typing import Any
 
 from deployments.inference import InferRequest
 from deployments.serve import hooks
+from deployments.serve.direct_calls import reachable
 from repository_loader.errors import Unavailable
 
 logger = logging.getLogger("ray.serve")
@@ -64,7 +72,6 @@ class SequenceRouter:
         actor_name: str,
         register: RegisterFn,
         members: MembersFn,
-        bind_host: str = "0.0.0.0",
     ) -> None:
         self.model_name = model_name
         self.app_name = app_name
@@ -72,7 +79,6 @@ class SequenceRouter:
         self.world_size = world_size
         self.replica_id = replica_id
         self.actor_name = actor_name
-        self.bind_host = bind_host  # where replicas' HTTP servers listen (``http_options.host``)
         self._register = register
         self._read_members = members
         self._members: Members = {}
@@ -91,9 +97,7 @@ class SequenceRouter:
                 targets = {}
             address = targets.get(self.actor_name)
             if address is not None:
-                ip, port = address
-                if self.bind_host.startswith("127.") or self.bind_host == "localhost":
-                    ip = self.bind_host  # replicas listen on loopback only: one node
+                ip, port = address  # its node's address: callers on that node use loopback (reachable)
                 await self._register(self.rank, (self.replica_id, ip, port))
                 self._members = await self._read_members()
                 return
@@ -126,7 +130,16 @@ class SequenceRouter:
         self.forwarded += 1
         return reply
 
-    def _lost(self, request: InferRequest, owner: int, exc: BaseException) -> Unavailable:
+    def refuse_elsewhere(self, request: InferRequest) -> None:
+        """Raise UNAVAILABLE when ``request`` belongs to a sequence this replica does not own (a handle
+        call that could not reach the owner): it must never run without the sequence's state."""
+        if not request.correlation_id:
+            return
+        owner = owner_rank(request.correlation_id, self.world_size)
+        if owner != self.rank:
+            raise self._lost(request, owner, "it is not among the model's running replicas")
+
+    def _lost(self, request: InferRequest, owner: int, exc: BaseException | str) -> Unavailable:
         return Unavailable(
             f"inference request for sequence {request.correlation_id} to model '{self.model_name}': "
             f"the replica holding the sequence (rank {owner}) is unavailable: {exc}"
@@ -155,7 +168,9 @@ class SequenceRouter:
             )
         _, ip, port = member
         try:
-            async with self._session.post(f"http://{ip}:{port}{path}", data=body, headers=headers) as resp:
+            async with self._session.post(
+                f"http://{reachable(ip)}:{port}{path}", data=body, headers=headers
+            ) as resp:
                 out = await resp.read()
                 returned = [
                     (k.encode(), resp.headers[k].encode("latin-1")) for k in _RETURNED if k in resp.headers

@@ -71,6 +71,53 @@ def test_64_interleaved_sequences_keep_their_replica_and_their_sums(server_url: 
     assert len(pids) == 2, "both replicas hold sequences"
 
 
+def test_interleaved_grpc_sequences_reach_their_owner(server_url: str, grpc_url: str) -> None:
+    """gRPC requests go through the server application's handle calls: the sequence request router
+    sends each to the replica owning the sequence, the one HTTP requests of it reach too."""
+    import tritonclient.grpc.aio as grpcaio
+
+    values = {cid: [cid + k for k in range(1, 6)] for cid in range(5001, 5025)}
+
+    async def sequence(client: grpcaio.InferenceServerClient, cid: int) -> list[tuple[int, int]]:
+        out = []
+        for i, value in enumerate(values[cid]):
+            tensor = grpcaio.InferInput("IN", [1, 1], "INT32")
+            tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+            last = i == len(values[cid]) - 1
+            result = await client.infer(
+                ACC, [tensor], sequence_id=cid, sequence_start=i == 0, sequence_end=last
+            )
+            out.append((int(result.as_numpy("OUT")[0, 0]), int(result.as_numpy("PID")[0, 0])))
+        return out
+
+    async def main() -> list[list[tuple[int, int]]]:
+        client = grpcaio.InferenceServerClient(grpc_url)
+        try:
+            return await asyncio.gather(*(sequence(client, cid) for cid in values))
+        finally:
+            await client.close()
+
+    deadline = time.monotonic() + 30  # replicas report their ranks to the router every second
+    while True:
+        try:
+            runs = dict(zip(values, asyncio.run(main()), strict=True))
+            break
+        except InferenceServerException as exc:
+            assert time.monotonic() < deadline and "is unavailable" in str(exc), exc
+            time.sleep(1.0)
+    http = httpclient.InferenceServerClient(server_url)
+    pids = set()
+    for cid, run in runs.items():
+        assert [r[0] for r in run] == list(np.cumsum(values[cid])), cid
+        owners = {r[1] for r in run}
+        assert len(owners) == 1, f"sequence {cid} switched replicas: {owners}"
+        # the same ID over HTTP lands on the same replica
+        again = http.infer(ACC, _acc_input(1), sequence_id=cid, sequence_start=True, sequence_end=True)
+        assert {int(again.as_numpy("PID")[0, 0])} == owners, cid
+        pids |= owners
+    assert len(pids) == 2, "both replicas hold sequences"
+
+
 def test_string_sequence_ids_and_server_kept_state_onnx(server_url: str) -> None:
     """ONNX model with implicit state: the server keeps STATE between requests; string IDs."""
 
