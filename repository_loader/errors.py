@@ -153,3 +153,21 @@ _BY_CODE: dict[ErrorCode, type[ServerError]] = {
 def error_for_code(code: ErrorCode | str, message: str) -> ServerError:
     """Build the error class that stands for ``code``."""
     return _BY_CODE[ErrorCode(code)](message)
+
+
+ERROR_CODE_HEADER = "triton-error-code"
+"""Set on this server's HTTP error replies: the code of the error (statuses such as 500 stand for two)."""
+
+
+def error_for_http_status(status: int, message: str, code: str | None = None) -> ServerError:
+    """The error an HTTP reply of this server stands for (its own replicas' answers, read back):
+    ``code`` (the reply's ``ERROR_CODE_HEADER``) where its status alone does not tell."""
+    if code in _BY_CODE and STATUS_TABLE[ErrorCode(code)][0] == status:
+        return _BY_CODE[ErrorCode(code)](message)
+    for cls in (TooLarge, TooBusy, ExecutionTimeout, Restricted):
+        if cls("").http_status == status:
+            return cls(message)
+    for code, (http, _) in sorted(STATUS_TABLE.items(), key=lambda item: item[0] == ErrorCode.UNKNOWN):
+        if http == status:  # 500 without a code: INTERNAL
+            return _BY_CODE[code](message)
+    return UnknownError(message) if status >= 500 else InvalidArgument(message)

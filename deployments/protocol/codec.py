@@ -11,6 +11,10 @@ A response body is JSON, with the outputs asked for in binary form appended
 after it (each with ``parameters.binary_data_size``), in the order of the
 header's ``outputs`` list.
 
+The other direction (:func:`encode_infer_request`, :func:`decode_infer_response`)
+is the server calling one of its own model replicas over HTTP
+(``deployments.serve.direct_calls``): every tensor binary, both ways.
+
 Decoding only parses: a well-formed body, JSON and binary tensors whose sizes
 match their data types and shapes, within the server's :class:`RequestLimits`
 (shape rank, elements per tensor). JSON tensor data must match its data type
@@ -48,7 +52,13 @@ from repository_loader.datatypes import (
     serialize_bytes_tensor,
     to_numpy_dtype,
 )
-from repository_loader.errors import InvalidArgument, TooLarge, Unsupported
+from repository_loader.errors import (
+    InternalError,
+    InvalidArgument,
+    TooLarge,
+    Unsupported,
+    error_for_http_status,
+)
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -543,3 +553,82 @@ def classify(array: np.ndarray, count: int, batched: bool, labels: Sequence[str]
 
 def _text(value: bytes | str) -> str:
     return value.decode("latin-1") if isinstance(value, bytes) else value
+
+
+# --- the server as a client of its own replicas --------------------------------
+
+
+def encode_infer_request(request: InferRequest) -> tuple[bytes, int]:
+    """``request`` as an HTTP body with every input binary, asking for binary outputs (the requested
+    ones by name, classification left to the caller); returns the body and its JSON header's length."""
+    inputs: list[dict[str, Any]] = []
+    blobs: list[Any] = []
+    for name, tensor in request.inputs.items():
+        array = to_numpy(tensor)
+        datatype = wire_datatype(array)
+        if datatype == "BYTES":
+            blob: Any = serialize_bytes_tensor(array)
+        else:
+            blob = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        parameters = {"binary_data_size": len(blob)}
+        inputs.append(
+            {"name": name, "datatype": datatype, "shape": list(array.shape), "parameters": parameters}
+        )
+        blobs.append(blob)
+    params: dict[str, Any] = {**request.parameters, "binary_data_output": True}
+    if request.correlation_id:
+        params["sequence_id"] = request.correlation_id
+        params["sequence_start"] = request.sequence_start
+        params["sequence_end"] = request.sequence_end
+    if request.priority:
+        params["priority"] = request.priority
+    if request.timeout_us:
+        params["timeout"] = request.timeout_us
+    doc: dict[str, Any] = {"inputs": inputs, "parameters": params}
+    if request.id:
+        doc["id"] = request.id
+    if request.requested_outputs is not None:
+        doc["outputs"] = [
+            {"name": o.name, "parameters": {"binary_data": True}} for o in request.requested_outputs
+        ]
+    header = _LENIENT_ENCODER.encode(doc).encode("utf-8")
+    blobs.insert(0, header)
+    return b"".join(blobs), len(header)
+
+
+def decode_infer_response(
+    status: int, body: bytes, header_length: int | None, error_code: str | None = None
+) -> InferResponse:
+    """A replica's HTTP answer as a response: its outputs (writable arrays), or its error as the
+    server error its status (and ``error_code``, the reply's ``ERROR_CODE_HEADER``) stands for."""
+    split = len(body) if header_length is None else header_length
+    try:
+        doc = json.loads(body[:split])
+    except ValueError:
+        doc = None
+    if type(doc) is not dict:
+        message = f"a replica answered {status} with a body that is not an inference response"
+        if status == 200:
+            raise InternalError(message)
+        return InferResponse(error=error_for_http_status(status, message))
+    if status != 200:
+        message = str(doc.get("error", f"HTTP {status}"))
+        return InferResponse(error=error_for_http_status(status, message, error_code))
+    data = bytearray(body)  # tensors are views on it, writable (a model may change what it is handed)
+    outputs: dict[str, Any] = {}
+    offset = split
+    for item in doc.get("outputs", []):
+        name, datatype, shape = item["name"], item["datatype"], list(item["shape"])
+        size = (item.get("parameters") or {}).get("binary_data_size")
+        if size is None:
+            outputs[name] = _json_tensor(name, datatype, shape, item.get("data"))
+            continue
+        outputs[name] = _binary_tensor(name, datatype, shape, data, offset, int(size))  # type: ignore[arg-type]
+        offset += int(size)
+    return InferResponse(
+        outputs=outputs,
+        parameters=doc.get("parameters") or {},
+        model_name=str(doc.get("model_name", "")),
+        model_version=str(doc.get("model_version", "")),
+        id=str(doc.get("id", "")),
+    )

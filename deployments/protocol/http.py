@@ -29,7 +29,15 @@ from deployments.protocol import codec, compression, generate
 from deployments.protocol.dataplane import DataPlane
 from deployments.runtime.checks import ModelSchema
 from deployments.settings import RequestLimits, RestrictedApi, restriction_for
-from repository_loader.errors import InvalidArgument, NotFound, Restricted, ServerError, TooBusy, TooLarge
+from repository_loader.errors import (
+    ERROR_CODE_HEADER,
+    InvalidArgument,
+    NotFound,
+    Restricted,
+    ServerError,
+    TooBusy,
+    TooLarge,
+)
 from repository_loader.model import ModelDescription
 
 logger = logging.getLogger(__name__)
@@ -125,6 +133,7 @@ def check_restricted(
 
 
 _JSON = [(b"content-type", b"application/json")]
+_ERROR_CODE = ERROR_CODE_HEADER.encode()
 _BINARY = b"application/octet-stream"
 _TEXT = [(b"content-type", b"text/plain; charset=utf-8")]
 _NO_CACHE = (b"cache-control", b"no-cache")
@@ -509,12 +518,14 @@ class ServerHTTPApp(_BaseApp):
 
 def error_reply(error: BaseException, status: int | None = None) -> Reply:
     """The one mapping from an exception to an HTTP reply: ``ServerError.http_status``, else 500."""
+    headers = list(_JSON)
     if isinstance(error, ServerError):
         message, code = error.message, error.http_status
+        headers.append((_ERROR_CODE, error.code.value.encode()))
     else:
         message, code = f"internal error: {type(error).__name__}: {error}", 500
     body = _ERROR_ENCODER.encode({"error": message}).encode("utf-8")
-    return status or code, list(_JSON), body
+    return status or code, headers, body
 
 
 def _full_path(scope: Scope) -> str:

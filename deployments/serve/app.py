@@ -26,6 +26,7 @@ from deployments.runtime.custom_metrics import merge_snapshots as merge_custom_m
 from deployments.runtime.metrics import HostGauges, merge_model_metrics, render_triton
 from deployments.runtime.stats import merge_snapshots
 from deployments.serve import hooks, request_path
+from deployments.serve.direct_calls import DirectCalls
 from deployments.serve.handles import GroupApps, HandleExecutor, RemoteModel, own_app
 from deployments.serve.model_app import ModelDeployment
 from deployments.serve.names import (
@@ -234,7 +235,8 @@ class ServerDeployment:
         self._stats: Snapshots = {}
         self._sequence_members: dict[str, dict[int, tuple[str, str, int]]] = {}
         # the server reads its deployer for a model's instance groups on every call (no Ray call)
-        self._executor = HandleExecutor(self._group_apps, refresh_s=0.0)
+        direct = DirectCalls() if settings.direct_routes else None
+        self._executor = HandleExecutor(self._group_apps, refresh_s=0.0, direct=direct)
         self.controller = ModelController(settings, self.deployer, remote=self._remote)
         self._metrics: dict[str, dict[str, dict[str, Any]]] = {}  # pushed metrics snapshots: model, replica
         self._host_gauges = HostGauges()

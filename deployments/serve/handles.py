@@ -20,6 +20,7 @@ from typing import Any
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.dataplane import model_metadata_document
 from deployments.runtime.stats import merge_snapshots
+from deployments.serve.direct_calls import DirectCalls
 from deployments.serve.names import (
     MODEL_DEPLOYMENT,
     SERVER_APP,
@@ -27,6 +28,7 @@ from deployments.serve.names import (
     is_hosted_key,
     model_app_name,
 )
+from deployments.serve.sequence_routing import owner_rank
 from repository_loader.errors import InvalidArgument, NotFound, ServerError, Unavailable
 from repository_loader.model import ModelDescription
 
@@ -53,9 +55,17 @@ class GroupPicker:
     def __init__(self) -> None:
         self.in_flight: dict[str, int] = {}  # application -> calls in flight through it
 
-    def pick(self, apps: GroupApps) -> str:
+    def pick(self, apps: GroupApps, correlation_id: int | str = 0) -> str:
+        """``correlation_id`` (a sequence's call, several groups): the group holding the owner's rank
+        (ranks run over the groups in order, ``deployments.serve.sequence_routing``)."""
         if len(apps) == 1:
             return apps[0][0]
+        if correlation_id:
+            rank = owner_rank(correlation_id, sum(max(1, n) for _, n in apps))
+            for app, replicas in apps:
+                if rank < max(1, replicas):
+                    return app
+                rank -= max(1, replicas)
         index = min(
             range(len(apps)), key=lambda i: (self.in_flight.get(apps[i][0], 0) / max(1, apps[i][1]), i)
         )
@@ -85,7 +95,9 @@ class HandleExecutor:
     """A ``ModelExecutor`` that calls the target model's own deployments.
 
     ``group_apps`` says which applications a model has (default: ask the server application);
-    ``refresh_s`` is how long an answer is kept; ``connect`` makes an application's handle.
+    ``refresh_s`` is how long an answer is kept; ``connect`` makes an application's handle;
+    ``direct``, where given, carries unary calls over the replicas' own HTTP ports
+    (``deployments.serve.direct_calls``), the handle serving what it cannot.
     """
 
     def __init__(
@@ -93,7 +105,9 @@ class HandleExecutor:
         group_apps: GroupAppsLookup | None = None,
         refresh_s: float = GROUP_APPS_REFRESH_S,
         connect: Connect = _serve_handle,
+        direct: DirectCalls | None = None,
     ) -> None:
+        self.direct = direct
         self._lookup = group_apps or self._ask_server
         self._refresh_s = refresh_s
         self._connect = connect
@@ -124,9 +138,10 @@ class HandleExecutor:
         self._groups[model] = (apps, now)
         return apps
 
-    async def _pick(self, model: str) -> tuple[str, Any]:
-        """The application (least loaded instance group) the next call to ``model`` goes to, and its handle."""
-        app = self.picker.pick(await self._group_apps(model))
+    async def _pick(self, model: str, correlation_id: int | str = 0) -> tuple[str, Any]:
+        """The application (least loaded instance group, or the sequence owner's) the next call to
+        ``model`` goes to, and its handle."""
+        app = self.picker.pick(await self._group_apps(model), correlation_id)
         return app, self._app_handle(model, app)
 
     async def _ask_server(self, model: str) -> GroupApps:
@@ -149,10 +164,11 @@ class HandleExecutor:
             self._handles.pop(app, None)
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        app, handle = await self._pick(request.model_name)
+        app, handle = await self._pick(request.model_name, request.correlation_id)
         try:
             with self.picker.calling(app):
-                response: InferResponse = await handle.infer_internal.remote(request)
+                direct = await self.direct.infer(app, request) if self.direct is not None else None
+                response: InferResponse = direct or await handle.infer_internal.remote(request)
             return response
         except Exception as exc:
             raise self._failure(request.model_name, exc) from None
@@ -163,7 +179,7 @@ class HandleExecutor:
         Closing this iterator early (or cancelling the task reading it) cancels the call on the
         replica, where the model sees ``request.is_cancelled()``.
         """
-        app, handle = await self._pick(request.model_name)
+        app, handle = await self._pick(request.model_name, request.correlation_id)
         responses = handle.options(stream=True).infer_stream_internal.remote(request)
         finished = False
         try:

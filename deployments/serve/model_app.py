@@ -16,6 +16,7 @@ from deployments.replica import replica_dataplane
 from deployments.runtime.model import ModelRuntime
 from deployments.serve import ingress, reloads
 from deployments.serve.devices import pin_replica_gpu
+from deployments.serve.direct_calls import DirectCalls
 from deployments.serve.handles import HandleExecutor
 from deployments.serve.names import SERVER_APP, SERVER_DEPLOYMENT, hosted_key, model_app_name, model_route
 from deployments.serve.response_writes import coalesce_response_writes
@@ -57,6 +58,7 @@ class ModelDeployment:
         coalesce_response_writes()
         self.model = model
         self.settings = settings
+        self._executor = HandleExecutor(direct=DirectCalls() if settings.direct_routes else None)
         self._route = model_route(model.name)
         self.replicas = replicas
         self.rank_offset = rank_offset
@@ -68,7 +70,7 @@ class ModelDeployment:
             model,
             instance_kind=kind,
             device_id=0,
-            executor=HandleExecutor(),
+            executor=self._executor,
             instance_name=self.replica_id,
             composing=composing,
         )
@@ -128,7 +130,6 @@ class ModelDeployment:
             actor,
             register,
             members,
-            bind_host=self.settings.http_host,
         )
 
     def sequence_routing(self) -> dict[str, int]:
@@ -156,7 +157,7 @@ class ModelDeployment:
             model,
             instance_kind=self._kind,
             device_id=0,
-            executor=HandleExecutor(),
+            executor=self._executor,
             instance_name=self.replica_id,
             composing=composing,
         )
@@ -188,6 +189,8 @@ class ModelDeployment:
     async def infer_internal(self, request: InferRequest) -> InferResponse:
         if self.load_error is not None:
             raise Unavailable(f"model '{self.model.name}' is unavailable: {self.load_error}")
+        if self._sequences is not None:
+            self._sequences.refuse_elsewhere(request)
         return await self.runtime.infer(request)
 
     async def infer_stream_internal(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
@@ -196,6 +199,8 @@ class ModelDeployment:
         cancels the request (the Python model sees ``request.is_cancelled()``)."""
         if self.load_error is not None:
             raise Unavailable(f"model '{self.model.name}' is unavailable: {self.load_error}")
+        if self._sequences is not None:
+            self._sequences.refuse_elsewhere(request)
         stream = self.runtime.infer_stream(request)
         try:
             async for response in stream:
