@@ -4,8 +4,9 @@
 perf_analyzer points against each (synchronous at concurrency 1, ``--async`` at 32):
 
 * ``(a) server replica``: this server on Serve; the gRPC server runs in the server application's
-  replica and calls the model's replica through a deployment handle (two hops: client -> server
-  replica -> model replica).
+  replica and calls the model's replica on its own HTTP port (``deployments.serve.direct_calls``;
+  a deployment handle before it: ``handle_calls.json`` beside the results), two hops: client ->
+  server replica -> model replica.
 * ``(b) one hop``: the same gRPC server over the model replica's own data plane
   (``deployments.replica.replica_dataplane`` over a ``ModelRuntime``), in one plain process: what a
   gRPC port inside each model replica would answer at best, with no Serve and no second hop.
