@@ -324,7 +324,12 @@ def test_a_cancelled_stream_cancels_the_model(grpc_url: str, cancel_markers: Pat
 
 
 def test_streamed_requests_count_in_statistics(client: grpcclient.InferenceServerClient) -> None:
-    stats = client.get_inference_statistics("word_stream", as_json=True)["model_stats"][0]
+    deadline = time.monotonic() + 10  # replicas push their statistics every second
+    while True:
+        stats = client.get_inference_statistics("word_stream", as_json=True)["model_stats"][0]
+        if "count" in stats["inference_stats"]["success"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert int(stats["inference_stats"]["success"]["count"]) >= 1
     assert int(stats["execution_count"]) >= 1
 
