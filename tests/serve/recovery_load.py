@@ -14,6 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,47 +128,83 @@ def kill_under_load(
     return KillReport(model, replicas, workers, pid, kill_at, died_at, outcomes)
 
 
+MODELS = (("add_one", 1), ("add_two_replicas", 2))
+
+
+def kill_each(
+    url: str, replica_pids: Any, wait_ready: Callable[[str], None], after_s: float
+) -> list[dict[str, Any]]:
+    """Each recovery model's first replica killed under load, one after the other: their summaries."""
+    results = []
+    for model, replicas in MODELS:
+        wait_ready(model)
+        report = kill_under_load(url, model, replica_pids, replicas=replicas, after_s=after_s)
+        results.append(report.summary())
+        print(json.dumps(results[-1]), flush=True)
+        wait_ready(model)
+        time.sleep(3)
+    return results
+
+
+def _serve_this_tree(repo: Path, after_s: float) -> list[dict[str, Any]]:
+    from tests.serve.standalone import Server
+
+    server = Server(repo, args={"model_control_mode": "explicit", "load_model": [m for m, _ in MODELS]})
+    try:
+        return kill_each(server.url, server.replica_pids, lambda m: server.wait_ready([m]), after_s)
+    finally:
+        server.close()
+
+
+def _serve_revision(repo: Path, revision: str, after_s: float) -> list[dict[str, Any]]:
+    """The same load on the server of an earlier revision (a worktree under bench/.work/), started as
+    the ``revisions`` bench scenario starts one; its replicas found among its descendants."""
+    from bench.scenarios.common import free_port, start_this_server, work_dir
+    from bench.scenarios.revisions import base_worktree
+
+    work = work_dir("recovery")
+    _, tree = base_worktree(revision, work)
+    handle = start_this_server(repo, free_port(), log_path=work / "base.log", env={"PYTHONPATH": str(tree)})
+
+    def replica_pids(model: str) -> list[int]:
+        tag = f"ServeReplica:model-{model}:"
+        return sorted(p for p in processes.descendants(handle.process.pid) if tag in processes.command(p))
+
+    def wait_ready(model: str) -> None:
+        deadline = time.monotonic() + 120
+        while not one_request(f"http://{handle.url}", model, 1.0, timeout=5).correct:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"model '{model}' of {revision} did not answer")
+            time.sleep(0.5)
+
+    with handle:
+        return kill_each(f"http://{handle.url}", replica_pids, wait_ready, after_s)
+
+
 def main() -> None:
     """Start a server on the recovery models, kill each model's replica under load, write the results."""
+    import tempfile
+
     from tests.serve import recovery_models
-    from tests.serve.standalone import Server
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="bench/results/recovery/after.json")
     parser.add_argument("--after-s", type=float, default=15.0)
+    parser.add_argument("--revision", default="", help="measure the server of this git revision instead")
     args = parser.parse_args()
-    import tempfile
-
     repo = recovery_models.build(Path(tempfile.mkdtemp(prefix="trs-repo-")))
-    server = Server(
-        repo, args={"model_control_mode": "explicit", "load_model": ["add_one", "add_two_replicas"]}
-    )
-    try:
-        server.wait_ready(["add_one", "add_two_replicas"])
-        results = []
-        for model, replicas in (("add_one", 1), ("add_two_replicas", 2)):
-            report = kill_under_load(
-                server.url, model, server.replica_pids, replicas=replicas, after_s=args.after_s
-            )
-            results.append(report.summary())
-            print(json.dumps(results[-1]), flush=True)
-            server.wait_ready([model])
-            time.sleep(3)
-    finally:
-        server.close()
+    if args.revision:
+        results = _serve_revision(repo, args.revision, args.after_s)
+    else:
+        results = _serve_this_tree(repo, args.after_s)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "command": "flock /tmp/triton-serve-tests.lock .venv/bin/python -m tests.serve.recovery_load "
-                f"--out {args.out}",
-                "results": results,
-            },
-            indent=2,
-        )
-        + "\n"
+    revision = f" --revision {args.revision}" if args.revision else ""
+    command = (
+        "flock /tmp/triton-serve-tests.lock .venv/bin/python -m tests.serve.recovery_load "
+        f"--out {args.out}{revision}"
     )
+    out.write_text(json.dumps({"command": command, "results": results}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
