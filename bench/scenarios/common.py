@@ -60,9 +60,17 @@ def start_this_server(
     env: Mapping[str, str] | None = None,
     timeout: float = 300.0,
     extra_args: Sequence[str] = (),
+    tree: Path | None = None,
 ) -> ServerHandle:
-    """Start this project's server on ``repo`` and wait until ``/v2/health/ready`` answers 200."""
+    """Start this project's server on ``repo`` and wait until ``/v2/health/ready`` answers 200.
+
+    ``tree``: another checkout of the project (an earlier revision) whose server to start instead: its
+    folder is the command's working directory (``python -m`` imports from there first) and leads the
+    ``PYTHONPATH`` of every process it starts, Ray's workers included.
+    """
     full_env = {**os.environ, **(env or {})}
+    if tree is not None:
+        full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tree), full_env.get("PYTHONPATH", "")) if p)
     handle = launch(
         this_server_cmd(repo, http_port, grpc_port, extra_args),
         http_port,
@@ -70,6 +78,7 @@ def start_this_server(
         log_path=log_path,
         grpc_port=grpc_port,
         env=full_env,
+        cwd=tree or REPO_ROOT,
     )
     wait_ready(handle, timeout)
     return handle

@@ -57,7 +57,7 @@ def base_worktree(revision: str, work: Path) -> tuple[str, Path]:
 
 def _start_base(tree: Path, repo: Path, logs: Path) -> ServerHandle:
     """The base revision's server: its own packages first on the path of every process it starts."""
-    return start_this_server(repo, free_port(), log_path=logs / "base.log", env={"PYTHONPATH": str(tree)})
+    return start_this_server(repo, free_port(), log_path=logs / "base.log", tree=tree)
 
 
 def run(quick: bool = False) -> Report:

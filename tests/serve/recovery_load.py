@@ -164,7 +164,7 @@ def _serve_revision(repo: Path, revision: str, after_s: float) -> list[dict[str,
 
     work = work_dir("recovery")
     _, tree = base_worktree(revision, work)
-    handle = start_this_server(repo, free_port(), log_path=work / "base.log", env={"PYTHONPATH": str(tree)})
+    handle = start_this_server(repo, free_port(), log_path=work / "base.log", tree=tree)
 
     def replica_pids(model: str) -> list[int]:
         tag = f"ServeReplica:model-{model}:"
