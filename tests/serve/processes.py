@@ -101,9 +101,27 @@ def _address(hex_addr: str, width: int) -> str:
     return ":".join(raw[i : i + 2].hex() for i in range(0, 16, 2))
 
 
+def _threads_alive(pid: int) -> bool:
+    """Whether any thread of ``pid`` still runs. A killed process's main thread turns zombie before its
+    other threads have exited, and its sockets close only with the last of them."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tasks:
+        try:
+            state = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state not in ("Z", "X"):
+            return True
+    return False
+
+
 def wait_gone(pid: int, timeout_s: float = 10.0) -> float:
-    """``time.monotonic()`` once ``pid`` has ended (a zombie has), or after ``timeout_s``."""
+    """``time.monotonic()`` once every thread of ``pid`` has ended (so its sockets are closed), or after
+    ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    while alive({pid}) and time.monotonic() < deadline:
+    while _threads_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.001)
     return time.monotonic()
