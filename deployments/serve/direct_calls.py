@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 from deployments.inference import InferRequest, InferResponse
@@ -40,6 +42,23 @@ def reachable(ip: str) -> str:
     import ray
 
     return LOOPBACK if ip == ray.util.get_node_ip_address() else ip
+
+
+K = TypeVar("K")
+
+
+@contextmanager
+def counting(in_flight: dict[K, int], key: K) -> Iterator[None]:
+    """Count one call in flight under ``key`` while the block runs (keys at zero are dropped)."""
+    in_flight[key] = in_flight.get(key, 0) + 1
+    try:
+        yield
+    finally:
+        left = in_flight[key] - 1
+        if left:
+            in_flight[key] = left
+        else:
+            del in_flight[key]
 
 
 class ConnectFailed(Exception):
@@ -107,22 +126,16 @@ class DirectCalls:
                 timeout=aiohttp.ClientTimeout(total=None),
                 skip_auto_headers=("User-Agent",),
             )
-        self.in_flight[address] = self.in_flight.get(address, 0) + 1
+        url = f"http://{address[0]}:{address[1]}{path}"
         try:
-            url = f"http://{address[0]}:{address[1]}{path}"
-            async with self._session.post(url, data=body, headers=headers) as resp:
-                data = await resp.read()
-                length = resp.headers.get(HEADER_LENGTH)
-                code = resp.headers.get(ERROR_CODE_HEADER)
-                return decode_infer_response(resp.status, data, int(length) if length else None, code)
+            with counting(self.in_flight, address):
+                async with self._session.post(url, data=body, headers=headers) as resp:
+                    data = await resp.read()
+                    length = resp.headers.get(HEADER_LENGTH)
+                    code = resp.headers.get(ERROR_CODE_HEADER)
+                    return decode_infer_response(resp.status, data, int(length) if length else None, code)
         except aiohttp.ClientConnectorError as exc:
             raise ConnectFailed(str(exc)) from exc
-        finally:
-            left = self.in_flight[address] - 1
-            if left:
-                self.in_flight[address] = left
-            else:
-                del self.in_flight[address]
 
     async def close(self) -> None:
         if self._session is not None:

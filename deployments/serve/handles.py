@@ -13,14 +13,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.dataplane import model_metadata_document
 from deployments.runtime.stats import merge_snapshots
-from deployments.serve.direct_calls import DirectCalls
+from deployments.serve.direct_calls import DirectCalls, counting
 from deployments.serve.names import (
     MODEL_DEPLOYMENT,
     SERVER_APP,
@@ -71,18 +71,9 @@ class GroupPicker:
         )
         return apps[index][0]
 
-    @contextmanager
-    def calling(self, app: str) -> Iterator[None]:
+    def calling(self, app: str) -> AbstractContextManager[None]:
         """Count one call in flight through ``app`` while the block runs."""
-        self.in_flight[app] = self.in_flight.get(app, 0) + 1
-        try:
-            yield
-        finally:
-            left = self.in_flight[app] - 1
-            if left:
-                self.in_flight[app] = left
-            else:
-                del self.in_flight[app]
+        return counting(self.in_flight, app)
 
 
 def _serve_handle(app: str) -> Any:
