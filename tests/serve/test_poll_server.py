@@ -118,3 +118,34 @@ def _check_poll(server: Server, repo: Path, bucket_copy: Path, upload: Callable[
     eventually(lambda: get_status(url, "/v2/models/p_a/ready") != 200)
     assert not client.is_server_ready() and client.is_model_ready("s3_a")
     client.close()
+
+
+def test_triton_serve_serves_an_s3_repository_with_poll(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``triton-serve serve s3://host:port/bucket/path --model-control-mode poll``, as a user types it."""
+    from bench.scenarios.common import free_port, start_this_server
+
+    bucket_copy = tmp_path / "bucket"
+    write_model(bucket_copy, "s3_cli")
+    with running_s3_server(tmp_path) as s3:
+        s3.client().create_bucket(Bucket="models")
+        upload_tree(s3, bucket_copy, "models", "repo")
+        for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+            monkeypatch.delenv(key, raising=False)
+        args = ["--model-control-mode", "poll", "--repository-poll-secs", "1"]
+        handle = start_this_server(
+            f"s3://{s3.hostport}/models/repo",  # type: ignore[arg-type]
+            free_port(),
+            grpc_port=free_port(),
+            env=s3.env(),
+            extra_args=args,
+            log_path=tmp_path / "server.log",
+        )
+        with handle:  # ready: its repository loaded from the object store
+            client = httpclient.InferenceServerClient(handle.url)
+            assert infer(client, "s3_cli") == (1.0, "1")
+            write_model(bucket_copy, "s3_cli", (1, 2))  # a new version on the object store
+            upload_tree(s3, bucket_copy, "models", "repo")
+            eventually(lambda: infer(client, "s3_cli") == (2.0, "2"))
+            client.close()
