@@ -40,6 +40,14 @@ def eventually(check: Callable[[], Any], timeout_s: float = 60.0) -> Any:
     raise AssertionError(f"not within {timeout_s}s: {last!r}")
 
 
+def _bucket(s3: Any, bucket_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``bucket_copy`` uploaded as ``s3://<s3>/models/repo``; no AWS setting of this machine's leaks in."""
+    s3.client().create_bucket(Bucket="models")
+    upload_tree(s3, bucket_copy, "models", "repo")
+    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(key, raising=False)
+
+
 def _grpc_port(server: Server) -> int:
     return int(yaml.safe_load(server.config.read_text())["applications"][0]["args"]["grpc_port"])
 
@@ -51,10 +59,7 @@ def test_poll_over_a_local_and_an_s3_repository_with_the_restricted_api(
     write_model(repo, "p_a")
     write_model(bucket_copy, "s3_a")
     with running_s3_server(tmp_path) as s3:
-        s3.client().create_bucket(Bucket="models")
-        upload_tree(s3, bucket_copy, "models", "repo")
-        for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
-            monkeypatch.delenv(key, raising=False)
+        _bucket(s3, bucket_copy, monkeypatch)
         for key, value in s3.env().items():  # the server reads its credentials from the environment
             monkeypatch.setenv(key, value)
         args = {
@@ -129,10 +134,7 @@ def test_triton_serve_serves_an_s3_repository_with_poll(
     bucket_copy = tmp_path / "bucket"
     write_model(bucket_copy, "s3_cli")
     with running_s3_server(tmp_path) as s3:
-        s3.client().create_bucket(Bucket="models")
-        upload_tree(s3, bucket_copy, "models", "repo")
-        for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
-            monkeypatch.delenv(key, raising=False)
+        _bucket(s3, bucket_copy, monkeypatch)
         args = ["--model-control-mode", "poll", "--repository-poll-secs", "1"]
         handle = start_this_server(
             f"s3://{s3.hostport}/models/repo",  # type: ignore[arg-type]
