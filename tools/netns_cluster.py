@@ -43,6 +43,8 @@ from typing import Any
 
 import yaml
 
+from deployments.serve.request_path import haproxy_files_env
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's bin: ray and serve of the pinned Ray
 # short: Ray's socket paths under the temp dir must fit in 107 bytes
@@ -195,16 +197,6 @@ def auth_token() -> str:
     return path.read_text().strip()
 
 
-# HAProxy's files, in the cluster's folder instead of /tmp/haproxy-serve
-HAPROXY_FILES = {
-    "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": "haproxy.cfg",
-    "RAY_SERVE_HAPROXY_SOCKET_PATH": "admin.sock",
-    "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": ".",
-    "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": "server-state",
-    "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": "metrics.sock",
-}
-
-
 def node_env(node: NodeSpec, root: Path) -> dict[str, str]:
     """The environment of a node's Ray processes (and so of every replica on it), less the request
     path's variables, which ``launch ray-start`` adds as it does for a user."""
@@ -219,7 +211,7 @@ def node_env(node: NodeSpec, root: Path) -> dict[str, str]:
             "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
         }
     )
-    env.update({key: str(haproxy / name) for key, name in HAPROXY_FILES.items()})
+    env.update(haproxy_files_env(haproxy))  # in the cluster's folder instead of /tmp/haproxy-serve
     return env
 
 
@@ -275,12 +267,16 @@ def dashboard_url(path: str) -> str:
     return f"http://{HEAD.ip}:{DASHBOARD_PORT}{path}"
 
 
+# the cluster's addresses are reached directly, never through a proxy the environment names
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def http_json(url: str, body: bytes | None = None, timeout_s: float = 10.0, auth: bool = False) -> Any:
     headers = {"Content-Type": "application/json"}
     if auth:
         headers["Authorization"] = f"Bearer {auth_token()}"
     request = urllib.request.Request(url, data=body, headers=headers, method="POST" if body else "GET")
-    with urllib.request.urlopen(request, timeout=timeout_s) as reply:
+    with _DIRECT.open(request, timeout=timeout_s) as reply:
         return json.loads(reply.read() or b"null")
 
 
@@ -363,9 +359,7 @@ def _routed(state: ClusterState, models: list[str]) -> bool:
     for node in NODES:
         for model in models:
             try:
-                with urllib.request.urlopen(
-                    f"http://{state.ingress(node)}/v2/models/{model}/ready", timeout=5
-                ):
+                with _DIRECT.open(f"http://{state.ingress(node)}/v2/models/{model}/ready", timeout=5):
                     pass
             except (OSError, urllib.error.URLError):
                 return False
@@ -409,12 +403,45 @@ def up(
             ready = [m["name"] for m in model_index(state) if m.get("state") == "READY"]
             wait_for("every node to route every model", lambda: _routed(state, ready), 120, state)
             log(f"serving {len(ready)} models through {len(NODES)} nodes in {time.monotonic() - start:.0f}s")
+    except ClusterError as exc:
+        log(f"start failed; logs in {root}_failed_logs; taking the cluster down")
+        why = diagnosis(root)
+        _copy_logs(root)
+        down(root, log=log)
+        raise ClusterError(f"{exc}\n{why}") from exc
     except BaseException:
-        log(f"start failed; logs in {root}/<node>.log; taking the cluster down")
+        log(f"start failed; logs in {root}_failed_logs; taking the cluster down")
         _copy_logs(root)
         down(root, log=log)
         raise
     return state
+
+
+def diagnosis(root: Path, lines: int = 12) -> str:
+    """What a failed start leaves to read: each Serve application's status and message, and the last
+    error lines of the Serve logs of every node (a CI run shows only the test's output)."""
+    parts: list[str] = []
+    try:
+        for name, app in serve_details().get("applications", {}).items():
+            message = (app.get("message") or "").strip().replace("\n", " ")[:300]
+            parts.append(f"application {name}: {app.get('status')} {message}")
+            for deployment, info in app.get("deployments", {}).items():
+                states = [r.get("state") for r in info.get("replicas", [])]
+                parts.append(f"  {deployment}: {info.get('status')} replicas {states}")
+    except Exception as exc:  # the dashboard itself may be what failed
+        parts.append(f"serve status unavailable: {exc!r}")
+    for node in NODES:
+        logs = root / node.name / "ray" / "session_latest" / "logs" / "serve"
+        found: list[str] = []
+        for path in sorted(logs.glob("*.log")) if logs.is_dir() else []:
+            text = path.read_text(errors="replace").splitlines()
+            found += [
+                f"{path.name}: {line[:300]}" for line in text if " ERROR " in line or "Traceback" in line
+            ]
+        if found:
+            parts.append(f"node {node.name}, last errors in its Serve logs:")
+            parts += [f"  {line}" for line in found[-lines:]]
+    return "\n".join(parts)
 
 
 def _copy_logs(root: Path) -> None:

@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from bench.pa_runner import run_perf_analyzer
 from bench.peers import ServerHandle, launch, wait_ready
 from bench.plots import plot_report
 from bench.results import Report, Run, write_csv, write_json
+from deployments.serve.request_path import HAPROXY_PORTS, haproxy_files_env
 from repository_loader.proto import model_config_pb2
 
 EXAMPLES = REPO_ROOT / "examples" / "model_repository"
@@ -51,6 +53,20 @@ def this_server_cmd(
     return cmd + list(extra_args)
 
 
+def server_env(http_port: int, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a server started here: this process's, less the Ray Serve settings a Serve
+    instance of this process may have set (a test session's own HAProxy ports and files), with
+    HAProxy's stats and metrics ports and files of its own, then ``env``."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_SERVE_", "RAY_worker"))}
+    full_env.update({key: str(free_port()) for key in HAPROXY_PORTS})
+    # short: Serve adds a 56-character folder, and HAProxy's socket paths must fit in 97 bytes
+    folder = Path(tempfile.gettempdir()) / f"trs-h{http_port}"
+    folder.mkdir(parents=True, exist_ok=True)
+    full_env.update(haproxy_files_env(folder))
+    full_env.update(env or {})
+    return full_env
+
+
 def start_this_server(
     repo: Path,
     http_port: int,
@@ -68,7 +84,7 @@ def start_this_server(
     folder is the command's working directory (``python -m`` imports from there first) and leads the
     ``PYTHONPATH`` of every process it starts, Ray's workers included.
     """
-    full_env = {**os.environ, **(env or {})}
+    full_env = server_env(http_port, env)
     if tree is not None:
         full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tree), full_env.get("PYTHONPATH", "")) if p)
     handle = launch(

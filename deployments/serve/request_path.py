@@ -38,6 +38,24 @@ REQUEST_PATH_ENV = {
 }
 
 
+# Serve's HAProxy files; their defaults are one machine-wide folder (/tmp/haproxy-serve) that every
+# Serve instance on the machine would share
+HAPROXY_FILES = {
+    "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": "haproxy.cfg",
+    "RAY_SERVE_HAPROXY_SOCKET_PATH": "admin.sock",
+    "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": ".",
+    "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": "server-state",
+    "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": "metrics.sock",
+}
+HAPROXY_PORTS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")
+
+
+def haproxy_files_env(root: Path) -> dict[str, str]:
+    """Serve's HAProxy configuration, sockets and state files under ``root``, for a second Serve
+    instance on one machine (tests, benchmarks, the nodes of a cluster in namespaces)."""
+    return {key: str(root / name) for key, name in HAPROXY_FILES.items()}
+
+
 def haproxy_env() -> dict[str, str]:
     """Serve's HAProxy replaced by ``deployments.serve.haproxy_shim`` (listeners on the configured host
     only, JSON error pages, ends with its manager): a two-line script, written once per user."""

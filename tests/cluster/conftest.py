@@ -1,6 +1,7 @@
 """One multi-node Ray cluster for the tests of this folder: three nodes in network namespaces.
 
-The cluster (``tools/netns_cluster.py``) is started once per session and serves the
+The cluster (``tools/netns_cluster.py``) is started once for this folder's tests (and taken down
+after them, so the rest of the suite has the machine's cores) and serves the
 example repository plus ``gpu_probe``, a KIND_GPU Python model that reports where it
 runs. It needs root and ``ip``; without them the tests skip with the reason.
 """
@@ -63,7 +64,7 @@ def build_repository(root: Path) -> Path:
     return repo
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[netns_cluster.ClusterState]:
     """The running cluster; taken down (every process it started, the namespaces, the bridge) after."""
     reason = netns_cluster.unavailable_reason()

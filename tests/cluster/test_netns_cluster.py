@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from deployments.serve.launch import REQUEST_PATH_ENV
+from deployments.serve.request_path import HAPROXY_FILES
 from tools import netns_cluster
 from tools.netns_cluster import HEAD, NODES, ClusterState, NodeSpec
 
@@ -52,9 +53,7 @@ def test_nodes_start_through_launch_with_nothing_of_the_callers_ray(
     assert env["RAY_AUTH_MODE"] == "token" and env["PYTHONPATH"] == str(ROOT)
     folder = tmp_path / NODES[1].name / "haproxy"
     assert env["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"] == str(folder)
-    assert all(
-        Path(env[key]).parent == folder for key in netns_cluster.HAPROXY_FILES if key.endswith("_FILE")
-    )
+    assert all(Path(env[key]).parent == folder for key in HAPROXY_FILES if key.endswith("_FILE"))
 
 
 def _args(node: NodeSpec, root: Path) -> dict[str, str]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from deployments.serve.request_path import haproxy_files_env
 from tests.serve import processes
 from tests.serve.streaming_models import add_streaming_models
 
@@ -280,17 +281,6 @@ def cancel_markers(test_repository: Path) -> Path:
 @pytest.fixture(scope="session")
 def test_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_test_repository(tmp_path_factory.mktemp("serve"))
-
-
-def haproxy_files_env(root: Path) -> dict[str, str]:
-    """Serve's HAProxy configuration, admin socket and state files under ``root`` (its defaults are one
-    machine-wide folder, /tmp/haproxy-serve, shared by every Serve instance)."""
-    return {
-        "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(root / "haproxy.cfg"),
-        "RAY_SERVE_HAPROXY_SOCKET_PATH": str(root / "admin.sock"),
-        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(root),
-        "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(root / "server-state"),
-    }
 
 
 @pytest.fixture(scope="session")

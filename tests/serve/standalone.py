@@ -21,8 +21,8 @@ from typing import Any
 
 import yaml
 
+from deployments.serve.request_path import haproxy_files_env
 from tests.serve import processes
-from tests.serve.conftest import haproxy_files_env
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -107,18 +107,25 @@ def test_a_request_timeout_is_honoured_while_it_waits_for_the_instance(
 ) -> None:
     # a hung request holds the only instance until its execution timeout (1.5 s)
     marker = tmp_path / "hanging"
-    blocker = threading.Thread(
-        target=http,
-        args=(
-            f"{server.url}/v2/models/hangs/infer",
-            recovery_models.infer_body(-1.0, hang_marker=str(marker)),
-        ),
-        kwargs={"timeout": 60},
-    )
-    blocker.start()
-    deadline = time.monotonic() + 30
+
+    def send_blocker() -> threading.Thread:
+        thread = threading.Thread(
+            target=http,
+            args=(
+                f"{server.url}/v2/models/hangs/infer",
+                recovery_models.infer_body(-1.0, hang_marker=str(marker)),
+            ),
+            kwargs={"timeout": 60},
+        )
+        thread.start()
+        return thread
+
+    blocker = send_blocker()
+    deadline = time.monotonic() + 60
     while not marker.exists():  # the blocker holds the instance from here on
         assert time.monotonic() < deadline, "the blocking request never reached the model"
+        if not blocker.is_alive():  # answered without reaching the model (a replica still being replaced)
+            blocker = send_blocker()
         time.sleep(0.01)
     started = time.monotonic()
     status, _, body = http(
