@@ -21,6 +21,10 @@ spreads the model's HTTP requests over every group behind the model's route
 model are ranked over all its groups in config order (``rank_offset``), so
 that a stateful model has one owner per sequence however many groups it has.
 
+A model whose config ``parameters`` carry ``ray.autoscaling.*`` keys
+(``repository_loader.autoscaling``) has its first group autoscaled by Serve between
+``min_replicas`` and ``max_replicas``; the plan counts its start replicas.
+
 CPU shares are sized so every replica fits at once: on a 2-core machine the
 default of one CPU per replica would leave the third replica waiting forever.
 GPU fractions aimed at one GPU are scaled down the same way when they add up
@@ -37,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from repository_loader import platforms
+from repository_loader.autoscaling import Autoscaling, autoscaling_of
 from repository_loader.model import (
     DynamicBatching,
     InstanceGroup,
@@ -177,6 +182,8 @@ class DeploymentEntry:
     route_prefix: str
     max_ongoing_requests: int
     passive: bool = False  # the group is passive (loaded, never scheduled)
+    # Serve's autoscaling (the model's first group only); ``num_replicas`` is then the start count
+    autoscaling: Autoscaling | None = None
 
     @property
     def version(self) -> int:
@@ -209,12 +216,16 @@ class DeploymentEntry:
 
     def serve_options(self) -> dict[str, Any]:
         """The options of the Serve deployment (``Deployment.options(**...)``)."""
-        return {
+        options: dict[str, Any] = {
             "name": self.deployment_name,
-            "num_replicas": self.num_replicas,
             "max_ongoing_requests": self.max_ongoing_requests,
             "ray_actor_options": self.ray_actor_options,
         }
+        if self.autoscaling is None:
+            options["num_replicas"] = self.num_replicas
+        else:
+            options["autoscaling_config"] = self.autoscaling.serve_config()
+        return options
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -235,6 +246,7 @@ class DeploymentEntry:
             "route_prefix": self.route_prefix,
             "max_ongoing_requests": self.max_ongoing_requests,
             "passive": self.passive,
+            "autoscaling": None if self.autoscaling is None else self.autoscaling.serve_config(),
             "batching": self.batching.to_dict(),
         }
 
@@ -384,7 +396,23 @@ class _CannotPlace(Exception):
 
 def _placements(model: ModelDescription, resources: ClusterResources) -> list[_Placement]:
     if model.is_ensemble:
-        return [_Placement(group="", kind=ENSEMBLE_KIND, num_replicas=1, gpus_per_replica=0.0, gpu_ids=())]
+        placements = [
+            _Placement(group="", kind=ENSEMBLE_KIND, num_replicas=1, gpus_per_replica=0.0, gpu_ids=())
+        ]
+    else:
+        placements = _place_groups(model, resources)
+    scaling = _autoscaling(model)
+    if scaling is not None:  # the first group starts with the autoscaling's count
+        first = placements[0]
+        ids = first.gpu_ids
+        count = scaling.start_replicas
+        placements[0] = replace(
+            first, num_replicas=count, gpu_ids=tuple(ids[i % len(ids)] for i in range(count)) if ids else ()
+        )
+    return placements
+
+
+def _place_groups(model: ModelDescription, resources: ClusterResources) -> list[_Placement]:
     groups = model.instance_groups or (_default_group(model, resources),)
     reasons: list[str] = []
     placements = []
@@ -396,6 +424,10 @@ def _placements(model: ModelDescription, resources: ClusterResources) -> list[_P
     if reasons:
         raise _CannotPlace(reasons)
     return placements
+
+
+def _autoscaling(model: ModelDescription) -> Autoscaling | None:
+    return autoscaling_of(model.parameters or {}, stateful=model.sequence_batching is not None)
 
 
 def _default_group(model: ModelDescription, resources: ClusterResources) -> InstanceGroup:
@@ -464,6 +496,7 @@ def _entries(
                 route_prefix=group_route(model.name, index),
                 max_ongoing_requests=max_ongoing_requests(model),
                 passive=placement.passive,
+                autoscaling=_autoscaling(model) if index == 0 else None,
             )
         )
         offset += placement.num_replicas

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from google.protobuf.message import Message
 
 from repository_loader import platforms
+from repository_loader.autoscaling import parse_autoscaling
 from repository_loader.findings import Findings, ModelFiles, check_dims, check_unique
 from repository_loader.io_rules import check_batch_io, check_tensors
 from repository_loader.proto import model_config_pb2 as pb
@@ -51,6 +52,7 @@ def validate_config(config: pb.ModelConfig, findings: Findings, files: ModelFile
     check_optimization(config, findings)
     check_model_metrics(config, findings)
     check_rate_limiter(config, findings)
+    check_autoscaling(config, findings)
     check_unimplemented(config, findings)
 
 
@@ -368,3 +370,11 @@ def check_rate_limiter(config: pb.ModelConfig, findings: Findings) -> None:
         for name, is_global in set(names):
             if name and names.count((name, is_global)) > 1:
                 findings.add(where, f"resource '{name}' is listed more than once")
+
+
+def check_autoscaling(config: pb.ModelConfig, findings: Findings) -> None:
+    """The ``ray.autoscaling.*`` parameters (``repository_loader.autoscaling``), where any is set."""
+    parameters = {k: v.string_value for k, v in config.parameters.items()}
+    _, problems = parse_autoscaling(parameters, stateful=config.HasField("sequence_batching"))
+    for key, problem in problems:
+        findings.add(f"parameters '{key}'", problem)

@@ -237,6 +237,8 @@ class ModelRuntime:
         self.instance_name = instance_name or f"{model.name}_0"
         self.versions: dict[int, VersionRuntime] = {}
         self.metrics = TritonMetrics()
+        # requests inside this replica (queued or executing): what Serve's autoscaling scales on
+        self.ongoing = 0
 
     async def load(self) -> None:
         """Load every version and run its warmup; a version is ready only after both."""
@@ -297,7 +299,11 @@ class ModelRuntime:
             response = InferResponse.failed(request, error)
             response.model_name = self.model.name
             return response
-        response = await runtime.infer(request)
+        self.ongoing += 1
+        try:
+            response = await runtime.infer(request)
+        finally:
+            self.ongoing -= 1
         response.model_name = self.model.name
         response.model_version = str(runtime.version)
         response.id = request.id
@@ -316,6 +322,7 @@ class ModelRuntime:
             yield failed
             return
         stream = runtime.infer_stream(request)
+        self.ongoing += 1
         try:
             async for response in stream:
                 response.model_name = self.model.name
@@ -323,6 +330,7 @@ class ModelRuntime:
                 response.id = request.id
                 yield response
         finally:
+            self.ongoing -= 1
             await stream.aclose()
 
     def hung(self) -> str | None:

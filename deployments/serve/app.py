@@ -200,12 +200,13 @@ class RayDeployer:
 
 def _same_shape(a: tuple[DeploymentEntry, ...], b: tuple[DeploymentEntry, ...]) -> bool:
     """Whether a model planned as ``b`` can run on the replicas started as ``a``: the same groups, each
-    with the same count, kind and GPUs (a CPU share that moved because other models came or went
+    with the same count, kind, GPUs and autoscaling (a CPU share that moved because other models came or went
     does not count)."""
 
     def shape(entries: tuple[DeploymentEntry, ...]) -> list[tuple[Any, ...]]:
         return [
-            (e.app_name, e.num_replicas, e.kind, e.resources.num_gpus, e.replica_gpu_ids) for e in entries
+            (e.app_name, e.num_replicas, e.kind, e.resources.num_gpus, e.replica_gpu_ids, e.autoscaling)
+            for e in entries
         ]
 
     return shape(a) == shape(b)

@@ -32,6 +32,10 @@ versions without starting Ray, so an upgrade that moves one fails there, by name
   HAProxy manager starts (``ray/serve/_private/haproxy.py``: ``get_haproxy_binary``, started as
   ``<binary> ... -f <config>``); ``deployments.serve.haproxy_shim`` is started instead and
   adjusts the configuration Serve's template writes (its ``bind`` and ``errorfile 50x`` lines).
+* ``autoscaling_running_requests``: what a deployment's ``record_autoscaling_stats`` returns is
+  merged over the replica's own autoscaling report (``ray/serve/_private/replica.py``), so a value
+  under Serve's key for running requests (:data:`RUNNING_REQUESTS_KEY`, ``common.py``) replaces
+  Serve's count, which does not see the direct lane (``deployments.serve.model_app``).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
 DISCONNECT_DISABLED = (b"x-request-disconnect-disabled", b"?1")
 BUILD_ASGI_APP = "__serve_build_asgi_app__"
 HAPROXY_BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"
+RUNNING_REQUESTS_KEY = "running_requests"
 
 HOOKS = (
     "proxy_callback_env",
@@ -54,6 +59,7 @@ HOOKS = (
     "replica_http_targets",
     "uvicorn_cycle_send",
     "haproxy_binary",
+    "autoscaling_running_requests",
 )
 
 

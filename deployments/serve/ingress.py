@@ -19,7 +19,7 @@ tritonserver's throughput (concurrency 1 / 32, perf_analyzer) to 0.77 / 0.65.
   request metrics (the Triton metrics and statistics are recorded by the model
   itself), the ``max_ongoing_requests`` slot (admission is the model's own queue
   policy, ``max_queue_size``, as in Triton) and Serve's ongoing-request count
-  (no Serve autoscaling: replicas come from ``instance_group``). Shutdown stays
+  (a model that autoscales reports its own, ``ModelDeployment.record_autoscaling_stats``). Shutdown stays
   graceful: Serve stops the HTTP server, which lets in-flight requests finish,
   before it calls the deployment's destructor.
 * **Run to completion.** Everything else carries Serve's "disconnect disabled"

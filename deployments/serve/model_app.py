@@ -14,7 +14,7 @@ from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.http import ModelHTTPApp
 from deployments.replica import replica_dataplane
 from deployments.runtime.model import ModelRuntime
-from deployments.serve import ingress, reloads
+from deployments.serve import hooks, ingress, reloads
 from deployments.serve.devices import pin_replica_gpu
 from deployments.serve.direct_calls import DirectCalls
 from deployments.serve.handles import HandleExecutor
@@ -207,6 +207,12 @@ class ModelDeployment:
                 yield response
         finally:
             await stream.aclose()
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """What Serve's autoscaling scales on, where the model's config turns it on
+        (``repository_loader.autoscaling``): the requests inside this replica, over every path
+        (the direct lane Serve's own count misses, handle calls, streams)."""
+        return {hooks.RUNNING_REQUESTS_KEY: float(self.runtime.ongoing)}
 
     def stats_snapshot(self) -> list[dict[str, Any]]:
         return self.runtime.statistics()

@@ -74,3 +74,39 @@ async def test_closing_the_stream_cancels_the_request(tmp_path: Path) -> None:
         assert (tmp_path / "9.cancelled").exists()
     finally:
         await runtime.close()
+
+
+async def test_ongoing_counts_the_requests_inside_the_replica(tmp_path: Path) -> None:
+    """What Serve's autoscaling scales on: a stream counts while it runs, and not after it closes."""
+    folder = tmp_path / "until_cancelled"
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.py").write_text(UNTIL_CANCELLED_PY)
+    model = describe(
+        "until_cancelled",
+        folder,
+        "python",
+        [spec("X", "INT32", [1])],
+        [spec("Y", "INT32", [1])],
+        decoupled=True,
+        parameters={"MARKER_DIR": str(tmp_path)},
+    )
+    runtime = await _runtime(model)
+    try:
+        assert runtime.ongoing == 0
+        streams = [
+            runtime.infer_stream(request("until_cancelled", X=np.array([i], np.int32))) for i in (1, 2)
+        ]
+        for stream in streams:
+            await stream.__anext__()
+        assert runtime.ongoing == 2
+        await asyncio.wait_for(streams[0].aclose(), 10)
+        assert runtime.ongoing == 1
+        await asyncio.wait_for(streams[1].aclose(), 10)
+        assert runtime.ongoing == 0
+        # a request refused before it runs is not left counted
+        [bad] = [
+            r async for r in runtime.infer_stream(request("until_cancelled", WRONG=np.array([1], np.int32)))
+        ]
+        assert bad.error is not None and runtime.ongoing == 0
+    finally:
+        await runtime.close()

@@ -54,13 +54,74 @@ GPU_PROBE_CONFIG = textwrap.dedent(
 )
 
 
+# Answers with the Serve application (an instance group's own) and the replica that ran it, after
+# ``DELAY_MS`` of work: enough for a load of a few clients to keep its replicas busy.
+WHERE_PY = textwrap.dedent(
+    """
+    import time
+
+    import numpy as np
+    from ray import serve
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            context = serve.get_replica_context()
+            self.app, self.replica = context.app_name, context.replica_id.unique_id
+
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                delay = pb_utils.get_input_tensor_by_name(request, "DELAY_MS").as_numpy()
+                time.sleep(float(delay.reshape(-1)[0]) / 1000.0)
+                out = np.array([self.app.encode(), self.replica.encode()], dtype=np.object_)
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("WHERE", out)]))
+            return responses
+    """
+)
+
+
+def where_config(name: str, extra: str) -> str:
+    return (
+        f'name: "{name}"\nbackend: "python"\n'
+        'input [ { name: "DELAY_MS" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "WHERE" data_type: TYPE_STRING dims: [ 2 ] } ]\n' + extra
+    )
+
+
+def _autoscaling(**values: str) -> str:
+    return "".join(
+        f'parameters {{ key: "ray.autoscaling.{k}" value: {{ string_value: "{v}" }} }}\n'
+        for k, v in values.items()
+    )
+
+
+# Two KIND_CPU instance groups of one model: two deployments behind the model's one route.
+TWO_GROUPS = 'instance_group [ { name: "first" count: 1 kind: KIND_CPU }, { name: "second" count: 1 kind: KIND_CPU } ]\n'
+# Serve's autoscaling from the config's parameters: 1 replica at rest, 2 under load.
+AUTOSCALED = "instance_group [ { count: 1 kind: KIND_CPU } ]\n" + _autoscaling(
+    min_replicas="1",
+    max_replicas="2",
+    target_ongoing_requests="1",
+    upscale_delay_s="1",
+    downscale_delay_s="4",
+    metrics_interval_s="0.5",
+    look_back_period_s="2",
+)
+
+
 def build_repository(root: Path) -> Path:
-    """The example repository plus ``gpu_probe``."""
+    """The example repository plus ``gpu_probe``, ``two_groups`` and ``autoscaled``."""
     repo = root / "repo"
     shutil.copytree(EXAMPLES, repo, ignore=shutil.ignore_patterns("README.md", "__pycache__"))
     (repo / "gpu_probe" / "1").mkdir(parents=True)
     (repo / "gpu_probe" / "1" / "model.py").write_text(GPU_PROBE_PY)
     (repo / "gpu_probe" / "config.pbtxt").write_text(GPU_PROBE_CONFIG)
+    for name, extra in (("two_groups", TWO_GROUPS), ("autoscaled", AUTOSCALED)):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.py").write_text(WHERE_PY)
+        (repo / name / "config.pbtxt").write_text(where_config(name, extra))
     return repo
 
 

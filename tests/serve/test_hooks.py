@@ -108,6 +108,22 @@ def _check_haproxy_binary() -> None:
     assert "errorfile 503 {{ config.error_file_path }}" in template
 
 
+def _check_autoscaling_running_requests() -> None:
+    from ray.serve._private import common, replica
+
+    assert common.RUNNING_REQUESTS_KEY == hooks.RUNNING_REQUESTS_KEY
+    source = inspect.getsource(replica.ReplicaMetricsManager._add_autoscaling_metrics_point_async)
+    # Serve's own count first, the deployment's stats merged over it
+    assert source.index("RUNNING_REQUESTS_KEY: self._num_ongoing_requests") < source.index(
+        "metrics_dict.update(custom_metrics)"
+    )
+    wrapper = inspect.getsource(replica.UserCallableWrapper)
+    assert '"record_autoscaling_stats"' in wrapper
+    from deployments.serve.model_app import ModelDeployment
+
+    assert callable(getattr(ModelDeployment.func_or_class, "record_autoscaling_stats", None))
+
+
 CHECKS = {
     "proxy_callback_env": _check_proxy_callback_env,
     "disconnect_disabled_header": _check_disconnect_disabled_header,
@@ -119,6 +135,7 @@ CHECKS = {
     "replica_http_targets": _check_replica_http_targets,
     "uvicorn_cycle_send": _check_uvicorn_cycle_send,
     "haproxy_binary": _check_haproxy_binary,
+    "autoscaling_running_requests": _check_autoscaling_running_requests,
 }
 
 
