@@ -64,6 +64,10 @@ class Deployer(Protocol):
 
     async def delete(self, name: str) -> None: ...
 
+    async def unserved(self) -> dict[str, str]:
+        """Deployed models that have no running replica now (a lost node, replicas not yet placed
+        again), each with the reason; they are UNAVAILABLE in the index until a replica runs."""
+
 
 def check_model_name(name: str) -> None:
     """Refuse a name no repository folder can have, before any work is done for it."""
@@ -565,12 +569,22 @@ class ModelController:
 
     async def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         """Every model of the repositories, read again at each call as Triton does (a folder added since
-        the last load or poll shows by name); those never loaded by name only."""
+        the last load or poll shows by name); those never loaded by name only. A loaded model with no
+        running replica now (:meth:`Deployer.unserved`) is UNAVAILABLE, with the reason."""
         try:
             self.folders = await asyncio.to_thread(self._model_folders)
         except Exception as exc:  # an unreachable repository: list what was last seen
             logger.warning("repository index: cannot list the repositories: %s", _reason(exc))
-        return self.index_rows(ready_only)
+        rows = self.index_rows()
+        try:
+            unserved = await self.deployer.unserved()
+        except Exception as exc:  # the cluster's state unknown: the index from what was loaded
+            logger.warning("repository index: cannot read the replicas' state: %s", _reason(exc))
+            unserved = {}
+        for row in rows:
+            if row.get("state") == ModelState.READY.value and row["name"] in unserved:
+                row["state"], row["reason"] = ModelState.UNAVAILABLE.value, unserved[row["name"]]
+        return [r for r in rows if r.get("state") == "READY"] if ready_only else rows
 
     def _model_folders(self) -> set[str]:
         from repository_loader.storage import open_storage

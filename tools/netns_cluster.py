@@ -5,8 +5,8 @@
     python -m tools.netns_cluster down
 
 ``up`` joins three namespaces by a bridge (one veth pair each, ``lo`` up in each),
-starts a Ray head node in the first (no CPUs: it holds the Serve controller and an
-ingress only) and two worker nodes in the others (one declares a GPU as a stand-in
+starts a Ray head node in the first (no CPUs: it holds the Serve controller, the
+server application and an ingress only) and two worker nodes in the others (one declares a GPU as a stand-in
 GPU node), then deploys the server with ``serve deploy`` as a user of ``ray up``
 would, and waits until every model answers through every node's ingress. Needs root
 and ``ip`` (iproute2). Each node runs with the request-path environment of
@@ -93,7 +93,7 @@ class NodeSpec:
 
 # 3 logical CPUs on this machine's 2 cores: replicas ask fractional shares (the plan sizes them).
 NODES = (
-    NodeSpec("head", 10, num_cpus=0),
+    NodeSpec("head", 10, num_cpus=0, resources={"head_node": 1}),
     NodeSpec("cpu", 11, num_cpus=2, resources={"cpu_node": 1}),
     NodeSpec("gpu", 12, num_cpus=1, num_gpus=1, resources={"gpu_node": 1}),
 )
@@ -328,6 +328,11 @@ def write_serve_config(state: ClusterState, model_repository: Path) -> Path:
         args = app.setdefault("args", {})
         args["model_repository"] = str(model_repository.resolve())
         args.setdefault("control_app_cpus", CPU_HEADROOM)
+        # the control application (repository, index, gRPC) on the head, which the cluster cannot
+        # lose anyway (its GCS is there): a lost worker node takes model replicas only
+        app["deployments"] = [
+            {"name": "server", "ray_actor_options": {"num_cpus": 0, "resources": {"head_node": 0.01}}}
+        ]
     path = Path(state.dir) / "serve_config.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
@@ -520,6 +525,24 @@ def down(root: Path = DEFAULT_DIR, log: Any = print) -> None:
     if not left:
         shutil.rmtree(root, ignore_errors=True)
     log(f"cluster down ({len(names)} namespaces removed)")
+
+
+def kill_node(state: ClusterState, node: NodeSpec) -> int:
+    """Lose ``node`` at once, as a machine that dies: SIGKILL to every process in its namespace (its
+    raylet, its replicas, its HAProxy). Returns how many processes were killed."""
+    pids = _ours([node.netns])
+    _signal(pids, signal.SIGKILL)
+    left = _wait_gone([node.netns], 10.0)
+    if left:
+        raise ClusterError(f"node {node.name}: processes {sorted(left)} outlived SIGKILL")
+    return len(pids)
+
+
+def restart_node(state: ClusterState, node: NodeSpec, timeout_s: float = 120.0) -> None:
+    """Start ``node`` again (``ray start`` in its namespace, as a replaced machine joins) and wait
+    until the cluster lists every node alive."""
+    start_node(node, state)
+    wait_for(f"node {node.name} to rejoin", lambda: len(ray_nodes()) == len(NODES), timeout_s, state)
 
 
 def status(root: Path = DEFAULT_DIR) -> dict[str, Any]:

@@ -175,6 +175,32 @@ class RayDeployer:
             await asyncio.sleep(0.5)
         raise Unavailable(f"application {waiting[0]} did not start within {timeout:.0f}s")
 
+    async def unserved(self) -> dict[str, str]:
+        """Deployed models none of whose applications has a running replica now, with Serve's reason
+        (a lost node: replicas waiting to be placed again, or for resources no live node has)."""
+        if not self.deployed:
+            return {}
+        applications = (await asyncio.to_thread(serve.status)).applications
+        found: dict[str, str] = {}
+        for name, entries in self.deployed.items():
+            deployments = [
+                d
+                for e in entries
+                if (app := applications.get(e.app_name)) is not None
+                for d in app.deployments.values()
+            ]
+            counts = [
+                (str(getattr(k, "value", k)).lower(), n)
+                for d in deployments
+                for k, n in d.replica_states.items()
+            ]
+            if not deployments or any(state == "running" and n for state, n in counts):
+                continue
+            states = ", ".join(f"{n} {state}" for state, n in counts if n)
+            why = next((d.message for d in deployments if d.message), "")
+            found[name] = f"no running replica ({states or 'none'})" + (f": {why}" if why else "")
+        return found
+
     async def _applications(self, name: str) -> set[str]:
         """Every Serve application of model ``name``: those deployed for it, its own, and the instance
         group applications Serve runs under its name (left by an earlier start of the server), never

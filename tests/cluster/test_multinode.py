@@ -1,7 +1,7 @@
 """Requests from any node of a three-node cluster, and where replicas are placed.
 
 Every node runs an HAProxy ingress (``proxy_location: EveryNode``); the head node
-declares no CPUs, so every model replica runs on a worker node and a request
+declares no CPUs (the server application is pinned there), so every model replica runs on a worker node and a request
 through the head's ingress always crosses to another node. Answers are checked
 against references computed here (the examples' own functions, ONNX Runtime,
 TorchScript), through each node in turn, with the unmodified Triton HTTP client.
@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from repository_loader.plan import SERVER_APP
 from tools import netns_cluster
 from tools.netns_cluster import HEAD, NODES, ClusterState
 
@@ -196,6 +197,8 @@ def test_model_replicas_run_on_worker_nodes(cluster: ClusterState) -> None:
     for model in [*EXAMPLE_MODELS, "gpu_probe"]:
         assert apps.get(f"model-{model}"), f"no replicas for {model}: {sorted(apps)}"
     worker_ips = {n.ip for n in WORKERS}
+    # the server application is pinned to the head (tools/netns_cluster.write_serve_config)
+    assert [r["node_ip"] for r in apps.pop(SERVER_APP)] == [HEAD.ip]
     for app_name, replicas in apps.items():
         for replica in replicas:
             assert replica["state"] == "RUNNING", (app_name, replica)

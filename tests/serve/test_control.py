@@ -67,6 +67,7 @@ class RecordingDeployer:
         self.deployed: dict[str, ModelDescription] = {}
         self.calls: list[tuple[str, str]] = []
         self.fail: set[str] = set()
+        self.lost: dict[str, str] = {}  # model -> why it has no running replica
 
     def prepare(self, models: dict[str, ModelDescription]) -> None:
         pass
@@ -86,6 +87,9 @@ class RecordingDeployer:
     async def delete(self, name: str) -> None:
         self.calls.append(("delete", name))
         self.deployed.pop(name, None)
+
+    async def unserved(self) -> dict[str, str]:
+        return dict(self.lost)
 
 
 def controller(repos: list[Path], **args: Any) -> tuple[ModelController, RecordingDeployer]:
@@ -112,6 +116,21 @@ def test_none_mode_loads_everything_and_refuses_the_api(repo: Path) -> None:
     assert states(c) == {"a": "READY", "b": "READY"} and c.ready() and c.live()
     with pytest.raises(Unavailable, match="not allowed"):
         asyncio.run(c.load("a"))
+
+
+def test_a_loaded_model_without_a_running_replica_is_unavailable_in_the_index_until_one_runs(
+    repo: Path,
+) -> None:
+    c, d = controller([repo])
+    asyncio.run(c.start())
+    d.lost["a"] = "no running replica: 1 waiting for resources {'GPU': 1.0}"
+    rows = {r["name"]: r for r in asyncio.run(c.index())}
+    assert rows["a"]["state"] == "UNAVAILABLE" and "waiting for resources" in rows["a"]["reason"]
+    assert rows["b"]["state"] == "READY"
+    assert [r["name"] for r in asyncio.run(c.index(ready_only=True))] == ["b"]
+    d.lost.clear()  # its replica runs again: nothing to reload
+    assert asyncio.run(c.index())[0] == {"name": "a", "version": "1", "state": "READY"}
+    assert d.calls == [("deploy", "a"), ("deploy", "b")]
 
 
 def test_explicit_mode_loads_the_named_models_and_lists_the_rest_by_name(repo: Path) -> None:

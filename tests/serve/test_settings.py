@@ -86,6 +86,9 @@ class _Deployer:
     async def delete(self, name: str) -> None:
         pass
 
+    async def unserved(self) -> dict[str, str]:
+        return {}
+
 
 def _model(name: str) -> ModelDescription:
     spec = TensorSpec("x", "FP32", (4,))
