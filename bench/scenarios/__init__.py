@@ -5,7 +5,17 @@ from __future__ import annotations
 import importlib
 import sys
 
-SCENARIOS = ("overhead", "batching", "limit", "ensemble", "agreement", "revisions", "grpc", "sequence")
+SCENARIOS = (
+    "overhead",
+    "batching",
+    "limit",
+    "ensemble",
+    "agreement",
+    "revisions",
+    "grpc",
+    "sequence",
+    "cluster_scaling",
+)
 
 
 def run_scenario(name: str, quick: bool = False) -> int:
