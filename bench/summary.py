@@ -201,9 +201,10 @@ def ensemble_section(report: Report) -> list[str]:
     rows = []
     for level in _levels(report.runs):
         values = [_by_level(_run(report, label)).get(level) for label in labels]
-        ratio = _ratio(values[0], values[1]) if len(values) > 1 else None
-        rows.append([f"{level:g}", *(_num(v) for v in values), _num(ratio, 2)])
-    header = ["concurrency", *(label.removesuffix(" (bench)") for label in labels), "ratio"]
+        ratios = [_num(_ratio(v, values[0]), 2) for v in values[1:]]
+        rows.append([f"{level:g}", *(_num(v) for v in values), *ratios])
+    names = [label.removesuffix(" (bench)") for label in labels]
+    header = ["concurrency", *names, *(f"{n} / {names[0]}" for n in names[1:])]
     return [
         "### Ensemble pipeline: in-process DLPack hand-off vs separate replicas (infer/s, CPU)",
         "",
@@ -367,8 +368,12 @@ def _ensemble_figures(report: Report, data: dict[str, Any]) -> dict[str, float]:
     labels = [r.label for r in report.runs]
     if len(labels) < 2:
         return {}
-    first, second = (_by_level(_run(report, label)) for label in labels[:2])
-    return {f"{lv:g}:ratio": r for lv in first if (r := _ratio(first[lv], second.get(lv)))}
+    first = _by_level(_run(report, labels[0]))
+    out: dict[str, float] = {}
+    for index, label in enumerate(labels[1:], start=1):  # each separate variant over in-process
+        other = _by_level(_run(report, label))
+        out |= {f"{lv:g}:ratio{index}": r for lv in first if (r := _ratio(other.get(lv), first[lv]))}
+    return out
 
 
 def _http_floor_figures(data: dict[str, Any]) -> dict[str, float]:

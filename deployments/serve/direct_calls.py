@@ -124,7 +124,9 @@ class DirectCalls:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
                 timeout=aiohttp.ClientTimeout(total=None),
-                skip_auto_headers=("User-Agent",),
+                # no Accept-Encoding: the replica would compress every answer (as it does for a
+                # client that asks) and this side inflate it, on the same machine or network
+                skip_auto_headers=("User-Agent", "Accept-Encoding"),
             )
         url = f"http://{address[0]}:{address[1]}{path}"
         try:
