@@ -64,6 +64,10 @@ class Deployer(Protocol):
 
     async def delete(self, name: str) -> None: ...
 
+    def needs_gpu(self, model: ModelDescription) -> bool:
+        """Whether the model's replicas ask for GPUs: such models are deployed before the others at
+        start, so that CPU-only replicas do not take the CPUs of the GPU nodes first."""
+
     async def unserved(self) -> dict[str, str]:
         """Deployed models that have no running replica now (a lost node, replicas not yet placed
         again), each with the reason; they are UNAVAILABLE in the index until a replica runs."""
@@ -304,10 +308,14 @@ class ModelController:
     # --- loading -----------------------------------------------------------------
 
     async def _load_many(self, models: list[ModelDescription]) -> None:
-        # composing models first, so ensembles find their steps
+        # composing models first, so ensembles find their steps; of those, the ones placed on GPUs
+        # first (Ray may otherwise fill a GPU node's CPUs with CPU-only replicas, and a GPU replica
+        # then waits there forever)
         plain = [m for m in models if not m.is_ensemble]
         ensembles = [m for m in models if m.is_ensemble]
-        await asyncio.gather(*(self._load(m) for m in plain))
+        on_gpus = [m for m in plain if self.deployer.needs_gpu(m)]
+        await asyncio.gather(*(self._load(m) for m in on_gpus))
+        await asyncio.gather(*(self._load(m) for m in plain if m not in on_gpus))
         for m in ensembles:
             await self._load(m)
 

@@ -432,7 +432,8 @@ def diagnosis(root: Path, lines: int = 12) -> str:
             parts.append(f"application {name}: {app.get('status')} {message}")
             for deployment, info in app.get("deployments", {}).items():
                 states = [r.get("state") for r in info.get("replicas", [])]
-                parts.append(f"  {deployment}: {info.get('status')} replicas {states}")
+                said = (info.get("message") or "").strip().replace("\n", " ")[:300]
+                parts.append(f"  {deployment}: {info.get('status')} replicas {states} {said}".rstrip())
     except Exception as exc:  # the dashboard itself may be what failed
         parts.append(f"serve status unavailable: {exc!r}")
     for node in NODES:

@@ -15,6 +15,7 @@ SCENARIOS = (
     "grpc",
     "sequence",
     "cluster_scaling",
+    "cluster_ensemble",
 )
 
 

@@ -11,6 +11,7 @@ replica ran is in the notes. Needs root and ``ip`` (as the multi-node tests do).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +28,11 @@ LEVELS = [4, 8, 16]
 QUICK_LEVELS = [8]
 
 
-def placement() -> dict[str, dict[str, int]]:
+def placement(models: Iterable[str]) -> dict[str, dict[str, int]]:
     """Model -> node name -> running replicas there."""
     names = {n.ip: n.name for n in netns_cluster.NODES}
     out: dict[str, dict[str, int]] = {}
-    for model in MODELS:
+    for model in models:
         app = netns_cluster.serve_details()["applications"].get(model_app_name(model), {})
         where = Counter(
             names.get(r["node_ip"], r["node_ip"])
@@ -56,7 +57,7 @@ def run(quick: bool = False) -> Report:
     log(f"{NAME}: starting the three-node cluster")
     state = netns_cluster.up(model_repository=repo, log=log)
     try:
-        report.notes["placement"] = placement()
+        report.notes["placement"] = placement(MODELS)
         url = state.ingress(netns_cluster.HEAD)
         for model in MODELS:
             report.runs.append(

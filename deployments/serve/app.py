@@ -175,6 +175,12 @@ class RayDeployer:
             await asyncio.sleep(0.5)
         raise Unavailable(f"application {waiting[0]} did not start within {timeout:.0f}s")
 
+    def needs_gpu(self, model: ModelDescription) -> bool:
+        try:
+            return any(e.resources.num_gpus > 0 for e in self.entries(model))
+        except ServerError:  # it cannot be placed: its deploy says why
+            return False
+
     async def unserved(self) -> dict[str, str]:
         """Deployed models none of whose applications has a running replica now, with Serve's reason
         (a lost node: replicas waiting to be placed again, or for resources no live node has)."""

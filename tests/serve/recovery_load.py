@@ -23,6 +23,9 @@ from tests.serve import processes
 from tests.serve.recovery_models import infer_body
 
 
+INGRESS_NOTICE_S = 1.0
+
+
 @dataclass
 class Outcome:
     started: float
@@ -59,6 +62,12 @@ class KillReport:
             "lost_no_answer": sum(1 for o in failures if not o.status),
             "in_flight_at_kill": len(in_flight),
             "failed_outside_in_flight": sum(1 for o in failures if o not in in_flight),
+            # HAProxy learns of the death from a failed connection: a request sent just after it on a
+            # connection HAProxy kept open to the dead replica fails too (it is not replayed, as it may
+            # have run); later ones must not
+            "failed_after_ingress_saw_it_gone": sum(
+                1 for o in failures if o.started >= self.died_at + INGRESS_NOTICE_S
+            ),
             "first_answer_after_kill_s": None
             if first_ok_after is None
             else round(first_ok_after - self.kill_at, 2),

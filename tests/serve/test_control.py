@@ -68,6 +68,7 @@ class RecordingDeployer:
         self.calls: list[tuple[str, str]] = []
         self.fail: set[str] = set()
         self.lost: dict[str, str] = {}  # model -> why it has no running replica
+        self.gpu_models: set[str] = set()  # models placed on GPUs
 
     def prepare(self, models: dict[str, ModelDescription]) -> None:
         pass
@@ -87,6 +88,9 @@ class RecordingDeployer:
     async def delete(self, name: str) -> None:
         self.calls.append(("delete", name))
         self.deployed.pop(name, None)
+
+    def needs_gpu(self, model: ModelDescription) -> bool:
+        return model.name in self.gpu_models
 
     async def unserved(self) -> dict[str, str]:
         return dict(self.lost)
@@ -116,6 +120,15 @@ def test_none_mode_loads_everything_and_refuses_the_api(repo: Path) -> None:
     assert states(c) == {"a": "READY", "b": "READY"} and c.ready() and c.live()
     with pytest.raises(Unavailable, match="not allowed"):
         asyncio.run(c.load("a"))
+
+
+def test_models_placed_on_gpus_are_deployed_before_the_others_at_start(repo: Path) -> None:
+    add_model(repo, "c")
+    c, d = controller([repo])
+    d.gpu_models = {"c"}
+    asyncio.run(c.start())
+    assert d.calls[0] == ("deploy", "c") and sorted(d.calls[1:]) == [("deploy", "a"), ("deploy", "b")]
+    assert states(c) == {"a": "READY", "b": "READY", "c": "READY"}
 
 
 def test_a_loaded_model_without_a_running_replica_is_unavailable_in_the_index_until_one_runs(

@@ -78,7 +78,7 @@ def test_with_two_replicas_a_crash_loses_only_the_requests_in_flight_on_it(serve
     failed = summary["sent"] - summary["answered_correctly"]
     # at most one request per closed loop can be on the dead replica when it dies
     assert failed <= report.workers, summary
-    assert summary["failed_outside_in_flight"] == 0, summary
+    assert summary["failed_after_ingress_saw_it_gone"] == 0, summary
     server.wait_ready(["add_two_replicas"])
 
 

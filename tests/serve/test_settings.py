@@ -86,6 +86,9 @@ class _Deployer:
     async def delete(self, name: str) -> None:
         pass
 
+    def needs_gpu(self, model: ModelDescription) -> bool:
+        return False
+
     async def unserved(self) -> dict[str, str]:
         return {}
 
