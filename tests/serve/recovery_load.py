@@ -22,7 +22,6 @@ from typing import Any
 from tests.serve import processes
 from tests.serve.recovery_models import infer_body
 
-
 INGRESS_NOTICE_S = 1.0
 
 
