@@ -282,6 +282,7 @@ class ServerHandle:
     grpc_port: int | None = None
     log_path: Path | None = None
     name: str = "server"
+    scratch: Path | None = None  # a folder of the server's own, removed when it stops
     _log: object = field(default=None, repr=False)
 
     @property
@@ -301,6 +302,8 @@ class ServerHandle:
         _end_group(self.process.pid)
         if self._log is not None:
             self._log.close()  # type: ignore[attr-defined]
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
         return self.process.returncode
 
     def __enter__(self) -> ServerHandle:

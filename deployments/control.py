@@ -607,14 +607,14 @@ class ModelController:
             )
         return found
 
-    def index_rows(self, ready_only: bool = False) -> list[dict[str, Any]]:
+    def index_rows(self) -> list[dict[str, Any]]:
         """The index from what is known now (no repository read)."""
         names = sorted({*self.entries, *self.listing.where, *self.listing.duplicates, *self.folders})
         rows: list[dict[str, Any]] = []
         for name in names:
             entry = self.entries.get(name)
             rows.extend(entry.index_rows() if entry is not None else [{"name": name}])
-        return [r for r in rows if r.get("state") == "READY"] if ready_only else rows
+        return rows
 
 
 def _reason(exc: BaseException) -> str:

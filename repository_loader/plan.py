@@ -295,6 +295,7 @@ class _Placement:
     gpus_per_replica: float
     gpu_ids: tuple[int, ...]
     passive: bool = False
+    autoscaling: Autoscaling | None = None  # the model's first group only
 
 
 def plan_deployments(
@@ -401,13 +402,16 @@ def _placements(model: ModelDescription, resources: ClusterResources) -> list[_P
         ]
     else:
         placements = _place_groups(model, resources)
-    scaling = _autoscaling(model)
-    if scaling is not None:  # the first group starts with the autoscaling's count
+    scaling = autoscaling_of(model.parameters or {}, stateful=model.sequence_batching is not None)
+    if scaling is not None:  # the first group autoscales, starting with the autoscaling's count
         first = placements[0]
         ids = first.gpu_ids
         count = scaling.start_replicas
         placements[0] = replace(
-            first, num_replicas=count, gpu_ids=tuple(ids[i % len(ids)] for i in range(count)) if ids else ()
+            first,
+            num_replicas=count,
+            gpu_ids=tuple(ids[i % len(ids)] for i in range(count)) if ids else (),
+            autoscaling=scaling,
         )
     return placements
 
@@ -424,10 +428,6 @@ def _place_groups(model: ModelDescription, resources: ClusterResources) -> list[
     if reasons:
         raise _CannotPlace(reasons)
     return placements
-
-
-def _autoscaling(model: ModelDescription) -> Autoscaling | None:
-    return autoscaling_of(model.parameters or {}, stateful=model.sequence_batching is not None)
 
 
 def _default_group(model: ModelDescription, resources: ClusterResources) -> InstanceGroup:
@@ -496,7 +496,7 @@ def _entries(
                 route_prefix=group_route(model.name, index),
                 max_ongoing_requests=max_ongoing_requests(model),
                 passive=placement.passive,
-                autoscaling=_autoscaling(model) if index == 0 else None,
+                autoscaling=placement.autoscaling,
             )
         )
         offset += placement.num_replicas

@@ -528,7 +528,7 @@ def down(root: Path = DEFAULT_DIR, log: Any = print) -> None:
     log(f"cluster down ({len(names)} namespaces removed)")
 
 
-def kill_node(state: ClusterState, node: NodeSpec) -> int:
+def kill_node(node: NodeSpec) -> int:
     """Lose ``node`` at once, as a machine that dies: SIGKILL to every process in its namespace (its
     raylet, its replicas, its HAProxy). Returns how many processes were killed."""
     pids = _ours([node.netns])

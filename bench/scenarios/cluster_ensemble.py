@@ -11,15 +11,13 @@ nodes share this machine's 2 cores, so the figure is the ratio separate / in pro
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from bench.results import Report, Run
-from bench.scenarios.cluster_scaling import placement
+from bench.scenarios.cluster_scaling import on_cluster
 from bench.scenarios.common import EXAMPLES, log, make_repository, measure, new_report, save_report, work_dir
 from bench.scenarios.ensemble import MODEL, SHAPES, STEPS, no_spinning
 from bench.scenarios.ensemble import placement as ensemble_placement
-from tools import netns_cluster
 
 NAME = "cluster_ensemble"
 SEPARATE = f"{MODEL}_separate"
@@ -41,21 +39,13 @@ def run(quick: bool = False) -> Report:
     )
     levels = QUICK_LEVELS if quick else LEVELS
     report = new_report(NAME, models=[MODEL, SEPARATE], levels=levels, shapes=list(SHAPES))
-    reason = netns_cluster.unavailable_reason()
-    if reason:
-        report.notes["skipped"] = {"cluster": reason}
-        return report
-    log(f"{NAME}: starting the three-node cluster")
-    state = netns_cluster.up(model_repository=repo, log=log)
-    try:
-        report.notes["placement"] = placement([*STEPS, MODEL, SEPARATE])
-        url = state.ingress(netns_cluster.HEAD)
+    with on_cluster(NAME, report, repo, [*STEPS, MODEL, SEPARATE]) as url:
+        if url is None:
+            return report
         report.runs += measure(url, MODEL, levels, "steps in the ensemble's replica", shapes=SHAPES)
         report.runs += measure(
             url, SEPARATE, levels, "steps on their own replicas, over nodes", shapes=SHAPES
         )
-    finally:
-        netns_cluster.down(Path(state.dir), log=log)
     report.notes |= summarize(report.runs)
     log(f"{NAME}: results in {save_report(report, 'Ensemble on the three-node cluster')}")
     return report

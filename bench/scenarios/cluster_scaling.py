@@ -11,7 +11,8 @@ replica ran is in the notes. Needs root and ``ip`` (as the multi-node tests do).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -44,21 +45,34 @@ def placement(models: Iterable[str]) -> dict[str, dict[str, int]]:
     return out
 
 
+@contextmanager
+def on_cluster(name: str, report: Report, repo: Path, models: Iterable[str]) -> Iterator[str | None]:
+    """The three-node cluster serving ``repo``: yields the head's ingress (``host:port``) with the
+    placement of ``models`` in the report's notes, and takes the cluster down after; yields None,
+    with the reason in the notes, where no cluster can start here."""
+    reason = netns_cluster.unavailable_reason()
+    if reason:
+        report.notes["skipped"] = {"cluster": reason}
+        yield None
+        return
+    log(f"{name}: starting the three-node cluster")
+    state = netns_cluster.up(model_repository=repo, log=log)
+    try:
+        report.notes["placement"] = placement(models)
+        yield state.ingress(netns_cluster.HEAD)
+    finally:
+        netns_cluster.down(Path(state.dir), log=log)
+
+
 def run(quick: bool = False) -> Report:
     """Run the scenario and save it under ``bench/results/cluster_scaling/``."""
     work = work_dir(NAME)
     repo = make_repository(work / "repo", [(SOURCE, name, set_instances(n)) for name, n in MODELS.items()])
     levels = QUICK_LEVELS if quick else LEVELS
     report = new_report(NAME, models=list(MODELS), levels=levels)
-    reason = netns_cluster.unavailable_reason()
-    if reason:
-        report.notes["skipped"] = {"cluster": reason}
-        return report
-    log(f"{NAME}: starting the three-node cluster")
-    state = netns_cluster.up(model_repository=repo, log=log)
-    try:
-        report.notes["placement"] = placement(MODELS)
-        url = state.ingress(netns_cluster.HEAD)
+    with on_cluster(NAME, report, repo, MODELS) as url:
+        if url is None:
+            return report
         for model in MODELS:
             report.runs.append(
                 run_perf_analyzer(
@@ -71,8 +85,6 @@ def run(quick: bool = False) -> Report:
                     extra=["--async"],
                 )
             )
-    finally:
-        netns_cluster.down(Path(state.dir), log=log)
     report.notes |= summarize(report.runs)
     log(f"{NAME}: results in {save_report(report, 'CRNN replicas over the nodes of a three-node cluster')}")
     return report

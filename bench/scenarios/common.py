@@ -53,16 +53,13 @@ def this_server_cmd(
     return cmd + list(extra_args)
 
 
-def server_env(http_port: int, env: Mapping[str, str] | None = None) -> dict[str, str]:
+def server_env(haproxy_folder: Path, env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a server started here: this process's, less the Ray Serve settings a Serve
     instance of this process may have set (a test session's own HAProxy ports and files), with
-    HAProxy's stats and metrics ports and files of its own, then ``env``."""
+    HAProxy's stats and metrics ports of its own and its files in ``haproxy_folder``, then ``env``."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_SERVE_", "RAY_worker"))}
     full_env.update({key: str(free_port()) for key in HAPROXY_PORTS})
-    # short: Serve adds a 56-character folder, and HAProxy's socket paths must fit in 97 bytes
-    folder = Path(tempfile.gettempdir()) / f"trs-h{http_port}"
-    folder.mkdir(parents=True, exist_ok=True)
-    full_env.update(haproxy_files_env(folder))
+    full_env.update(haproxy_files_env(haproxy_folder))
     full_env.update(env or {})
     return full_env
 
@@ -84,7 +81,9 @@ def start_this_server(
     folder is the command's working directory (``python -m`` imports from there first) and leads the
     ``PYTHONPATH`` of every process it starts, Ray's workers included.
     """
-    full_env = server_env(http_port, env)
+    # short: Serve adds a 56-character folder, and HAProxy's socket paths must fit in 97 bytes
+    haproxy_folder = Path(tempfile.mkdtemp(prefix="trs-h", dir="/tmp"))
+    full_env = server_env(haproxy_folder, env)
     if tree is not None:
         full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tree), full_env.get("PYTHONPATH", "")) if p)
     handle = launch(
@@ -96,7 +95,12 @@ def start_this_server(
         env=full_env,
         cwd=tree or REPO_ROOT,
     )
-    wait_ready(handle, timeout)
+    handle.scratch = haproxy_folder
+    try:
+        wait_ready(handle, timeout)
+    except BaseException:
+        handle.stop()
+        raise
     return handle
 
 

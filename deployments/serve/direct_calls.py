@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -37,11 +38,17 @@ Address = tuple[str, int]
 LOOPBACK = "127.0.0.1"
 
 
-def reachable(ip: str) -> str:
-    """The address to call a replica at whose node has ``ip``: loopback on this node."""
+@cache
+def _node_ip() -> str:
     import ray
 
-    return LOOPBACK if ip == ray.util.get_node_ip_address() else ip
+    return str(ray.util.get_node_ip_address())
+
+
+def reachable(ip: str) -> str:
+    """The address to call a replica at whose node has ``ip``: loopback on this node (its address read
+    once per process: a sequence forward asks on every call)."""
+    return LOOPBACK if ip == _node_ip() else ip
 
 
 K = TypeVar("K")

@@ -21,6 +21,23 @@ async def _runtime(model: ModelDescription) -> ModelRuntime:
     return runtime
 
 
+async def _until_cancelled(tmp_path: Path) -> ModelRuntime:
+    """The decoupled model that streams until its request is cancelled (it marks that in ``tmp_path``)."""
+    folder = tmp_path / "until_cancelled"
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.py").write_text(UNTIL_CANCELLED_PY)
+    model = describe(
+        "until_cancelled",
+        folder,
+        "python",
+        [spec("X", "INT32", [1])],
+        [spec("Y", "INT32", [1])],
+        decoupled=True,
+        parameters={"MARKER_DIR": str(tmp_path)},
+    )
+    return await _runtime(model)
+
+
 async def test_infer_stream_yields_every_response_and_counts_the_request() -> None:
     model = describe(
         "repeat",
@@ -48,20 +65,7 @@ async def test_infer_stream_yields_every_response_and_counts_the_request() -> No
 
 
 async def test_closing_the_stream_cancels_the_request(tmp_path: Path) -> None:
-    folder = tmp_path / "until_cancelled"
-    (folder / "1").mkdir(parents=True)
-    (folder / "1" / "model.py").write_text(UNTIL_CANCELLED_PY)
-    parameters = {"MARKER_DIR": str(tmp_path)}
-    model = describe(
-        "until_cancelled",
-        folder,
-        "python",
-        [spec("X", "INT32", [1])],
-        [spec("Y", "INT32", [1])],
-        decoupled=True,
-        parameters=parameters,
-    )
-    runtime = await _runtime(model)
+    runtime = await _until_cancelled(tmp_path)
     try:
         stream = runtime.infer_stream(request("until_cancelled", X=np.array([9], np.int32)))
         seen = [await stream.__anext__() for _ in range(3)]
@@ -78,19 +82,7 @@ async def test_closing_the_stream_cancels_the_request(tmp_path: Path) -> None:
 
 async def test_ongoing_counts_the_requests_inside_the_replica(tmp_path: Path) -> None:
     """What Serve's autoscaling scales on: a stream counts while it runs, and not after it closes."""
-    folder = tmp_path / "until_cancelled"
-    (folder / "1").mkdir(parents=True)
-    (folder / "1" / "model.py").write_text(UNTIL_CANCELLED_PY)
-    model = describe(
-        "until_cancelled",
-        folder,
-        "python",
-        [spec("X", "INT32", [1])],
-        [spec("Y", "INT32", [1])],
-        decoupled=True,
-        parameters={"MARKER_DIR": str(tmp_path)},
-    )
-    runtime = await _runtime(model)
+    runtime = await _until_cancelled(tmp_path)
     try:
         assert runtime.ongoing == 0
         streams = [

@@ -27,7 +27,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from repository_loader.plan import SERVER_APP, model_app_name
-from tests.cluster.load import Load, identity_ask, wait_until
+from tests.cluster.load import Load, wait_until
 from tests.cluster.test_multinode import CHECKS, GPU_NODE, infer, replicas_by_app
 from tools import netns_cluster
 from tools.netns_cluster import HEAD, NODES, ClusterState
@@ -87,7 +87,7 @@ def test_a_crashed_replica_is_replaced_and_other_models_are_untouched(cluster: C
     bystanders = [m for m in ("add_sub", "string_upper") if m != target]
     (victim, *_) = apps[model_app_name(target)]
     replicas_before = len(apps[model_app_name(target)])
-    loads = {target: Load(cluster, identity_ask(target), NODES, clients=3)}
+    loads = {target: Load(cluster, check_ask(target), NODES, clients=3)}
     loads.update({m: Load(cluster, check_ask(m), NODES, clients=1) for m in bystanders})
     for load in loads.values():
         load.start()
@@ -155,7 +155,7 @@ def test_a_lost_node_fails_only_its_own_and_the_plan_is_restored_when_it_returns
     try:
         time.sleep(3)
         killed_at = time.monotonic()
-        killed = netns_cluster.kill_node(cluster, GPU_NODE)
+        killed = netns_cluster.kill_node(GPU_NODE)
         unavailable_s = wait_until(
             "the index says gpu_probe is unavailable, with the reason",
             lambda: index_states(cluster)["gpu_probe"].get("state") == "UNAVAILABLE",
