@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from repository_loader import platforms
+from repository_loader.describe import default_instance_count
 from repository_loader.errors import ConfigError
 from repository_loader.proto import model_config_pb2 as pb
 from repository_loader.python_autocomplete import complete_python
@@ -48,6 +49,16 @@ def normalize_platform(config: pb.ModelConfig) -> None:
         config.backend = platforms.PLATFORM_BACKEND[config.platform]
     if config.backend in platforms.BACKEND_PLATFORM and not config.platform:
         config.platform = platforms.BACKEND_PLATFORM[config.backend]
+
+
+def normalize_instance_groups(config: pb.ModelConfig) -> None:
+    """Triton's ``NormalizeInstanceGroup`` for counts: a count below 1 (left out, 0 or negative) becomes
+    the default count, 1 (2 for ONNX Runtime on CPU). Ensembles have no instance groups."""
+    if config.HasField("ensemble_scheduling"):
+        return
+    for group in config.instance_group:
+        if group.count < 1:
+            group.count = default_instance_count(group.kind, config.backend)
 
 
 def detect_backend(config: pb.ModelConfig, version_entries: Sequence[str]) -> None:

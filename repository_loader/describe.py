@@ -78,14 +78,14 @@ def _tensor(tensor: pb.ModelInput | pb.ModelOutput) -> TensorSpec:
 
 
 def default_instance_count(kind: int, backend: str) -> int:
-    """Triton's count for a group that leaves ``count`` out (2 for ONNX Runtime on CPU)."""
+    """Triton's count for a group whose ``count`` is below 1 or left out (2 for ONNX Runtime on CPU)."""
     if kind == _Kind.KIND_CPU:
         return platforms.CPU_DEFAULT_COUNT.get(backend, 1)
     return 1
 
 
 def _group(config: pb.ModelConfig, index: int, group: pb.ModelInstanceGroup) -> InstanceGroup:
-    count = group.count or default_instance_count(group.kind, config.backend)
+    count = group.count if group.count >= 1 else default_instance_count(group.kind, config.backend)
     return InstanceGroup(
         name=group.name or f"{config.name}_{index}",
         kind=InstanceKind(_Kind.Name(group.kind)),

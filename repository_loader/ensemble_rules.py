@@ -10,9 +10,10 @@ Within one ensemble (:func:`check_ensemble_flow`):
 
 - every step names a model and maps at least one input and one output;
 - an ensemble tensor is written by one step only, never an ensemble input;
-- every tensor a step reads is an ensemble input or written by a step;
-- every ensemble output is written by a step; every ensemble input is used;
-- the steps form no cycle through their tensors.
+- then Triton's data-flow check (``ValidateEnsembleSchedulingConfig``): every
+  ensemble input is used; every ensemble output is written; every tensor is
+  connected, that is computable from the ensemble inputs (a tensor no step
+  writes, or one on a cycle of steps, is not).
 
 Across models (:func:`check_ensemble_members`):
 
@@ -136,11 +137,11 @@ def _where(index: int, step: EnsembleStep) -> str:
 
 
 def check_ensemble_flow(ensemble: ModelDescription, findings: Findings) -> None:
-    """Within one ensemble: every tensor is written once and read where it exists; the steps form no cycle."""
+    """Within one ensemble: every step is complete, every tensor written once and connected."""
     steps = ensemble.ensemble_steps
     inputs = {t.name for t in ensemble.inputs}
+    errors_before = len(findings.errors)
     writers = _writers(steps, inputs, findings)
-    read: set[str] = set()
     for index, step in enumerate(steps):
         where = _where(index, step)
         if not step.model_name:
@@ -149,22 +150,92 @@ def check_ensemble_flow(ensemble: ModelDescription, findings: Findings) -> None:
             findings.add(f"{where}.input_map", "must specify 'input_map'")
         if not step.output_map:
             findings.add(f"{where}.output_map", "must specify 'output_map'")
-        for tensor in step.input_map.values():
-            read.add(tensor)
-            if tensor not in inputs and tensor not in writers:
-                findings.add(
-                    f"{where}.input_map",
-                    f"ensemble tensor '{tensor}' is neither an ensemble input nor an output of any step",
-                )
-    for output in ensemble.outputs:
-        if output.name not in writers:
-            findings.add("output", f"ensemble output '{output.name}' is not written by any step")
-    for name in sorted(inputs - read):
-        findings.add("input", f"ensemble input '{name}' is not used by any step")
-    cycle = find_cycle(lambda i: _readers(steps, i), range(len(steps)))
-    if cycle:
-        names = " -> ".join(f"step[{i}] '{steps[i].model_name}'" for i in cycle)
-        findings.add(_STEP, f"the steps form a cycle through their tensors: {names}")
+    if len(findings.errors) == errors_before:  # Triton checks the data flow of a well-formed graph only
+        _check_data_flow(ensemble, writers, findings)
+
+
+def _check_data_flow(ensemble: ModelDescription, writers: Mapping[str, int], findings: Findings) -> None:
+    """Triton's data-flow check, in its words: inputs used, outputs written, every tensor connected."""
+    steps, name = ensemble.ensemble_steps, ensemble.name
+    errors_before = len(findings.errors)
+    mentioned = _tensors_in_maps(steps)
+    ready = _ready_tensors(steps, {t.name for t in ensemble.inputs})
+    outputs = {t.name for t in ensemble.outputs}
+    for spec in ensemble.inputs:
+        if spec.name not in mentioned:
+            findings.add("input", f"ensemble input '{spec.name}' for ensemble '{name}' is not used")
+    for spec in ensemble.outputs:
+        if spec.name not in mentioned:
+            findings.add("output", f"ensemble output '{spec.name}' for ensemble '{name}' is not used")
+        elif spec.name not in ready:
+            source = _not_connected_source(spec.name, steps, writers, ready)
+            reason = (
+                f": at least one of its depending tensors, '{source}', is not connected" if source else ""
+            )
+            findings.add("output", f"output '{spec.name}' for ensemble '{name}' is not written{reason}")
+    if len(findings.errors) > errors_before:
+        return  # as Triton, which stops at the first: the tensors below feed what is reported
+    for tensor in mentioned:
+        if tensor not in outputs and tensor not in ready:
+            findings.add(
+                _tensor_field(tensor, steps, writers),
+                f"ensemble tensor '{tensor}' is unused in ensemble '{name}'",
+            )
+
+
+def _tensors_in_maps(steps: Sequence[EnsembleStep]) -> list[str]:
+    """Every ensemble tensor a step reads or writes, in order of first mention."""
+    seen: dict[str, None] = {}
+    for step in steps:
+        seen.update(dict.fromkeys(step.output_map.values()))
+        seen.update(dict.fromkeys(step.input_map.values()))
+    return list(seen)
+
+
+def _ready_tensors(steps: Sequence[EnsembleStep], inputs: set[str]) -> set[str]:
+    """The tensors computable from the ensemble inputs: a step's outputs once all it reads is ready."""
+    ready = set(inputs)
+    pending = list(steps)
+    while True:
+        runnable = [s for s in pending if all(tensor in ready for tensor in s.input_map.values())]
+        if not runnable:
+            return ready
+        for step in runnable:
+            ready.update(step.output_map.values())
+        pending = [s for s in pending if s not in runnable]
+
+
+def _not_connected_source(
+    output: str, steps: Sequence[EnsembleStep], writers: Mapping[str, int], ready: set[str]
+) -> str:
+    """The not-connected tensor Triton names for an output that is not written ('' for the output itself).
+
+    Triton's walk: from the output, follow the first depending tensor that is not
+    ready and not yet seen, until there is none.
+    """
+
+    def depends_on(tensor: str) -> list[str]:
+        return list(steps[writers[tensor]].input_map.values()) if tensor in writers else []
+
+    last, seen = output, set[str]()
+    nodes = depends_on(output)
+    while nodes:
+        following: list[str] = []
+        for node in nodes:
+            if node not in ready and node not in seen:
+                seen.add(node)
+                last, following = node, depends_on(node)
+                break
+        nodes = following
+    return "" if last == output else last
+
+
+def _tensor_field(tensor: str, steps: Sequence[EnsembleStep], writers: Mapping[str, int]) -> str:
+    """The field to name for an ensemble tensor: the step that writes it, else the first that reads it."""
+    if tensor in writers:
+        return f"{_where(writers[tensor], steps[writers[tensor]])}.output_map"
+    index = next(i for i, s in enumerate(steps) if tensor in s.input_map.values())
+    return f"{_where(index, steps[index])}.input_map"
 
 
 def _writers(steps: Sequence[EnsembleStep], inputs: set[str], findings: Findings) -> dict[str, int]:
@@ -187,12 +258,6 @@ def _writers(steps: Sequence[EnsembleStep], inputs: set[str], findings: Findings
             else:
                 writers[tensor] = index
     return writers
-
-
-def _readers(steps: Sequence[EnsembleStep], index: int) -> set[int]:
-    """The steps that read a tensor step ``index`` writes."""
-    written = set(steps[index].output_map.values())
-    return {i for i, s in enumerate(steps) if written.intersection(s.input_map.values())}
 
 
 # --- across models ----------------------------------------------------------------

@@ -14,7 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from repository_loader import platforms
-from repository_loader.autocomplete import complete, detect_backend, normalize_platform
+from repository_loader.autocomplete import (
+    complete,
+    detect_backend,
+    normalize_instance_groups,
+    normalize_platform,
+)
 from repository_loader.config import config_path_candidates, parse_config
 from repository_loader.describe import describe
 from repository_loader.ensemble_rules import check_ensemble, ensemble_cycle
@@ -236,6 +241,7 @@ class _Loader:
                 )
         elif not has_file:
             findings.add("config.pbtxt", "no config file, and auto-complete is disabled")
+        normalize_instance_groups(config)
         files = ModelFiles(exists=lambda rel: (local_dir / rel).exists())
         validate_config(config, findings, files)
         self._check_outputs_listed(config, findings)

@@ -17,6 +17,8 @@ from google.protobuf.message import Message
 
 from repository_loader import platforms
 from repository_loader.autoscaling import parse_autoscaling
+from repository_loader.datatypes import config_to_wire
+from repository_loader.errors import InvalidArgument
 from repository_loader.findings import Findings, ModelFiles, check_dims, check_unique
 from repository_loader.io_rules import check_batch_io, check_tensors
 from repository_loader.proto import model_config_pb2 as pb
@@ -175,8 +177,6 @@ def check_instance_groups(config: pb.ModelConfig, findings: Findings) -> None:
     for index, group in enumerate(config.instance_group):
         where = f"instance_group[{index}]" + (f" '{group.name}'" if group.name else "")
         label = _group_label(config, index, group)
-        if group.count < 0:
-            findings.add(f"{where}.count", f"must be >= 1, got {group.count}")
         if group.gpus and group.kind in (Kind.KIND_CPU, Kind.KIND_MODEL):
             findings.add(
                 f"{where}.gpus", f"{label} has kind {Kind.Name(group.kind)} but specifies one or more GPUs"
@@ -280,8 +280,8 @@ def check_warmup(config: pb.ModelConfig, findings: Findings, files: ModelFiles) 
             if spec is not None and value.data_type != spec.data_type:
                 findings.add(
                     f"{where}.inputs['{name}'].data_type",
-                    f"{pb.DataType.Name(value.data_type)} does not match the input's "
-                    f"{pb.DataType.Name(spec.data_type)}",
+                    f"inference input '{name}' data-type is '{_protocol_name(value.data_type)}', "
+                    f"but model '{config.name}' expects '{_protocol_name(spec.data_type)}'",
                 )
             check_dims(value.dims, f"{where}.inputs['{name}'].dims", findings)
             if -1 in value.dims:
@@ -304,11 +304,22 @@ def check_warmup(config: pb.ModelConfig, findings: Findings, files: ModelFiles) 
                 findings.add(f"{where}.inputs", f"input '{name}' is missing")
 
 
+def _protocol_name(data_type: int) -> str:
+    """Triton's ``DataTypeToProtocolString``: ``TYPE_FP32`` -> ``FP32``, ``<invalid>`` when unset."""
+    try:
+        return config_to_wire(pb.DataType.Name(data_type))
+    except InvalidArgument:
+        return "<invalid>"
+
+
 def check_version_policy(config: pb.ModelConfig, findings: Findings) -> None:
     policy = config.version_policy
     choice = policy.WhichOneof("policy_choice")
     if choice == "latest" and policy.latest.num_versions < 1:
-        findings.add("version_policy.latest.num_versions", "must be >= 1")
+        findings.add(
+            "version_policy.latest.num_versions",
+            f"at least one version must be available under the version policy of model '{config.name}'",
+        )
     if choice == "specific":
         if not policy.specific.versions:
             findings.add("version_policy.specific.versions", "must list at least one version")

@@ -117,11 +117,11 @@ def test_pruned_keeps_only_the_needed_steps() -> None:
         ),
         (
             [step("join", {"A": "INPUT", "B": "missing"}, {"SUM": "OUTPUT"})],
-            r"step\[0\] 'join'.input_map: ensemble tensor 'missing' is neither an ensemble input nor an output of any step",
+            r"output: output 'OUTPUT' for ensemble 'diamond' is not written: at least one of its depending tensors, 'missing', is not connected",
         ),
         (
             [step("pre", {"IN": "INPUT"}, {"OUT": "t0"})],
-            r"output: ensemble output 'OUTPUT' is not written by any step",
+            r"output: ensemble output 'OUTPUT' for ensemble 'diamond' is not used",
         ),
         (
             [
@@ -129,7 +129,7 @@ def test_pruned_keeps_only_the_needed_steps() -> None:
                 step("left", {"X": "t2"}, {"Y": "t1"}),
                 step("right", {"X": "t1"}, {"Y": "t2"}),
             ],
-            r"the steps form a cycle through their tensors: step\[1\] 'left' -> step\[2\] 'right' -> step\[1\] 'left'",
+            r"step\[1\] 'left'.output_map: ensemble tensor 't1' is unused in ensemble 'diamond'",
         ),
         (
             [step("ints", {"X": "INPUT"}, {"Y": "OUTPUT"})],

@@ -90,7 +90,8 @@ def test_one_broken_model_does_not_stop_the_others(repo: Path, write_model) -> N
     write_model("good", TORCH_IO, {"1/model.pt": b""})
     write_model(
         "bad",
-        TORCH_IO.replace("max_batch_size: 8", "max_batch_size: -3") + "instance_group [ { count: -1 } ]",
+        TORCH_IO.replace("max_batch_size: 8", "max_batch_size: -3")
+        + "instance_group [ { kind: KIND_CPU gpus: [ 0 ] } ]",
         {"1/model.pt": b""},
     )
     state = load_repository(repo)

@@ -227,6 +227,20 @@ CASES: dict[str, tuple[str, dict[str, bytes | str], str, str]] = {
         "model_warmup[0] 'w'.inputs['x'].dims",
         "warmup setting expects all variable-size dimensions are specified for input 'x'",
     ),
+    "warmup_data_type": (
+        *_pt(
+            'model_warmup [ { name: "w" batch_size: 1 inputs { key: "x" value { data_type: TYPE_INT32 '
+            "dims: [ 4 ] zero_data: true } } } ]"
+        ),
+        "model_warmup[0] 'w'.inputs['x'].data_type",
+        "inference input 'x' data-type is 'INT32', but model 'm' expects 'FP32'",
+    ),
+    # versions
+    "latest_zero_versions": (
+        *_pt("version_policy { latest { num_versions: 0 } }"),
+        "version_policy.latest.num_versions",
+        "at least one version must be available under the version policy of model 'm'",
+    ),
     # model metrics
     "metric_control_without_family": (
         *_pt(
@@ -300,6 +314,122 @@ def test_what_triton_accepts_loads(case: str, repo: Path, write_model) -> None:
     assert "m" in state.models, state.failed.get("m")
 
 
+@pytest.mark.parametrize(
+    ("group", "count"),
+    [
+        ("kind: KIND_CPU count: -2", 1),  # Triton's NormalizeInstanceGroup: a count below 1 is the default
+        ("kind: KIND_CPU count: 0", 1),
+        ("kind: KIND_CPU", 1),
+        ("kind: KIND_GPU count: -1 gpus: [ 0 ]", 1),
+    ],
+)
+def test_instance_count_below_one_is_the_default(group: str, count: int, repo: Path, write_model) -> None:
+    write_model("m", *_pt(f"instance_group [ {{ {group} }} ]"))
+    model = load_repository(repo).models["m"]
+    assert model.instance_groups[0].count == count
+    assert (
+        model.config_json["instance_group"][0]["count"] == count
+    )  # the completed config, as Triton shows it
+
+
+# --- ensembles: Triton's data-flow check ------------------------------------------------
+
+MEMBERS = {
+    "m": HEAD + IO,
+    "m2": HEAD
+    + 'input [ { name: "a" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "b" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+    + 'output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]\n',
+}
+
+
+def _step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
+    def pairs(mapping: dict[str, str]) -> str:
+        return ", ".join(f'{{ key: "{k}" value: "{v}" }}' for k, v in mapping.items())
+
+    return f'{{ model_name: "{model}" model_version: -1 input_map [ {pairs(inputs)} ] output_map [ {pairs(outputs)} ] }}'
+
+
+def _ensemble(*steps: str, inputs: tuple[str, ...] = ("IN",)) -> str:
+    tensors = ", ".join(f'{{ name: "{n}" data_type: TYPE_FP32 dims: [ 4 ] }}' for n in inputs)
+    return (
+        'platform: "ensemble"\nmax_batch_size: 8\n'
+        f"input [ {tensors} ]\n"
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        f"ensemble_scheduling {{ step [ {', '.join(steps)} ] }}\n"
+    )
+
+
+# case id -> (ensemble config, field, Triton's words: the whole message after the field)
+ENSEMBLE_CASES = {
+    "input_not_used": (
+        _ensemble(_step("m", {"x": "IN"}, {"y": "OUT"}), inputs=("IN", "SPARE")),
+        "input",
+        "ensemble input 'SPARE' for ensemble 'e' is not used",
+    ),
+    "output_in_no_step": (
+        _ensemble(_step("m", {"x": "IN"}, {"y": "OTHER"})),
+        "output",
+        "ensemble output 'OUT' for ensemble 'e' is not used",
+    ),
+    "output_read_never_written": (
+        _ensemble(_step("m", {"x": "IN"}, {"y": "T"}), _step("m2", {"a": "T", "b": "OUT"}, {"y": "T2"})),
+        "output",
+        "output 'OUT' for ensemble 'e' is not written",
+    ),
+    "output_depends_on_unknown_tensor": (
+        _ensemble(_step("m2", {"a": "IN", "b": "NOWHERE"}, {"y": "OUT"})),
+        "output",
+        "output 'OUT' for ensemble 'e' is not written: at least one of its depending tensors, 'NOWHERE', "
+        "is not connected",
+    ),
+    "output_depends_on_cycle": (
+        _ensemble(
+            _step("m2", {"a": "IN", "b": "T2"}, {"y": "OUT"}),
+            _step("m", {"x": "T1"}, {"y": "T2"}),
+            _step("m", {"x": "T2"}, {"y": "T1"}),
+        ),
+        "output",
+        "output 'OUT' for ensemble 'e' is not written: at least one of its depending tensors, 'T1', "
+        "is not connected",
+    ),
+    "cycle_beside_the_output": (
+        _ensemble(
+            _step("m", {"x": "IN"}, {"y": "OUT"}),
+            _step("m", {"x": "t2"}, {"y": "t1"}),
+            _step("m", {"x": "t1"}, {"y": "t2"}),
+        ),
+        "ensemble_scheduling.step[1] 'm'.output_map",
+        "ensemble tensor 't1' is unused in ensemble 'e'",
+    ),
+    "unknown_tensor_beside_the_output": (
+        _ensemble(_step("m", {"x": "IN"}, {"y": "OUT"}), _step("m", {"x": "NOWHERE"}, {"y": "T"})),
+        "ensemble_scheduling.step[1] 'm'.input_map",
+        "ensemble tensor 'NOWHERE' is unused in ensemble 'e'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ENSEMBLE_CASES))
+def test_ensemble_data_flow_fails_with_tritons_words(case: str, repo: Path, write_model) -> None:
+    config, field, words = ENSEMBLE_CASES[case]
+    for name, member in MEMBERS.items():
+        write_model(name, member, PT)
+    write_model("e", config, {"1/": b""})
+    state = load_repository(repo)
+    assert "e" not in state.models, f"{case} loaded"
+    assert f"model 'e' (e/config.pbtxt): {field}: {words}" in state.failed["e"], state.failed["e"]
+
+
+def test_ensemble_reports_only_the_outputs_when_they_are_not_written(repo: Path, write_model) -> None:
+    """Like Triton, which stops at the first problem: the tensors feeding an unwritten output are not listed again."""
+    config, _, _ = ENSEMBLE_CASES["output_depends_on_cycle"]
+    for name, member in MEMBERS.items():
+        write_model(name, member, PT)
+    write_model("e", config, {"1/": b""})
+    (error,) = load_repository(repo).failed["e"]
+    assert "is unused" not in error
+
+
 # --- ONNX model metadata against the config ------------------------------------------
 
 ONNX = onnx_model_bytes(
@@ -327,6 +457,15 @@ ONNX_CASES = {
         "output[0] 'nope': unexpected inference output 'nope', allowed outputs are: s, t",
     ),
 }
+
+
+def test_onnx_cpu_count_below_one_is_two(repo: Path, write_model) -> None:
+    config = (
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 4\ninstance_group [ { kind: KIND_CPU count: -3 } ]'
+    )
+    write_model("m", config, {"1/model.onnx": ONNX})
+    model = load_repository(repo).models["m"]
+    assert model.instance_groups[0].count == 2 and model.config_json["instance_group"][0]["count"] == 2
 
 
 @pytest.mark.parametrize("case", sorted(ONNX_CASES))
