@@ -135,7 +135,7 @@ class ServerSettings:
     metrics_host: str = "127.0.0.1"  # the one address it binds (default: ``http_host``)
     metrics_port: int = 8002
     allow_grpc: bool = True  # the KServe v2 gRPC service, served by the server application's replica
-    grpc_host: str = "127.0.0.1"  # the one address the gRPC server binds ("0.0.0.0": every interface)
+    grpc_host: str = "127.0.0.1"  # without Serve's grpc_options only: the address the server replica binds (else http_host)
     grpc_port: int = 8001
     grpc_max_receive_message_bytes: int = 64 * 1024 * 1024  # a larger request: RESOURCE_EXHAUSTED
     grpc_max_send_message_bytes: int = 64 * 1024 * 1024

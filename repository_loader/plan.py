@@ -62,6 +62,7 @@ SERVER_APP = "triton"
 SERVER_ROUTE = "/v2"
 MODEL_DEPLOYMENT = "model"
 GROUP_APP_MARK = "--group-"
+MODEL_APP_PREFIX = "model-"
 GROUP_ROUTE = f"{SERVER_ROUTE}/-/instance-groups"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -71,7 +72,7 @@ def model_app_name(model: str) -> str:
     safe = _UNSAFE.sub("_", model)
     if safe != model:
         safe += "-" + hashlib.sha1(model.encode()).hexdigest()[:8]
-    return f"model-{safe}"
+    return f"{MODEL_APP_PREFIX}{safe}"
 
 
 def model_route(model: str) -> str:

@@ -25,6 +25,7 @@ from bench.pa_runner import run_perf_analyzer
 from bench.peers import ServerHandle, launch, wait_ready
 from bench.plots import plot_report
 from bench.results import Report, Run, write_csv, write_json
+from deployments.serve.grpc_ingress import wait_until_answering
 from deployments.serve.request_path import HAPROXY_PORTS, haproxy_files_env
 from repository_loader.proto import model_config_pb2
 
@@ -98,6 +99,9 @@ def start_this_server(
     handle.scratch = haproxy_folder
     try:
         wait_ready(handle, timeout)
+        # HAProxy takes up the server replica's gRPC port a moment after HTTP answers ready
+        if grpc_port is not None and not wait_until_answering("127.0.0.1", grpc_port, timeout):
+            raise TimeoutError(f"this server's gRPC port {grpc_port} did not answer")
     except BaseException:
         handle.stop()
         raise

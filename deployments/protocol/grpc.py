@@ -37,7 +37,7 @@ from deployments.protocol.proto import grpc_service_pb2 as pb
 from deployments.runtime.checks import ModelSchema
 from deployments.settings import RestrictedApi, restriction_for
 from repository_loader.config import config_from_json
-from repository_loader.errors import InvalidArgument, Restricted, ServerError, Unsupported
+from repository_loader.errors import InvalidArgument, Restricted, ServerError, TooLarge, Unsupported
 from repository_loader.model import ModelDescription
 
 logger = logging.getLogger(__name__)
@@ -125,16 +125,17 @@ class GRPCInferenceServicer:
             request_type = getattr(pb, method.input_type.name)
             response_type = getattr(pb, method.output_type.name)
             rule = restriction_for(self.options.restricted, RPC_GROUPS.get(method.name, "inference"))
+            read = _bounded(request_type.FromString, self.options.max_receive_message_bytes)
             if method.client_streaming:
                 handlers[method.name] = grpc.stream_stream_rpc_method_handler(
-                    _guarded_stream(getattr(self, method.name), rule),
-                    request_deserializer=request_type.FromString,
+                    _guarded_stream(getattr(self, method.name), rule, self.options),
+                    request_deserializer=read,
                     response_serializer=response_type.SerializeToString,
                 )
             else:
                 handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-                    _guarded(getattr(self, method.name), rule),
-                    request_deserializer=request_type.FromString,
+                    _guarded(getattr(self, method.name), rule, self.options),
+                    request_deserializer=read,
                     response_serializer=response_type.SerializeToString,
                 )
         return grpc.method_handlers_generic_handler(SERVICE, handlers)
@@ -352,31 +353,81 @@ def _check_restricted(rule: RestrictedApi | None, context: Any) -> None:
         raise Restricted(f"This protocol is restricted, expecting header '{rule.key}'")
 
 
-def _guarded_stream(method: Callable[[Any, Any], AsyncIterator[Any]], rule: RestrictedApi | None) -> Any:
-    """A streaming handler behind the restricted API's check."""
-    if rule is None:
-        return method
+class _Oversized:
+    """A request message over the receive limit, in place of the message (refused by the handler)."""
+
+    __slots__ = ("size", "limit")
+
+    def __init__(self, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+
+    def error(self) -> TooLarge:
+        return TooLarge(f"Received message larger than max ({self.size} vs. {self.limit})")
+
+
+def _bounded(parse: Callable[[bytes], Any], limit: int) -> Callable[[bytes], Any]:
+    """``parse`` for messages up to ``limit`` bytes. gRPC's own limit refuses them first where this
+    server owns the gRPC server; on a server built by Serve (larger limits), this one does."""
+
+    def read(data: bytes) -> Any:
+        return _Oversized(len(data), limit) if len(data) > limit else parse(data)
+
+    return read
+
+
+def _per_call(context: Any, options: GrpcOptions) -> None:
+    """What a server built by Serve does not set for the whole server: response compression."""
+    if options.compression not in (None, "", "none"):
+        context.set_compression(_COMPRESSION[options.compression])
+
+
+def _guarded_stream(
+    method: Callable[[Any, Any], AsyncIterator[Any]], rule: RestrictedApi | None, options: GrpcOptions
+) -> Any:
+    """A streaming handler behind the restricted API's check, with messages over the limit refused."""
+
+    async def requests_within(requests: Any) -> AsyncIterator[Any]:
+        async for message in requests:
+            if isinstance(message, _Oversized):
+                raise message.error()
+            yield message
 
     async def handle(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         try:
             _check_restricted(rule, context)
         except ServerError as e:
             await context.abort(grpc.StatusCode[e.grpc_status], e.message)
-        async for item in method(requests, context):
-            yield item
+        _per_call(context, options)
+        try:
+            async for item in method(requests_within(requests), context):
+                yield item
+        except TooLarge as e:
+            await context.abort(grpc.StatusCode[e.grpc_status], e.message)
 
     return handle
 
 
 def _guarded(
-    method: Callable[[Any], Awaitable[Any]], rule: RestrictedApi | None = None
+    method: Callable[[Any], Awaitable[Any]],
+    rule: RestrictedApi | None = None,
+    options: GrpcOptions | None = None,
 ) -> Callable[[Any, Any], Awaitable[Any]]:
     """A unary handler that turns a raised error into the gRPC status of the one table."""
+    options = options or GrpcOptions()
+    send_limit = options.max_send_message_bytes
 
     async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             _check_restricted(rule, context)
-            return await method(request)
+            if isinstance(request, _Oversized):
+                raise request.error()
+            _per_call(context, options)
+            response = await method(request)
+            size = response.ByteSize()
+            if size > send_limit:
+                raise TooLarge(f"Sent message larger than max ({size} vs. {send_limit})")
+            return response
         except ServerError as e:
             await context.abort(grpc.StatusCode[e.grpc_status], e.message)
         except Exception as e:

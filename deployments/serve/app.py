@@ -277,7 +277,7 @@ class ServerDeployment:
         self.dataplane = ModelDataPlane(self.controller, notices=request_path.request_path_notice(logger))
         self._start = asyncio.get_running_loop().create_task(self._startup())
         await asyncio.shield(self._start)  # live only once the initial models settled
-        self._grpc = start_grpc(self.dataplane, settings)
+        self._grpc = await start_grpc(self.dataplane, settings)
 
     async def _group_apps(self, name: str) -> GroupApps:
         return self.deployer.group_apps(name)
@@ -403,21 +403,32 @@ class ServerDeployment:
             await self._grpc.stop(grace=1)
 
 
-def start_grpc(dataplane: ModelDataPlane, settings: ServerSettings) -> Any:
-    """The KServe v2 gRPC server on ``settings.grpc_host:grpc_port``, over the server's data plane
-    (None when ``allow_grpc`` is off). Bound here, so a port in use fails the replica at once;
-    started on the replica's event loop. Each inference is one handle call to the model's replica."""
+async def start_grpc(dataplane: ModelDataPlane, settings: ServerSettings) -> Any:
+    """The KServe v2 gRPC service over the server's data plane (None when ``allow_grpc`` is off).
+
+    Where Serve serves gRPC with this server's servicer function (``grpc_options``), HAProxy binds the
+    port and this replica answers what HAProxy does not send to a model's replica (one hop: see
+    ``deployments.serve.grpc_ingress``); returns None. Otherwise a gRPC server of this replica's own
+    binds ``settings.grpc_host:grpc_port`` (a port in use fails the replica at once), and each
+    inference takes a second hop to the model's replica."""
     if not settings.allow_grpc:
         return None
-    from deployments.protocol.grpc import GrpcOptions, build_grpc_server
+    from deployments.protocol.grpc import build_grpc_server
+    from deployments.serve import grpc_ingress
 
-    options = GrpcOptions(
-        host=settings.grpc_host,
-        port=settings.grpc_port,
-        max_receive_message_bytes=settings.grpc_max_receive_message_bytes,
-        max_send_message_bytes=settings.grpc_max_send_message_bytes,
-        compression=settings.grpc_compression,
-        restricted=settings.grpc_restricted_api,
+    options = grpc_ingress.grpc_options(settings)
+    port, servicers = await hooks.serve_grpc_servicers()
+    if port > 0 and grpc_ingress.SERVICER_FUNCTION in servicers:
+        grpc_ingress.serve_grpc(dataplane, options)
+        logger.info(
+            "gRPC service on Serve's gRPC port %d (ModelInfer answered by each model's replicas)", port
+        )
+        return None
+    logger.warning(
+        "gRPC: Serve's grpc_options do not name %s, so this replica binds %s itself and every "
+        "inference takes a second hop; set grpc_options (see serve_config.yaml) for one hop",
+        grpc_ingress.SERVICER_FUNCTION,
+        options.address,
     )
     server, _ = build_grpc_server(dataplane, options)
     asyncio.get_running_loop().create_task(server.start())

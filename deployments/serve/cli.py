@@ -59,7 +59,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="the same for gRPC, checked on the request metadata",
     )
     p.add_argument("--grpc-port", type=int, default=8001, help="port of the KServe v2 gRPC service")
-    p.add_argument("--grpc-host", default="127.0.0.1", help="address the gRPC service binds")
+    p.add_argument(
+        "--grpc-host",
+        default="127.0.0.1",
+        help="address of a gRPC server of the server replica's own (only without Serve's grpc_options; with them the gRPC port is on the HTTP host)",
+    )
     p.add_argument("--allow-grpc", default="true", help="false: no gRPC service (Triton's flag)")
     p.add_argument("--grpc-infer-response-compression", default="none", help="none | gzip | deflate")
     p.add_argument("--metrics-port", type=int, default=8002, help="port of Triton's /metrics")
@@ -127,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
             )
         print(f"ready: serving on http://{settings.http_host}:{settings.http_port}/v2", flush=True)
         if settings.allow_grpc:
-            print(f"ready: gRPC on {settings.grpc_host}:{settings.grpc_port}", flush=True)
+            print(f"ready: gRPC on {settings.http_host}:{settings.grpc_port}", flush=True)
         if settings.allow_metrics:
             metrics = f"http://{settings.metrics_host}:{settings.metrics_port}/metrics"
             print(f"ready: metrics on {metrics}", flush=True)

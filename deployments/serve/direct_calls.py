@@ -68,6 +68,14 @@ def counting(in_flight: dict[K, int], key: K) -> Iterator[None]:
             del in_flight[key]
 
 
+def infer_path(request: InferRequest) -> str | None:
+    """The infer route of ``request``'s model, or None when its name is not a plain path segment."""
+    name, version = request.model_name, request.model_version
+    if not name or quote(name, safe="-_.~") != name or quote(version, safe="") != version:
+        return None
+    return f"/v2/models/{name}/versions/{version}/infer" if version else f"/v2/models/{name}/infer"
+
+
 class ConnectFailed(Exception):
     """No replica of the application took the connection: the request never started."""
 
@@ -79,14 +87,6 @@ class DirectCalls:
         self._targets: dict[str, tuple[list[Address], float]] = {}  # application -> addresses, when read
         self.in_flight: dict[Address, int] = {}
         self._session: Any = None
-
-    @staticmethod
-    def path(request: InferRequest) -> str | None:
-        """The infer route of ``request``'s model, or None when its name is not a plain path segment."""
-        name, version = request.model_name, request.model_version
-        if not name or quote(name, safe="-_.~") != name or quote(version, safe="") != version:
-            return None
-        return f"/v2/models/{name}/versions/{version}/infer" if version else f"/v2/models/{name}/infer"
 
     async def targets(self, app: str, fresh: bool = False) -> list[Address]:
         known = self._targets.get(app)
@@ -106,7 +106,7 @@ class DirectCalls:
 
     async def infer(self, app: str, request: InferRequest) -> InferResponse | None:
         """The replica's answer to ``request``; None where it cannot go this way (use the handle)."""
-        path = self.path(request)
+        path = infer_path(request)
         addresses = await self.targets(app) if path is not None else []
         if path is None or not addresses:
             return None
@@ -152,4 +152,4 @@ class DirectCalls:
             self._session = None
 
 
-__all__ = ["DirectCalls"]
+__all__ = ["DirectCalls", "infer_path"]

@@ -11,12 +11,23 @@ HAProxy after four changes:
 * **Errors are Triton's JSON.** Serve maps HAProxy's own 502/503/504 (no replica up, a
   replica gone mid-request, a timeout) to a plain-text ``500 Internal Server Error`` page;
   they become ``503``/``504`` with a ``{"error": ...}`` body, as every other error of the server.
+  HAProxy's own 400 and 408 (a request head over its buffer, a malformed or slow one) are given
+  the same form, where they were HTML.
 * **A model's instance groups share its backend.** Each instance group of a model past the
   first is a Serve application of its own (``repository_loader.plan``), so Serve writes a
   backend ``<base>--group-<n>`` beside the model's own ``<base>``; the replicas of every group
   (their ``server`` lines, ``backup`` ones left out) are added to the model's backend, so its
   ``leastconn`` spreads the model's requests over all of them in one hop. A group replica
   answers the model's routes through its direct lane (``deployments.serve.ingress``).
+* **gRPC in one hop.** In Serve's gRPC frontend (``grpc_frontend``, written when ``grpc_options``
+  are set), a Triton ``ModelInfer`` call goes to the backend of the model it names: HAProxy waits
+  for the head of the request message and matches its first field (``model_name``, field 1, which
+  every protobuf encoder writes first) against each model application's name, as the bytes
+  ``0A <length> <name>`` after the 5-byte gRPC frame header of an uncompressed message. Every other
+  call (streams, metadata, the repository API, a compressed message, a name not served, a model
+  with no replica up) goes to the server application's backend instead of Serve's "application
+  metadata not set" answer (``deployments.serve.grpc_ingress``). Serve's proxy, every backend's
+  ``backup`` server, is taken out of these backends: it does not serve this service.
 * **HAProxy ends with its manager.** It is started with ``PR_SET_PDEATHSIG``, so when
   Serve's HAProxy manager (a Ray actor) exits or is killed, at shutdown included, its HAProxy
   does not stay behind holding the port.
@@ -39,13 +50,24 @@ REAL_BINARY_ENV = "TRITON_SERVE_HAPROXY_BINARY"
 PR_SET_PDEATHSIG = 1
 
 ERRORS = {
+    400: (
+        400,
+        "Bad Request",
+        "bad request: its request line or headers are malformed or larger than the server accepts",
+    ),
+    408: (408, "Request Timeout", "the request was not received in time"),
     502: (503, "Service Unavailable", "the model's replica went away before it answered; try again"),
     503: (503, "Service Unavailable", "no replica of the model is available yet; try again"),
     504: (504, "Gateway Timeout", "the model's replica did not answer in time"),
 }
 
+_OWN_REFUSALS = (400, 408)  # what HAProxy answers itself before any backend: a bad or slow request head
 _BIND = re.compile(r"^(\s*bind\s+)(\S*?):(\d+)(.*)$")
 _GROUP_BACKEND = re.compile(r"^(.+)--group-([0-9]+)$")
+_APP_ACL = re.compile(r"^\s*acl\s+\S+\s+req\.hdr\(application\)\s+-m\s+str\s+(\S+)\s*$")
+_DEFAULT_BACKEND = re.compile(r"^(\s*default_backend\s+)\S+(.*)$")
+_MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+_HEAD_BYTES = 300  # the message head read for the name: tag, length and a name of up to ~290 bytes
 _ERRORFILE = re.compile(r"^(\s*errorfile\s+)(50[234])(\s+)(\S+)(.*)$")
 
 
@@ -122,6 +144,115 @@ def merge_group_backends(lines: list[str]) -> list[str]:
     return out
 
 
+def name_prefix(name: str) -> str:
+    """The hex (upper case, as HAProxy's ``hex`` converter writes it) of a message that starts with
+    protobuf field 1 holding the string ``name``: tag ``0A``, the length as a varint, the bytes."""
+    data = name.encode()
+    length, varint = len(data), bytearray()
+    while True:
+        low, length = length & 0x7F, length >> 7
+        varint.append(low | (0x80 if length else 0))
+        if not length:
+            break
+    return (b"\x0a" + bytes(varint) + data).hex().upper()
+
+
+def _frontend(lines: list[str], name: str) -> tuple[int, int] | None:
+    """The lines of section ``frontend <name>`` (header excluded) as ``(start, end)``."""
+    start = None
+    for i, line in enumerate(lines):
+        if start is None:
+            if line.split()[:2] == ["frontend", name]:
+                start = i + 1
+        elif line.strip() and not line[:1].isspace() and not line.startswith("#"):
+            return start, i
+    return None if start is None else (start, len(lines))
+
+
+def route_grpc_by_model(lines: list[str]) -> list[str]:
+    """``lines`` with Serve's gRPC frontend sending ``ModelInfer`` to the named model's backend and
+    everything else to the server application's (see the module's description)."""
+    from deployments.serve.hooks import GRPC_BACKEND_PREFIX, GRPC_FRONTEND
+    from repository_loader.plan import GROUP_APP_MARK, MODEL_APP_PREFIX, SERVER_APP
+
+    found = _frontend(lines, GRPC_FRONTEND)
+    if found is None:
+        return lines
+    start, end = found
+    backends = _backends(lines)
+    apps = [m.group(1) for line in lines[start:end] if (m := _APP_ACL.match(line))]
+    models = [app for app in apps if app.startswith(MODEL_APP_PREFIX) and GROUP_APP_MARK not in app]
+    rules = [
+        "    # Triton's ModelInfer: to the replicas of the model named at the head of the message",
+        f"    acl trs_model_infer path {_MODEL_INFER}",
+        "    acl trs_uncompressed req.body,bytes(0,1),hex -m str 00",
+        "    http-request wait-for-body time 1s if trs_model_infer",
+        f"    http-request set-var(txn.trs_head) req.body,bytes(5,{_HEAD_BYTES}),hex"
+        " if trs_model_infer trs_uncompressed",
+    ]
+    for app in models:
+        backend = GRPC_BACKEND_PREFIX + app
+        if backend in backends:
+            model = app[len(MODEL_APP_PREFIX) :]
+            rules.append(
+                f"    use_backend {backend} if {{ var(txn.trs_head) -m beg {name_prefix(model)} }}"
+                f" {{ nbsrv({backend}) ge 1 }}"
+            )
+    server = GRPC_BACKEND_PREFIX + SERVER_APP
+    body = list(lines[start:end])
+    if server in backends:
+        body = [
+            f"{m.group(1)}{server}{m.group(2)}" if (m := _DEFAULT_BACKEND.match(line)) else line
+            for line in body
+        ]
+        if not any(_DEFAULT_BACKEND.match(line) for line in body):
+            body.append(f"    default_backend {server}")
+    first_acl = next((i for i, line in enumerate(body) if _APP_ACL.match(line)), len(body))
+    while first_acl > 0 and body[first_acl - 1].strip().startswith("#"):
+        first_acl -= 1
+    body[first_acl:first_acl] = rules
+    out = [*lines[:start], *body, *lines[end:]]
+    # Serve's proxy is every gRPC backend's backup: it cannot answer this service ("Method not found"),
+    # so a backend without a running replica answers UNAVAILABLE, and a model's calls go to the server
+    out = _without_backups(out, [GRPC_BACKEND_PREFIX + app for app in apps])
+    return _grpc_errors(out, [GRPC_FRONTEND], [GRPC_BACKEND_PREFIX + app for app in apps])
+
+
+# HAProxy's own errors on the gRPC side: a gRPC status (trailers-only answer), not the JSON pages
+GRPC_ERRORS = {
+    400: (13, "bad request: its headers are malformed or larger than the server accepts"),
+    408: (4, "the request was not received in time"),
+    502: (14, "the model's replica went away before it answered; try again"),
+    503: (14, "no replica is available yet; try again"),
+    504: (4, "the replica did not answer in time"),
+}
+
+
+def _grpc_errors(lines: list[str], frontends: list[str], backends: list[str]) -> list[str]:
+    """``lines`` with ``http-error`` rules giving HAProxy's 502/503/504 as gRPC statuses in the
+    sections named (a section's own rules win over the JSON ``errorfile`` pages of ``defaults``)."""
+    rules = [
+        f'    http-error status {code} hdr grpc-status {status} hdr grpc-message "{text}"'
+        for code, (status, text) in GRPC_ERRORS.items()
+    ]
+    heads = {f"frontend {name}" for name in frontends} | {f"backend {name}" for name in backends}
+    out: list[str] = []
+    for line in lines:
+        out.append(line)
+        if " ".join(line.split()[:2]) in heads and not line[:1].isspace():
+            out.extend(rules)
+    return out
+
+
+def _without_backups(lines: list[str], names: list[str]) -> list[str]:
+    """``lines`` less the ``backup`` servers of the backends ``names``."""
+    backends = _backends(lines)
+    dropped = {
+        i for name in names if name in backends for i in range(*backends[name]) if _is_backup(lines[i])
+    }
+    return [line for i, line in enumerate(lines) if i not in dropped]
+
+
 def _insertion_point(lines: list[str], start: int, end: int) -> int:
     """Where added servers go in a backend: before its first backup server (and the comment lines just
     above it), else after its last server, else after its last line."""
@@ -141,7 +272,7 @@ def _insertion_point(lines: list[str], start: int, end: int) -> int:
 def rewrite(text: str, error_dir: Path) -> str:
     """Serve's HAProxy configuration with every wildcard bind on the ingress host, JSON error pages, and
     the replicas of a model's later instance groups in the model's own backend."""
-    lines = merge_group_backends(text.splitlines())
+    lines = route_grpc_by_model(merge_group_backends(text.splitlines()))
     host = frontend_host(lines)
     out = []
     for line in lines:
@@ -154,6 +285,8 @@ def rewrite(text: str, error_dir: Path) -> str:
             page = error_dir / f"triton-{code}.http"
             line = f"{e.group(1)}{code}{e.group(3)}{page}{e.group(5)}"
         out.append(line)
+        if line.strip() == "defaults":  # HAProxy's own refusals of a request too (HTML otherwise)
+            out.extend(f"    errorfile {code} {error_dir / f'triton-{code}.http'}" for code in _OWN_REFUSALS)
     return "\n".join(out) + "\n"
 
 

@@ -36,6 +36,15 @@ versions without starting Ray, so an upgrade that moves one fails there, by name
   merged over the replica's own autoscaling report (``ray/serve/_private/replica.py``), so a value
   under Serve's key for running requests (:data:`RUNNING_REQUESTS_KEY`, ``common.py``) replaces
   Serve's count, which does not see the direct lane (``deployments.serve.model_app``).
+* ``grpc_passthrough``: Serve's per-replica gRPC server (``ray/serve/_private/grpc_util.py``,
+  ``gRPCGenericServer``) calls each ``grpc_options.grpc_servicer_functions`` entry with the server
+  after the deployment's constructor, and runs a service marked with ``add_passthrough_service``
+  as it was added, without its per-request wrapper (``deployments.serve.grpc_ingress``).
+* ``serve_grpc_config``: the controller's ``get_grpc_config()`` (Serve's ``grpc_options``): whether
+  Serve's HAProxy and replicas serve gRPC with this server's servicer function.
+* ``haproxy_grpc_frontend``: Serve's HAProxy template writes ``frontend grpc_frontend`` and one
+  backend ``grpc-<application>`` per application (``haproxy.py``, ``haproxy_templates.py``), which
+  ``deployments.serve.haproxy_shim`` routes by model name.
 """
 
 from __future__ import annotations
@@ -60,7 +69,13 @@ HOOKS = (
     "uvicorn_cycle_send",
     "haproxy_binary",
     "autoscaling_running_requests",
+    "grpc_passthrough",
+    "serve_grpc_config",
+    "haproxy_grpc_frontend",
 )
+
+GRPC_FRONTEND = "grpc_frontend"
+GRPC_BACKEND_PREFIX = "grpc-"
 
 
 def run_application(app: Any, name: str, route_prefix: str) -> None:
@@ -114,6 +129,23 @@ async def replica_http_targets(app_name: str) -> dict[str, tuple[str, int]]:
         if group.protocol == RequestProtocol.HTTP and group.app_name == app_name
         for target in group.targets
     }
+
+
+def add_passthrough_service(server: Any, service: str) -> None:
+    """Have Serve's per-replica gRPC ``server`` run ``service``'s handlers as added (no wrapper)."""
+    mark = getattr(server, "add_passthrough_service", None)
+    if mark is not None:
+        mark(service)
+
+
+async def serve_grpc_servicers() -> tuple[int, list[str]]:
+    """Serve's gRPC port and servicer functions (port 0 or no functions: Serve serves no gRPC)."""
+    import ray
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    options = await controller.get_grpc_config.remote()
+    return int(options.port), list(options.grpc_servicer_functions)
 
 
 def uvicorn_cycle() -> Any | None:

@@ -43,13 +43,25 @@ def start(settings: ServerSettings, ray_init: dict[str, Any] | None = None) -> N
 
     if not ray.is_initialized():
         ray.init(**(ray_init or {}))
-    serve.start(http_options={"host": settings.http_host, "port": settings.http_port})
+    from deployments.serve.grpc_ingress import serve_options
+
+    serve.start(
+        http_options={"host": settings.http_host, "port": settings.http_port},
+        grpc_options=serve_options(settings),
+    )
     serve.run(bind_server(settings), name=SERVER_APP, route_prefix=SERVER_ROUTE)
     deadline = time.monotonic() + settings.deploy_timeout_s
     while not call_server("is_started"):
         if time.monotonic() > deadline:
             raise TimeoutError("the model repository did not finish loading")
         time.sleep(0.5)
+    if settings.allow_grpc:
+        from deployments.serve.grpc_ingress import wait_until_answering
+
+        if not wait_until_answering(
+            settings.http_host, settings.grpc_port, max(deadline - time.monotonic(), 10.0)
+        ):
+            raise TimeoutError(f"the gRPC service did not answer on port {settings.grpc_port}")
 
 
 _LOOP: asyncio.AbstractEventLoop | None = None

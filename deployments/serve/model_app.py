@@ -14,7 +14,7 @@ from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.http import ModelHTTPApp
 from deployments.replica import replica_dataplane
 from deployments.runtime.model import ModelRuntime
-from deployments.serve import hooks, ingress, reloads
+from deployments.serve import grpc_ingress, hooks, ingress, reloads
 from deployments.serve.devices import pin_replica_gpu
 from deployments.serve.direct_calls import DirectCalls
 from deployments.serve.handles import HandleExecutor
@@ -86,9 +86,8 @@ class ModelDeployment:
         self._push_task: asyncio.Task[None] | None = asyncio.get_running_loop().create_task(
             self._push_stats()
         )
-        self._app = ModelHTTPApp(
-            replica_dataplane(self.runtime, self._cluster_stats), model.name, settings.limits
-        )
+        dataplane = replica_dataplane(self.runtime, self._cluster_stats)
+        self._app = ModelHTTPApp(dataplane, model.name, settings.limits)
         # a later instance group's replica answers the model's routes only directly: Serve would refuse
         # them as outside its own application's route
         own_group = context is None or context.app_name == model_app_name(model.name)
@@ -101,6 +100,11 @@ class ModelDeployment:
             self._sequences = self._sequence_router(context)
             self._app.sequence_router = self._sequences
             self._publish = asyncio.get_running_loop().create_task(self._sequences.publish())
+        if settings.allow_grpc:  # ModelInfer calls for this model, routed here by HAProxy
+            plane = dataplane
+            if self._sequences is not None:
+                plane = grpc_ingress.SequenceForwardingDataPlane(dataplane, self._sequences.forward_infer)
+            grpc_ingress.serve_grpc(plane, grpc_ingress.grpc_options(settings))
 
     def __serve_build_asgi_app__(self) -> Any:
         return self._app
@@ -267,6 +271,7 @@ class ModelDeployment:
 
     async def __del__(self) -> None:
         ingress.withdraw(self._route)
+        grpc_ingress.withdraw()
         self._reloads.cancel()
         if self._sequences is not None:
             await self._sequences.close()

@@ -34,10 +34,11 @@ import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from deployments.inference import InferRequest
+from deployments.inference import InferRequest, InferResponse
+from deployments.protocol.codec import HEADER_LENGTH, decode_infer_response, encode_infer_request
 from deployments.serve import hooks
-from deployments.serve.direct_calls import reachable
-from repository_loader.errors import Unavailable
+from deployments.serve.direct_calls import infer_path, reachable
+from repository_loader.errors import ERROR_CODE_HEADER, Unavailable
 
 logger = logging.getLogger("ray.serve")
 
@@ -45,7 +46,7 @@ FORWARDED = b"x-triton-sequence-owner"
 """Set on a forwarded request (value: the owner's rank); the receiver answers it itself."""
 
 _PASSED = (b"content-type", b"inference-header-content-length", b"content-encoding", b"accept-encoding")
-_RETURNED = ("content-type", "inference-header-content-length", "content-encoding")
+_RETURNED = ("content-type", "inference-header-content-length", "content-encoding", ERROR_CODE_HEADER)
 
 Member = tuple[str, str, int]  # replica id, ip, port
 Members = dict[int, Member]
@@ -129,6 +130,32 @@ class SequenceRouter:
                 raise self._lost(request, owner, again) from None
         self.forwarded += 1
         return reply
+
+    async def forward_infer(self, request: InferRequest) -> InferResponse | None:
+        """The owner's response to ``request`` (arrived other than over HTTP: a gRPC call), sent to it
+        over HTTP with every tensor binary; None when this replica is the owner."""
+        if owner_rank(request.correlation_id, self.world_size) == self.rank:
+            self.local += 1
+            return None
+        path = infer_path(request)
+        if path is None:
+            raise self._lost(
+                request, owner_rank(request.correlation_id, self.world_size), "its name is not a path"
+            )
+        body, header_length = encode_infer_request(request)
+        headers = [
+            (b"content-type", b"application/octet-stream"),
+            (HEADER_LENGTH.lower().encode(), str(header_length).encode()),
+        ]
+        reply = await self.forward(request, path, headers, body)
+        if reply is None:  # pragma: no cover  (not the owner, checked above)
+            return None
+        status, returned, out = reply
+        found = {k.decode(): v.decode("latin-1") for k, v in returned}
+        length = found.get(HEADER_LENGTH.lower())
+        return decode_infer_response(
+            status, out, int(length) if length else None, found.get(ERROR_CODE_HEADER)
+        )
 
     def refuse_elsewhere(self, request: InferRequest) -> None:
         """Raise UNAVAILABLE when ``request`` belongs to a sequence this replica does not own (a handle

@@ -80,6 +80,8 @@ class Server:
             "metrics_port": free_port(),
             **(args or {}),
         }
+        if "grpc_options" in config:  # HAProxy binds the gRPC port: this server's own
+            config["grpc_options"]["port"] = app["args"]["grpc_port"]
         if not request_path_in_config:
             config.pop("controller_options", None)
             app.pop("runtime_env", None)

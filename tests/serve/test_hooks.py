@@ -124,7 +124,48 @@ def _check_autoscaling_running_requests() -> None:
     assert callable(getattr(ModelDeployment.func_or_class, "record_autoscaling_stats", None))
 
 
+def _check_grpc_passthrough() -> None:
+    from ray.serve._private import grpc_util
+
+    server = grpc_util.gRPCGenericServer
+    assert callable(getattr(server, "add_passthrough_service", None))
+    source = inspect.getsource(grpc_util.start_grpc_server)
+    assert "grpc_servicer_func_callable" in source, "Serve no longer calls the servicer functions"
+    adding = inspect.getsource(server.add_generic_rpc_handlers)
+    assert "_passthrough_service_names" in adding, "passthrough services are wrapped again"
+    from ray.serve._private import replica
+
+    # the per-replica gRPC server starts after the constructor (the servicer function finds its data plane)
+    initialized = inspect.getsource(replica.Replica._on_initialized)
+    assert "_maybe_start_direct_ingress_servers" in initialized
+
+
+def _check_serve_grpc_config() -> None:
+    from ray.serve._private.controller import ServeController
+
+    assert callable(getattr(ServeController, "get_grpc_config", None))
+    from ray.serve.config import gRPCOptions
+
+    assert {"port", "grpc_servicer_functions"} <= set(gRPCOptions.model_fields)
+
+
+def _check_haproxy_grpc_frontend() -> None:
+    from ray.serve._private import haproxy, haproxy_templates
+
+    template = inspect.getsource(haproxy_templates)
+    assert f"frontend {hooks.GRPC_FRONTEND}" in template
+    assert "req.hdr(application) -m str {{ backend.app_name }}" in template
+    naming = inspect.getsource(haproxy.HAProxyManager._generate_backend_name)
+    assert "protocol.value.lower()}-{target_group.app_name}" in naming
+    from ray.serve._private.common import RequestProtocol
+
+    assert f"{RequestProtocol.GRPC.value.lower()}-" == hooks.GRPC_BACKEND_PREFIX
+
+
 CHECKS = {
+    "grpc_passthrough": _check_grpc_passthrough,
+    "serve_grpc_config": _check_serve_grpc_config,
+    "haproxy_grpc_frontend": _check_haproxy_grpc_frontend,
     "proxy_callback_env": _check_proxy_callback_env,
     "disconnect_disabled_header": _check_disconnect_disabled_header,
     "request_path_env": _check_request_path_env,

