@@ -157,19 +157,3 @@ def test_non_finite_outputs_are_strict_json(server_url: str) -> None:
     outputs = {o["name"]: o["data"] for o in json.loads(reply, parse_constant=refuse)["outputs"]}
     assert outputs["OUTPUT0"] == ["Infinity", 2.0, "-Infinity", 4.0]
     assert outputs["OUTPUT1"] == ["NaN", 0.0, "-Infinity", 0.0]
-
-
-@pytest.mark.parametrize(
-    ("path", "headers"),
-    [
-        ("/v2/models/add_sub/ready?" + "q" * 100_000, {}),  # a 100k-character URL
-        ("/v2/models/add_sub/ready", {"X-Big": "h" * 40_000}),  # a header over HAProxy's buffer
-    ],
-    ids=["huge-url", "huge-header"],
-)
-def test_haproxys_own_refusals_are_triton_json(server_url: str, path: str, headers: dict[str, str]) -> None:
-    """HAProxy refuses a request head larger than its buffer before any replica sees it; its answer
-    is the server's JSON error (fault 6: it was an HTML page)."""
-    status, got, body = request(server_url, "GET", path, headers=headers)
-    assert status == 400
-    assert "bad request" in error_of(status, got, body)
