@@ -11,8 +11,8 @@ HAProxy after four changes:
 * **Errors are Triton's JSON.** Serve maps HAProxy's own 502/503/504 (no replica up, a
   replica gone mid-request, a timeout) to a plain-text ``500 Internal Server Error`` page;
   they become ``503``/``504`` with a ``{"error": ...}`` body, as every other error of the server.
-  HAProxy's own 400 and 408 (a request head over its buffer, a malformed or slow one) are given
-  the same form, where they were HTML.
+  (HAProxy's own 400 for a request head over its buffer stays HTML: it is written by its HTTP/1
+  parser, which no ``errorfile`` or ``http-error`` reaches, tried on 2.8.)
 * **A model's instance groups share its backend.** Each instance group of a model past the
   first is a Serve application of its own (``repository_loader.plan``), so Serve writes a
   backend ``<base>--group-<n>`` beside the model's own ``<base>``; the replicas of every group
@@ -50,18 +50,11 @@ REAL_BINARY_ENV = "TRITON_SERVE_HAPROXY_BINARY"
 PR_SET_PDEATHSIG = 1
 
 ERRORS = {
-    400: (
-        400,
-        "Bad Request",
-        "bad request: its request line or headers are malformed or larger than the server accepts",
-    ),
-    408: (408, "Request Timeout", "the request was not received in time"),
     502: (503, "Service Unavailable", "the model's replica went away before it answered; try again"),
     503: (503, "Service Unavailable", "no replica of the model is available yet; try again"),
     504: (504, "Gateway Timeout", "the model's replica did not answer in time"),
 }
 
-_OWN_REFUSALS = (400, 408)  # what HAProxy answers itself before any backend: a bad or slow request head
 _BIND = re.compile(r"^(\s*bind\s+)(\S*?):(\d+)(.*)$")
 _GROUP_BACKEND = re.compile(r"^(.+)--group-([0-9]+)$")
 _APP_ACL = re.compile(r"^\s*acl\s+\S+\s+req\.hdr\(application\)\s+-m\s+str\s+(\S+)\s*$")
@@ -220,8 +213,6 @@ def route_grpc_by_model(lines: list[str]) -> list[str]:
 
 # HAProxy's own errors on the gRPC side: a gRPC status (trailers-only answer), not the JSON pages
 GRPC_ERRORS = {
-    400: (13, "bad request: its headers are malformed or larger than the server accepts"),
-    408: (4, "the request was not received in time"),
     502: (14, "the model's replica went away before it answered; try again"),
     503: (14, "no replica is available yet; try again"),
     504: (4, "the replica did not answer in time"),
@@ -285,8 +276,6 @@ def rewrite(text: str, error_dir: Path) -> str:
             page = error_dir / f"triton-{code}.http"
             line = f"{e.group(1)}{code}{e.group(3)}{page}{e.group(5)}"
         out.append(line)
-        if line.strip() == "defaults":  # HAProxy's own refusals of a request too (HTML otherwise)
-            out.extend(f"    errorfile {code} {error_dir / f'triton-{code}.http'}" for code in _OWN_REFUSALS)
     return "\n".join(out) + "\n"
 
 

@@ -155,6 +155,10 @@ class Server:
         while processes.alive(self.pids) and time.monotonic() < deadline:
             time.sleep(0.2)
         left = processes.alive(self.pids)
+        for pid in sorted(left):  # named while they still run (the caller's assertion comes after the end)
+            print(
+                f"still running {timeout_s + 10:.0f}s after the signal: {pid} {processes.command(pid)[:200]}"
+            )
         processes.end(self.pids)
         return left
 
