@@ -118,7 +118,41 @@ def build_test_repository(root: Path) -> Path:
 
     add_python_api_models(repo)
     add_streaming_models(repo)
+    _python_api_e2e_models(repo)
     return repo
+
+
+# tests/serve/test_python_api_e2e.py: the Ray-free API models of tests/backends/python_models (with
+# the configs they need here, when they have none) and the ones written for the e2e tests
+PYTHON_API_E2E_MODELS = (
+    "request_api",
+    "reschedule",
+    "dlpack_identity",
+    "dlpack_report",
+    "auto_complete",
+    "logger_api",
+    "bls_args",
+)
+PYTHON_API_E2E_CONFIGS = {
+    "dlpack_identity": (
+        'name: "dlpack_identity"\nbackend: "python"\nmax_batch_size: 4\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 3 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 3 ] } ]\n'
+    ),
+    # no inputs, outputs or batching: the model's auto_complete_config adds them
+    "auto_complete": 'name: "auto_complete"\nbackend: "python"\n',
+}
+
+
+def _python_api_e2e_models(repo: Path) -> None:
+    for name in PYTHON_API_E2E_MODELS:
+        shutil.copytree(BLS_MODELS / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name, config in PYTHON_API_E2E_CONFIGS.items():
+        (repo / name / "config.pbtxt").write_text(config)
+    # Triton needs `sequence_batching { iterative_sequence: true }` for rescheduling; this server
+    # refuses that field (repository_loader/unimplemented.py) and reschedules without it
+    config = repo / "reschedule" / "config.pbtxt"
+    config.write_text(config.read_text().replace("sequence_batching { iterative_sequence: true }\n", ""))
 
 
 # A running sum per sequence that also reports what it was given (START, END, READY, CORRID) and

@@ -1,4 +1,4 @@
-"""Reports what the InferenceRequest API gives (as JSON in INFO) and echoes IN."""
+"""Reports what the InferenceRequest API and initialize's args give (as JSON in INFO) and echoes IN."""
 
 import json
 
@@ -24,6 +24,8 @@ class TritonPythonModel:
                 "inputs": [t.name() for t in request.inputs()],
                 "is_cancelled": request.is_cancelled(),
                 "args": sorted(self.args),
+                "arg_values": {k: v for k, v in self.args.items() if k != "model_config"},
+                "model_config": json.loads(self.args["model_config"]),
             }
             outputs = [
                 pb_utils.Tensor("INFO", np.array([json.dumps(info).encode()], dtype=np.object_)),
