@@ -9,6 +9,7 @@ copying; ``to_dlpack``/``from_dlpack`` share the buffer.
 from __future__ import annotations
 
 import logging
+import sys
 import weakref
 from collections.abc import Callable
 from enum import IntEnum
@@ -327,6 +328,26 @@ def _no_model() -> str:
 
 # Set by the request layer (``python_requests``), which knows which model's code runs in a context.
 current_model_name: Callable[[], str] = _no_model
+
+
+def log_to_stderr() -> None:
+    """Write the models' log lines to this process's standard error, as tritonserver writes its log
+    (a served replica: Ray keeps the worker's stderr in its ``worker-*.err`` file; Serve replaces
+    ``sys.stderr`` with a buffered logger of its own, so the original stream is used). Lines are
+    Triton's form: level letter, date and time, process, the model file's line, the message. INFO and
+    above, as tritonserver without ``--log-verbose``."""
+    if any(getattr(h, "_triton_stderr", False) for h in _log.handlers):
+        return
+    handler = logging.StreamHandler(sys.__stderr__ or sys.stderr)
+    handler.setFormatter(
+        logging.Formatter(
+            "%(levelname).1s%(asctime)s %(process)d %(filename)s:%(lineno)d] %(message)s", "%m%d %H:%M:%S"
+        )
+    )
+    handler._triton_stderr = True  # type: ignore[attr-defined]
+    _log.addHandler(handler)
+    _log.setLevel(logging.INFO)
+    _log.propagate = False  # not again through Serve's redirected stderr
 
 
 def _emit(level: int, message: Any) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from ray import serve
 
+from deployments.backends.python_utils import log_to_stderr
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.http import ModelHTTPApp
 from deployments.replica import replica_dataplane
@@ -56,6 +57,7 @@ class ModelDeployment:
         rank_offset: int = 0,
     ) -> None:
         coalesce_response_writes()
+        log_to_stderr()  # pb_utils.Logger lines into the replica's worker log
         self.model = model
         self.settings = settings
         self._executor = HandleExecutor(direct=DirectCalls() if settings.direct_routes else None)

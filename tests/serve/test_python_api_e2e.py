@@ -418,13 +418,6 @@ def _replica_log_lines(pid: int, marker: str) -> list[str]:
     return [line for f in files for line in f.read_text(errors="replace").splitlines() if marker in line]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pb_utils.Logger lines are not written to the replica's log: the 'triton_python_backend' "
-    "logger has no handler in a Serve replica and the root logger is at WARNING, so INFO lines are "
-    "dropped; WARNING/ERROR lines reach Python's last-resort handler, whose sys.stderr Serve redirects "
-    "into its own logger at INFO, buffered in memory (1000 records with RAY_SERVE_THROUGHPUT_OPTIMIZED)",
-)
 def test_logger_lines_reach_the_replica_log(client: httpclient.InferenceServerClient) -> None:
     token = f"logged-{uuid.uuid4().hex}"
     result = client.infer("logger_api", [_input("TEXT", np.array([token.encode()], np.object_), "BYTES")])
