@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -236,3 +237,61 @@ def _logs(server: Server) -> str:
     for path in (server.tmp / "ray").rglob("*.err"):
         text += path.read_text(errors="replace")
     return text
+
+
+SLOW_START_PY = """
+import pathlib
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        time.sleep(6)
+        pathlib.Path(__file__).with_name("initialized").write_text(repr(time.time()))
+
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse(
+                output_tensors=[pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())]
+            )
+            for r in requests
+        ]
+"""
+
+
+@pytest.mark.serve
+@pytest.mark.slow
+def test_live_answers_only_once_the_initial_models_settled(tmp_path: Path) -> None:
+    """As tritonserver starts its endpoints after loading: /v2/health/live is not 200 while a model of
+    the repository is still initializing, and once it is, that model is ready."""
+    repo = tmp_path / "repo"
+    (repo / "slow_start" / "1").mkdir(parents=True)
+    (repo / "slow_start" / "1" / "model.py").write_text(SLOW_START_PY)
+    (repo / "slow_start" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+    )
+    server = Server(repo)
+    try:
+        deadline = time.monotonic() + 300
+        live_at = None
+        while time.monotonic() < deadline and live_at is None:
+            server.track()
+            assert server.proc.poll() is None, server.log.read_text()[-3000:]
+            try:
+                if http(f"{server.url}/v2/health/live", timeout=2)[0] == 200:
+                    live_at = time.time()
+            except OSError:
+                pass
+            time.sleep(0.1)
+        assert live_at is not None, "never live"
+        initialized = float((repo / "slow_start" / "1" / "initialized").read_text())
+        assert live_at >= initialized, (live_at, initialized)
+        assert http(f"{server.url}/v2/models/slow_start/ready")[0] == 200
+    finally:
+        left = server.stop()
+    assert not left
