@@ -26,7 +26,7 @@ from bench.peers import ServerHandle, launch, wait_ready
 from bench.plots import plot_report
 from bench.results import Report, Run, write_csv, write_json
 from deployments.serve.grpc_ingress import wait_until_answering
-from deployments.serve.request_path import HAPROXY_PORTS, haproxy_files_env
+from deployments.serve.request_path import haproxy_files_env, instance_ports_env
 from repository_loader.proto import model_config_pb2
 
 EXAMPLES = REPO_ROOT / "examples" / "model_repository"
@@ -54,12 +54,15 @@ def this_server_cmd(
     return cmd + list(extra_args)
 
 
+BENCH_PORT_BLOCK = 3  # replica ports of servers started here (the test suite's standalone servers: 2)
+
+
 def server_env(haproxy_folder: Path, env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a server started here: this process's, less the Ray Serve settings a Serve
     instance of this process may have set (a test session's own HAProxy ports and files), with
     HAProxy's stats and metrics ports of its own and its files in ``haproxy_folder``, then ``env``."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_SERVE_", "RAY_worker"))}
-    full_env.update({key: str(free_port()) for key in HAPROXY_PORTS})
+    full_env.update(instance_ports_env(BENCH_PORT_BLOCK, free_port))
     full_env.update(haproxy_files_env(haproxy_folder))
     full_env.update(env or {})
     return full_env

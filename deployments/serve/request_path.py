@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,26 @@ HAPROXY_FILES = {
     "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": "metrics.sock",
 }
 HAPROXY_PORTS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")
+# Serve's fallback proxies bind these with SO_REUSEPORT: two Serve instances on one machine with the same
+# ports would have the kernel share connections between them (the gRPC one answers HAProxy's checks)
+FALLBACK_PORTS = ("RAY_SERVE_FALLBACK_PROXY_HTTP_PORT", "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT")
+_REPLICA_RANGES = {  # Serve's defaults: HTTP 30000-31000, gRPC 40000-41000
+    "HTTP": ("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT", 30000),
+    "GRPC": ("RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT", "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT", 40000),
+}
+
+
+def instance_ports_env(block: int, free_port: Callable[[], int]) -> dict[str, str]:
+    """Ports of a second Serve instance on one machine (tests, benchmarks): HAProxy's stats and metrics
+    and the fallback proxies' ports from ``free_port``, and replica ports in block ``block`` (1-9) of
+    1000 above Serve's default ranges, so neither instance routes to the other's replicas."""
+    if not 1 <= block <= 9:
+        raise ValueError(f"port block must be 1-9, not {block}")
+    env = {key: str(free_port()) for key in (*HAPROXY_PORTS, *FALLBACK_PORTS)}
+    for low_key, high_key, base in _REPLICA_RANGES.values():
+        env[low_key] = str(base + 1000 * block)
+        env[high_key] = str(base + 1000 * (block + 1))
+    return env
 
 
 def haproxy_files_env(root: Path) -> dict[str, str]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from deployments.serve.request_path import haproxy_files_env
+from deployments.serve.request_path import FALLBACK_PORTS, haproxy_files_env
 from tests.serve import processes
 from tests.serve.streaming_models import add_streaming_models
 
@@ -332,6 +332,8 @@ def server_url(test_repository: Path) -> Iterator[str]:
     # HAProxy's own stats and metrics listeners: off the defaults, so a running server does not collide
     os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(_free_port())
     os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(_free_port())
+    for key in FALLBACK_PORTS:  # Serve's fallback proxies share their ports (SO_REUSEPORT): its own
+        os.environ[key] = str(_free_port())
     os.environ.update(haproxy_files_env(tmp / "haproxy"))
     settings = ServerSettings.from_args(
         {

@@ -21,8 +21,10 @@ from typing import Any
 
 import yaml
 
-from deployments.serve.request_path import haproxy_files_env
+from deployments.serve.request_path import haproxy_files_env, instance_ports_env
 from tests.serve import processes
+
+STANDALONE_PORT_BLOCK = 2  # replica ports apart from the session's Serve instance (bench servers: 3)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,7 +71,9 @@ class Server:
     ) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="trs-", dir="/tmp"))
         self.port = free_port()
-        self.stats_port, self.metrics_port = free_port(), free_port()
+        self.ports_env = instance_ports_env(STANDALONE_PORT_BLOCK, free_port)
+        self.stats_port = int(self.ports_env["RAY_SERVE_HAPROXY_STATS_PORT"])
+        self.metrics_port = int(self.ports_env["RAY_SERVE_HAPROXY_METRICS_PORT"])
         self.url = f"http://127.0.0.1:{self.port}"
         config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
         config["http_options"] = {"host": "127.0.0.1", "port": self.port}
@@ -91,10 +95,9 @@ class Server:
         for key in [k for k in env if k.startswith(("RAY_SERVE_", "RAY_worker"))]:
             env.pop(key)
         env.update(haproxy_files_env(self.tmp / "haproxy"))
+        env.update(self.ports_env)
         env.update(
             RAY_TMPDIR=str(self.tmp / "ray"),
-            RAY_SERVE_HAPROXY_STATS_PORT=str(self.stats_port),
-            RAY_SERVE_HAPROXY_METRICS_PORT=str(self.metrics_port),
             PYTHONPATH=str(ROOT),
         )
         (self.tmp / "ray").mkdir()

@@ -295,3 +295,24 @@ def test_live_answers_only_once_the_initial_models_settled(tmp_path: Path) -> No
     finally:
         left = server.stop()
     assert not left
+
+
+def test_a_second_instance_gets_ports_of_its_own() -> None:
+    """Two Serve instances on one machine (the session's and a standalone server) share no port:
+    the fallback proxies bind theirs with SO_REUSEPORT, which would mix the two instances' traffic."""
+    from deployments.serve.request_path import FALLBACK_PORTS, HAPROXY_PORTS, instance_ports_env
+    from tests.serve.standalone import free_port
+
+    env = instance_ports_env(2, free_port)
+    assert set(HAPROXY_PORTS) | set(FALLBACK_PORTS) <= set(env)
+    assert (
+        env["RAY_SERVE_FALLBACK_PROXY_GRPC_PORT"] != "9500"
+        and env["RAY_SERVE_FALLBACK_PROXY_HTTP_PORT"] != "8500"
+    )
+    assert (env["RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT"], env["RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT"]) == (
+        "42000",
+        "43000",
+    )  # clear of Serve's default 40000-41000
+    assert env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"] == "32000"
+    with pytest.raises(ValueError):
+        instance_ports_env(0, free_port)

@@ -93,22 +93,15 @@ def main(workdir: str) -> int:
     import tritonclient.http as http
 
     from deployments.serve import launch
+    from deployments.serve.request_path import instance_ports_env
     from deployments.settings import ServerSettings
 
     work = Path(workdir)
     repo = build(work / "repo")
     ray_tmp = str(work / "ray")
-    os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(free_port())
-    os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(free_port())
     # Replica ports of its own: the test session's Serve instance holds the default range, and a port
     # that failed to bind here could otherwise be routed to that instance's replica.
-    for key, value in {
-        "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": "31000",
-        "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": "32000",
-        "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": "41000",
-        "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": "42000",
-    }.items():
-        os.environ[key] = value
+    os.environ.update(instance_ports_env(1, free_port))
     port = free_port()
     haproxy_dirs = Path("/tmp/haproxy-serve")
     before = set(haproxy_dirs.glob("*")) if haproxy_dirs.exists() else set()
