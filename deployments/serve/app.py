@@ -399,8 +399,9 @@ class ServerDeployment:
         return self._start.done()
 
     async def __del__(self) -> None:
-        if self._grpc is not None:
-            await self._grpc.stop(grace=1)
+        grpc_server = getattr(self, "_grpc", None)  # None too where the constructor failed before it
+        if grpc_server is not None:
+            await grpc_server.stop(grace=1)
 
 
 async def start_grpc(dataplane: ModelDataPlane, settings: ServerSettings) -> Any:

@@ -49,6 +49,7 @@ versions without starting Ray, so an upgrade that moves one fails there, by name
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
@@ -78,11 +79,19 @@ GRPC_FRONTEND = "grpc_frontend"
 GRPC_BACKEND_PREFIX = "grpc-"
 
 
+_RUN_LOCK = threading.Lock()
+
+
 def run_application(app: Any, name: str, route_prefix: str) -> None:
-    """Deploy ``app`` as application ``name`` at ``route_prefix`` and return without waiting for it."""
+    """Deploy ``app`` as application ``name`` at ``route_prefix`` and return without waiting for it.
+
+    One at a time in a process: the server deploys its models from several threads, and two
+    applications pickled at once once failed ("Can't pickle RequestRouter._record_queue_wait_time:
+    it's not the same object"); ``_run`` returns at once without ``_blocking``, so this costs little."""
     from ray.serve.api import _run
 
-    _run(app, name=name, route_prefix=route_prefix, _blocking=False)
+    with _RUN_LOCK:
+        _run(app, name=name, route_prefix=route_prefix, _blocking=False)
 
 
 def delete_application(name: str) -> None:

@@ -24,6 +24,11 @@ import yaml
 from deployments.serve.request_path import haproxy_files_env, instance_ports_env
 from tests.serve import processes
 
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 STANDALONE_PORT_BLOCK = 2  # replica ports apart from the session's Serve instance (bench servers: 3)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,6 +124,9 @@ class Server:
             stdout=self.log.open("wb"),
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            # as a terminal starts it: Ctrl-C (SIGINT) reaches Python's handler even where this test run
+            # was itself started in the background (a non-interactive shell's `&` ignores SIGINT, inherited)
+            preexec_fn=_default_sigint,
         )
         self.pids: set[int] = set()
 
