@@ -63,7 +63,13 @@ def instance_ports_env(block: int, free_port: Callable[[], int]) -> dict[str, st
     1000 above Serve's default ranges, so neither instance routes to the other's replicas."""
     if not 1 <= block <= 9:
         raise ValueError(f"port block must be 1-9, not {block}")
-    env = {key: str(free_port()) for key in (*HAPROXY_PORTS, *FALLBACK_PORTS)}
+    keys = (*HAPROXY_PORTS, *FALLBACK_PORTS)
+    ports: list[int] = []
+    while len(ports) < len(keys):  # distinct: two calls can return the same just-freed port
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    env = {key: str(port) for key, port in zip(keys, ports, strict=True)}
     for low_key, high_key, base in _REPLICA_RANGES.values():
         env[low_key] = str(base + 1000 * block)
         env[high_key] = str(base + 1000 * (block + 1))

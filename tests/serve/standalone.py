@@ -77,6 +77,9 @@ class Server:
         self.tmp = Path(tempfile.mkdtemp(prefix="trs-", dir="/tmp"))
         self.port = free_port()
         self.ports_env = instance_ports_env(STANDALONE_PORT_BLOCK, free_port)
+        while str(self.port) in self.ports_env.values():  # a just-freed port can come back twice
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
         self.stats_port = int(self.ports_env["RAY_SERVE_HAPROXY_STATS_PORT"])
         self.metrics_port = int(self.ports_env["RAY_SERVE_HAPROXY_METRICS_PORT"])
         self.url = f"http://127.0.0.1:{self.port}"
