@@ -13,6 +13,19 @@ from deployments.backends.base import Backend, BackendContext
 from deployments.inference import InferRequest, InferResponse, ModelExecutor, RequestedOutput
 from repository_loader.model import InstanceKind, ModelDescription, TensorSpec
 
+# The keys of the ``args`` Triton's Python backend passes to ``initialize`` (its README, "Usage").
+TRITON_INITIALIZE_ARGS = frozenset(
+    {
+        "model_config",
+        "model_instance_kind",
+        "model_instance_name",
+        "model_instance_device_id",
+        "model_repository",
+        "model_version",
+        "model_name",
+    }
+)
+
 
 def spec(name: str, datatype: str, dims: Sequence[int], **kwargs: Any) -> TensorSpec:
     return TensorSpec(name=name, datatype=datatype, dims=tuple(dims), **kwargs)

@@ -15,7 +15,14 @@ from deployments.backends.registry import create_backend
 from deployments.inference import InferRequest, InferResponse
 from repository_loader.errors import ErrorCode, InvalidArgument, NotFound, Unavailable
 from repository_loader.model import InstanceKind
-from tests.backends.helpers import context, describe, infer_through_runtime, request, spec
+from tests.backends.helpers import (
+    TRITON_INITIALIZE_ARGS,
+    context,
+    describe,
+    infer_through_runtime,
+    request,
+    spec,
+)
 
 MODELS = Path(__file__).parent / "python_models"
 
@@ -71,15 +78,7 @@ async def test_add_sub_gets_the_whole_batch_in_one_execute() -> None:
 async def test_initialize_receives_triton_args() -> None:
     backend = _add_sub()
     args = backend._instance.args
-    assert set(args) == {
-        "model_config",
-        "model_instance_kind",
-        "model_instance_name",
-        "model_instance_device_id",
-        "model_repository",
-        "model_version",
-        "model_name",
-    }
+    assert set(args) == TRITON_INITIALIZE_ARGS
     config = json.loads(args["model_config"])
     assert config["name"] == "add_sub" and config["max_batch_size"] == 8
     assert [i["data_type"] for i in config["input"]] == ["TYPE_FP32", "TYPE_FP32"]

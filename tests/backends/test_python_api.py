@@ -22,7 +22,7 @@ from deployments.backends.registry import create_backend
 from deployments.inference import InferRequest, InferResponse
 from deployments.runtime import custom_metrics
 from repository_loader.errors import ErrorCode, NotFound, Unavailable
-from tests.backends.helpers import context, describe, request, spec
+from tests.backends.helpers import TRITON_INITIALIZE_ARGS, context, describe, request, spec
 
 MODELS = Path(__file__).parent / "python_models"
 
@@ -284,17 +284,7 @@ async def test_request_api_and_initialize_args() -> None:
     assert info["flags"] == pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START and info["timeout"] == 1500
     assert info["parameters"] == {"p": 1, "s": "x"} and info["requested_output_names"] == ["INFO", "OUT"]
     assert info["inputs"] == ["IN"] and info["is_cancelled"] is False
-    assert info["args"] == sorted(
-        [
-            "model_config",
-            "model_instance_kind",
-            "model_instance_name",
-            "model_instance_device_id",
-            "model_repository",
-            "model_version",
-            "model_name",
-        ]
-    )
+    assert info["args"] == sorted(TRITON_INITIALIZE_ARGS)
     assert response.parameters == {"echoed": True}
     backend.unload()
 

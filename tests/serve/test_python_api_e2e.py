@@ -27,6 +27,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from repository_loader.errors import STATUS_TABLE, ErrorCode
+from tests.backends.helpers import TRITON_INITIALIZE_ARGS
 
 pytestmark = pytest.mark.serve
 
@@ -257,17 +258,7 @@ def _info(result: httpclient.InferResult | grpcclient.InferResult) -> dict:
 
 
 def _check_initialize_args(info: dict, test_repository: Path) -> None:
-    assert info["args"] == sorted(
-        [
-            "model_config",
-            "model_instance_kind",
-            "model_instance_name",
-            "model_instance_device_id",
-            "model_repository",
-            "model_version",
-            "model_name",
-        ]
-    )
+    assert info["args"] == sorted(TRITON_INITIALIZE_ARGS)
     values = info["arg_values"]
     assert values["model_name"] == "request_api" and values["model_version"] == "1"
     assert values["model_instance_kind"] == "CPU" and values["model_instance_device_id"] == "0"
