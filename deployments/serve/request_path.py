@@ -59,17 +59,20 @@ _REPLICA_RANGES = {  # Serve's defaults: HTTP 30000-31000, gRPC 40000-41000
 
 def instance_ports_env(block: int, free_port: Callable[[], int]) -> dict[str, str]:
     """Ports of a second Serve instance on one machine (tests, benchmarks): HAProxy's stats and metrics
-    and the fallback proxies' ports from ``free_port``, and replica ports in block ``block`` (1-9) of
-    1000 above Serve's default ranges, so neither instance routes to the other's replicas."""
+    from ``free_port``, the fallback proxies' at ``block`` (1-9) above Serve's 8500 / 9500, and
+    replica ports in block ``block`` of 1000 above Serve's default ranges, so neither instance
+    routes to the other's replicas."""
     if not 1 <= block <= 9:
         raise ValueError(f"port block must be 1-9, not {block}")
-    keys = (*HAPROXY_PORTS, *FALLBACK_PORTS)
     ports: list[int] = []
-    while len(ports) < len(keys):  # distinct: two calls can return the same just-freed port
+    while len(ports) < len(HAPROXY_PORTS):  # distinct: two calls can return the same just-freed port
         port = free_port()
         if port not in ports:
             ports.append(port)
-    env = {key: str(port) for key, port in zip(keys, ports, strict=True)}
+    env = {key: str(port) for key, port in zip(HAPROXY_PORTS, ports, strict=True)}
+    # the fallback ports by block, below the ephemeral range: a free port picked there was once taken by
+    # one of Ray's own processes before the proxy bound it
+    env.update({key: str(base + block) for key, base in zip(FALLBACK_PORTS, (8500, 9500), strict=True)})
     for low_key, high_key, base in _REPLICA_RANGES.values():
         env[low_key] = str(base + 1000 * block)
         env[high_key] = str(base + 1000 * (block + 1))

@@ -332,8 +332,9 @@ def server_url(test_repository: Path) -> Iterator[str]:
     # HAProxy's own stats and metrics listeners: off the defaults, so a running server does not collide
     os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(_free_port())
     os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(_free_port())
-    for key in FALLBACK_PORTS:  # Serve's fallback proxies share their ports (SO_REUSEPORT): its own
-        os.environ[key] = str(_free_port())
+    # Serve's fallback proxies share their ports (SO_REUSEPORT): ports of its own, apart from a running
+    # server's defaults and from the standalone and bench servers' blocks (instance_ports_env)
+    os.environ.update({key: str(base + 9) for key, base in zip(FALLBACK_PORTS, (8500, 9500), strict=True)})
     os.environ.update(haproxy_files_env(tmp / "haproxy"))
     settings = ServerSettings.from_args(
         {

@@ -306,8 +306,8 @@ def test_a_second_instance_gets_ports_of_its_own() -> None:
     env = instance_ports_env(2, free_port)
     assert set(HAPROXY_PORTS) | set(FALLBACK_PORTS) <= set(env)
     assert (
-        env["RAY_SERVE_FALLBACK_PROXY_GRPC_PORT"] != "9500"
-        and env["RAY_SERVE_FALLBACK_PROXY_HTTP_PORT"] != "8500"
+        env["RAY_SERVE_FALLBACK_PROXY_GRPC_PORT"] == "9502"
+        and env["RAY_SERVE_FALLBACK_PROXY_HTTP_PORT"] == "8502"
     )
     assert (env["RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT"], env["RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT"]) == (
         "42000",
