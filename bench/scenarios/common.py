@@ -62,7 +62,7 @@ def server_env(haproxy_folder: Path, env: Mapping[str, str] | None = None) -> di
     instance of this process may have set (a test session's own HAProxy ports and files), with
     HAProxy's stats and metrics ports of its own and its files in ``haproxy_folder``, then ``env``."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_SERVE_", "RAY_worker"))}
-    full_env.update(instance_ports_env(BENCH_PORT_BLOCK, free_port))
+    full_env.update(instance_ports_env(BENCH_PORT_BLOCK))
     full_env.update(haproxy_files_env(haproxy_folder))
     full_env.update(env or {})
     return full_env

@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,21 +57,16 @@ _REPLICA_RANGES = {  # Serve's defaults: HTTP 30000-31000, gRPC 40000-41000
 }
 
 
-def instance_ports_env(block: int, free_port: Callable[[], int]) -> dict[str, str]:
-    """Ports of a second Serve instance on one machine (tests, benchmarks): HAProxy's stats and metrics
-    from ``free_port``, the fallback proxies' at ``block`` (1-9) above Serve's 8500 / 9500, and
-    replica ports in block ``block`` of 1000 above Serve's default ranges, so neither instance
-    routes to the other's replicas."""
+def instance_ports_env(block: int) -> dict[str, str]:
+    """Ports of a second Serve instance on one machine (tests, benchmarks), all by ``block`` (1-9):
+    HAProxy's stats and metrics at 8410 / 9110 plus the block, the fallback proxies' at 8500 / 9500
+    plus the block, and replica ports in block ``block`` of 1000 above Serve's default ranges, so
+    neither instance routes to the other's replicas. None is picked as a free port: ports picked free
+    in the ephemeral range were taken before the listener bound them (by one of Ray's processes, or
+    by a replica's gRPC server of another instance, whose ports are in that range)."""
     if not 1 <= block <= 9:
         raise ValueError(f"port block must be 1-9, not {block}")
-    ports: list[int] = []
-    while len(ports) < len(HAPROXY_PORTS):  # distinct: two calls can return the same just-freed port
-        port = free_port()
-        if port not in ports:
-            ports.append(port)
-    env = {key: str(port) for key, port in zip(HAPROXY_PORTS, ports, strict=True)}
-    # the fallback ports by block, below the ephemeral range: a free port picked there was once taken by
-    # one of Ray's own processes before the proxy bound it
+    env = {key: str(base + block) for key, base in zip(HAPROXY_PORTS, (8410, 9110), strict=True)}
     env.update({key: str(base + block) for key, base in zip(FALLBACK_PORTS, (8500, 9500), strict=True)})
     for low_key, high_key, base in _REPLICA_RANGES.values():
         env[low_key] = str(base + 1000 * block)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from deployments.serve.request_path import FALLBACK_PORTS, haproxy_files_env
+from deployments.serve.request_path import haproxy_files_env, instance_ports_env
 from tests.serve import processes
 from tests.serve.streaming_models import add_streaming_models
 
@@ -298,6 +298,7 @@ def metrics_url(server_url: str) -> str:
 
 # The gRPC service of the shared server (the server application's replica binds it).
 GRPC_PORT = _free_port()
+SESSION_PORT_BLOCK = 9  # ports of its own for the session's Serve instance (request_path.instance_ports_env)
 
 
 @pytest.fixture(scope="session")
@@ -329,12 +330,9 @@ def server_url(test_repository: Path) -> Iterator[str]:
 
     tmp = Path(tempfile.mkdtemp(prefix="trs-", dir="/tmp"))
     port = _free_port()
-    # HAProxy's own stats and metrics listeners: off the defaults, so a running server does not collide
-    os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(_free_port())
-    os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(_free_port())
-    # Serve's fallback proxies share their ports (SO_REUSEPORT): ports of its own, apart from a running
-    # server's defaults and from the standalone and bench servers' blocks (instance_ports_env)
-    os.environ.update({key: str(base + 9) for key, base in zip(FALLBACK_PORTS, (8500, 9500), strict=True)})
+    # ports of its own (HAProxy's listeners, Serve's fallback proxies, replica ranges), apart from a running
+    # server's defaults and from the standalone and bench servers' blocks
+    os.environ.update(instance_ports_env(SESSION_PORT_BLOCK))
     os.environ.update(haproxy_files_env(tmp / "haproxy"))
     settings = ServerSettings.from_args(
         {

@@ -76,7 +76,7 @@ class Server:
     ) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="trs-", dir="/tmp"))
         self.port = free_port()
-        self.ports_env = instance_ports_env(STANDALONE_PORT_BLOCK, free_port)
+        self.ports_env = instance_ports_env(STANDALONE_PORT_BLOCK)
         while str(self.port) in self.ports_env.values():  # a just-freed port can come back twice
             self.port = free_port()
             self.url = f"http://127.0.0.1:{self.port}"

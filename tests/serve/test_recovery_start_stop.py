@@ -301,10 +301,12 @@ def test_a_second_instance_gets_ports_of_its_own() -> None:
     """Two Serve instances on one machine (the session's and a standalone server) share no port:
     the fallback proxies bind theirs with SO_REUSEPORT, which would mix the two instances' traffic."""
     from deployments.serve.request_path import FALLBACK_PORTS, HAPROXY_PORTS, instance_ports_env
-    from tests.serve.standalone import free_port
 
-    env = instance_ports_env(2, free_port)
+    env = instance_ports_env(2)
     assert set(HAPROXY_PORTS) | set(FALLBACK_PORTS) <= set(env)
+    assert (env["RAY_SERVE_HAPROXY_STATS_PORT"], env["RAY_SERVE_HAPROXY_METRICS_PORT"]) == ("8412", "9112")
+    ports = [int(env[key]) for key in (*HAPROXY_PORTS, *FALLBACK_PORTS)]
+    assert len(set(ports)) == len(ports) and max(ports) < 32768  # below the ephemeral range
     assert (
         env["RAY_SERVE_FALLBACK_PROXY_GRPC_PORT"] == "9502"
         and env["RAY_SERVE_FALLBACK_PROXY_HTTP_PORT"] == "8502"
@@ -315,4 +317,4 @@ def test_a_second_instance_gets_ports_of_its_own() -> None:
     )  # clear of Serve's default 40000-41000
     assert env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"] == "32000"
     with pytest.raises(ValueError):
-        instance_ports_env(0, free_port)
+        instance_ports_env(0)

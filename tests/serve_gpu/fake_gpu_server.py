@@ -101,7 +101,7 @@ def main(workdir: str) -> int:
     ray_tmp = str(work / "ray")
     # Replica ports of its own: the test session's Serve instance holds the default range, and a port
     # that failed to bind here could otherwise be routed to that instance's replica.
-    os.environ.update(instance_ports_env(1, free_port))
+    os.environ.update(instance_ports_env(1))
     port = free_port()
     haproxy_dirs = Path("/tmp/haproxy-serve")
     before = set(haproxy_dirs.glob("*")) if haproxy_dirs.exists() else set()
