@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,6 +110,19 @@ def build_grpc_server(
     return server, port
 
 
+@dataclass(frozen=True)
+class RpcMethod:
+    """One RPC of the service as a servicer answers it (``call`` takes the request message; a
+    streaming one also the call's context)."""
+
+    name: str
+    request_type: Any
+    response_type: Any
+    call: Callable[..., Any]
+    rule: RestrictedApi | None
+    streaming: bool
+
+
 class GRPCInferenceServicer:
     """Every RPC of ``inference.GRPCInferenceService``, each a coroutine over the data plane."""
 
@@ -121,24 +134,35 @@ class GRPCInferenceServicer:
     def handler(self) -> grpc.GenericRpcHandler:
         """The generic handler that routes each method of the service to its coroutine."""
         handlers: dict[str, grpc.RpcMethodHandler] = {}
-        for method in _SERVICE.methods:
-            request_type = getattr(pb, method.input_type.name)
-            response_type = getattr(pb, method.output_type.name)
-            rule = restriction_for(self.options.restricted, RPC_GROUPS.get(method.name, "inference"))
-            read = _bounded(request_type.FromString, self.options.max_receive_message_bytes)
-            if method.client_streaming:
+        for method in self.methods().values():
+            read = bounded(method.request_type.FromString, self.options.max_receive_message_bytes)
+            if method.streaming:
                 handlers[method.name] = grpc.stream_stream_rpc_method_handler(
-                    _guarded_stream(getattr(self, method.name), rule, self.options),
+                    _guarded_stream(method.call, method.rule, self.options),
                     request_deserializer=read,
-                    response_serializer=response_type.SerializeToString,
+                    response_serializer=method.response_type.SerializeToString,
                 )
             else:
                 handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-                    _guarded(getattr(self, method.name), rule, self.options),
+                    _guarded(method, self.options),
                     request_deserializer=read,
-                    response_serializer=response_type.SerializeToString,
+                    response_serializer=method.response_type.SerializeToString,
                 )
         return grpc.method_handlers_generic_handler(SERVICE, handlers)
+
+    def methods(self) -> dict[str, RpcMethod]:
+        """Every RPC of the service by name: its message types, its coroutine and its API group's rule."""
+        found: dict[str, RpcMethod] = {}
+        for method in _SERVICE.methods:
+            found[method.name] = RpcMethod(
+                name=method.name,
+                request_type=getattr(pb, method.input_type.name),
+                response_type=getattr(pb, method.output_type.name),
+                call=getattr(self, method.name),
+                rule=restriction_for(self.options.restricted, RPC_GROUPS.get(method.name, "inference")),
+                streaming=method.client_streaming,
+            )
+        return found
 
     # --- health and metadata -------------------------------------------------
 
@@ -345,12 +369,15 @@ RPC_GROUPS = {
 }
 
 
-def _check_restricted(rule: RestrictedApi | None, context: Any) -> None:
+def _check_restricted(rule: RestrictedApi | None, metadata: Callable[[], Mapping[str, str]]) -> None:
     if rule is None:
         return
-    metadata = dict(context.invocation_metadata() or ())
-    if metadata.get(rule.key) != rule.value:
+    if metadata().get(rule.key) != rule.value:
         raise Restricted(f"This protocol is restricted, expecting header '{rule.key}'")
+
+
+def _context_metadata(context: Any) -> Callable[[], Mapping[str, str]]:
+    return lambda: dict(context.invocation_metadata() or ())
 
 
 class _Oversized:
@@ -366,7 +393,7 @@ class _Oversized:
         return TooLarge(f"Received message larger than max ({self.size} vs. {self.limit})")
 
 
-def _bounded(parse: Callable[[bytes], Any], limit: int) -> Callable[[bytes], Any]:
+def bounded(parse: Callable[[bytes], Any], limit: int) -> Callable[[bytes], Any]:
     """``parse`` for messages up to ``limit`` bytes. gRPC's own limit refuses them first where this
     server owns the gRPC server; on a server built by Serve (larger limits), this one does."""
 
@@ -395,7 +422,7 @@ def _guarded_stream(
 
     async def handle(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         try:
-            _check_restricted(rule, context)
+            _check_restricted(rule, _context_metadata(context))
         except ServerError as e:
             await context.abort(grpc.StatusCode[e.grpc_status], e.message)
         _per_call(context, options)
@@ -408,33 +435,47 @@ def _guarded_stream(
     return handle
 
 
-def _guarded(
-    method: Callable[[Any], Awaitable[Any]],
-    rule: RestrictedApi | None = None,
-    options: GrpcOptions | None = None,
-) -> Callable[[Any, Any], Awaitable[Any]]:
+async def answer_unary(
+    method: RpcMethod,
+    request: Any,
+    metadata: Callable[[], Mapping[str, str]],
+    send_limit: int,
+) -> Any:
+    """The response of a unary ``method`` to ``request`` (checked against the restricted API's rule,
+    read from ``metadata``, and the receive and send limits), or the :class:`ServerError` raised."""
+    _check_restricted(method.rule, metadata)
+    if isinstance(request, _Oversized):
+        raise request.error()
+    response = await method.call(request)
+    size = response.ByteSize()
+    if size > send_limit:
+        raise TooLarge(f"Sent message larger than max ({size} vs. {send_limit})")
+    return response
+
+
+def status_of(error: BaseException, method: str) -> tuple[grpc.StatusCode, str]:
+    """The gRPC status answering ``error``: a :class:`ServerError`'s own (the one table), else
+    INTERNAL, logged."""
+    if isinstance(error, ServerError):
+        return grpc.StatusCode[error.grpc_status], error.message
+    logger.error("internal error answering %s", method, exc_info=error)
+    return grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}: {error}"
+
+
+def _guarded(method: RpcMethod, options: GrpcOptions | None = None) -> Callable[[Any, Any], Awaitable[Any]]:
     """A unary handler that turns a raised error into the gRPC status of the one table."""
     options = options or GrpcOptions()
     send_limit = options.max_send_message_bytes
 
     async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            _check_restricted(rule, context)
-            if isinstance(request, _Oversized):
-                raise request.error()
             _per_call(context, options)
-            response = await method(request)
-            size = response.ByteSize()
-            if size > send_limit:
-                raise TooLarge(f"Sent message larger than max ({size} vs. {send_limit})")
-            return response
-        except ServerError as e:
-            await context.abort(grpc.StatusCode[e.grpc_status], e.message)
+            return await answer_unary(method, request, _context_metadata(context), send_limit)
         except Exception as e:
-            logger.exception("internal error answering %s", method.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}")
+            code, message = status_of(e, method.name)
+            await context.abort(code, message)
 
-    handle.__name__ = method.__name__
+    handle.__name__ = method.name
     return handle
 
 

@@ -35,7 +35,8 @@ import grpc
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.dataplane import ModelDataPlane
 from deployments.protocol.grpc import SERVICE, GRPCInferenceServicer, GrpcOptions
-from deployments.serve import hooks
+from deployments.protocol.grpc_http1 import GrpcOverHttp1
+from deployments.serve import hooks, ingress
 from deployments.settings import ServerSettings
 
 logger = logging.getLogger("ray.serve")
@@ -78,16 +79,32 @@ def serve_options(settings: ServerSettings) -> dict[str, Any] | None:
 
 
 def serve_grpc(dataplane: ModelDataPlane, options: GrpcOptions) -> None:
-    """Answer the gRPC service in this replica over ``dataplane`` once Serve starts its gRPC server.
-    Called from the deployment's constructor, on the loop its code runs on."""
+    """Answer the gRPC service in this replica over ``dataplane``: its unary calls on the replica's HTTP
+    port at once (over HTTP/1.1, ``deployments.serve.ingress``), every call on Serve's gRPC server once
+    Serve starts it. Called from the deployment's constructor, on the loop its code runs on."""
     global _local
-    _local = _Registered(GRPCInferenceServicer(dataplane, options), asyncio.get_running_loop())
+    loop = asyncio.get_running_loop()
+    servicer = GRPCInferenceServicer(dataplane, options)
+    _local = _Registered(servicer, loop)
+    ingress.serve_grpc_calls(GrpcOverHttp1(servicer, run=_runner(loop)))
 
 
 def withdraw() -> None:
-    """Stop registering the service (a replica that stops answering it)."""
+    """Stop answering the service (a replica that stops answering it)."""
     global _local
     _local = None
+    ingress.serve_grpc_calls(None)
+
+
+def _runner(loop: asyncio.AbstractEventLoop) -> Callable[[Coroutine[Any, Any, Any]], Awaitable[Any]]:
+    """Runs a coroutine on ``loop`` (the deployment's), wherever it is awaited from."""
+
+    async def run(call: Coroutine[Any, Any, Any]) -> Any:
+        if asyncio.get_running_loop() is loop:
+            return await call
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call, loop))
+
+    return run
 
 
 def add_inference_service(servicer: Any, server: Any) -> None:
@@ -120,8 +137,10 @@ def _on_loop(handler: Any, loop: asyncio.AbstractEventLoop) -> grpc.GenericRpcHa
 
 
 def _hop(call: Callable[[Any, Any], Coroutine[Any, Any, Any]], loop: asyncio.AbstractEventLoop) -> Any:
+    run = _runner(loop)
+
     async def handle(request: Any, context: Any) -> Any:
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call(request, context), loop))
+        return await run(call(request, context))
 
     return handle
 

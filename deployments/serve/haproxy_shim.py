@@ -20,10 +20,14 @@ HAProxy after four changes:
   ``leastconn`` spreads the model's requests over all of them in one hop. A group replica
   answers the model's routes through its direct lane (``deployments.serve.ingress``).
 * **gRPC in one hop.** In Serve's gRPC frontend (``grpc_frontend``, written when ``grpc_options``
-  are set), a Triton ``ModelInfer`` call goes to the backend of the model it names: HAProxy waits
+  are set), a Triton ``ModelInfer`` call goes to the replicas of the model it names: HAProxy waits
   for the head of the request message and matches its first field (``model_name``, field 1, which
   every protobuf encoder writes first) against each model application's name, as the bytes
-  ``0A <length> <name>`` after the 5-byte gRPC frame header of an uncompressed message. Every other
+  ``0A <length> <name>`` after the 5-byte gRPC frame header of an uncompressed message. The call
+  reaches the replicas' HTTP ports over HTTP/1.1 (backend ``trs-grpc-h1-<app>``, the servers of
+  the model's HTTP backend, each tracking its health there), where each replica answers it with
+  trailers (``deployments.protocol.grpc_http1``): an HTTP/2 server in Python per call cost more
+  than HAProxy's conversion (docs/grpc.md). Every other
   call (streams, metadata, the repository API, a compressed message, a name not served, a model
   with no replica up) goes to the server application's backend instead of Serve's "application
   metadata not set" answer (``deployments.serve.grpc_ingress``). Serve's proxy, every backend's
@@ -162,10 +166,34 @@ def _frontend(lines: list[str], name: str) -> tuple[int, int] | None:
     return None if start is None else (start, len(lines))
 
 
+H1_BACKEND_PREFIX = "trs-grpc-h1-"
+"""The backend through which ``ModelInfer`` calls reach a model's replicas over HTTP/1.1."""
+_SERVER_LINE = re.compile(r"^\s*server\s+(\S+)\s+(\S+)(.*)$")
+
+
+def _over_http1(lines: list[str], start: int, end: int, source: str, name: str) -> list[str]:
+    """Backend ``name``: the replicas of HTTP backend ``source`` (its lines ``start:end``), backups left
+    out, each tracking its own state there, for gRPC calls handed over as HTTP/1.1."""
+    out = [f"backend {name}", "    log global", "    http-reuse always"]
+    out += [line for line in lines[start:end] if line.split()[:1] == ["timeout"]]
+    for line in lines[start:end]:
+        m = _SERVER_LINE.match(line)
+        if m and not _is_backup(line):
+            tracked = f" track {source}/{m.group(1)}" if "check" in m.group(3).split() else ""
+            out.append(f"    server {m.group(1)} {m.group(2)}{tracked}")
+    return out
+
+
 def route_grpc_by_model(lines: list[str]) -> list[str]:
-    """``lines`` with Serve's gRPC frontend sending ``ModelInfer`` to the named model's backend and
-    everything else to the server application's (see the module's description)."""
-    from deployments.serve.hooks import GRPC_BACKEND_PREFIX, GRPC_FRONTEND
+    """``lines`` with Serve's gRPC frontend sending ``ModelInfer`` to the named model's replicas (their
+    HTTP ports, over HTTP/1.1) and everything else to the server application's gRPC backend (see the
+    module's description)."""
+    from deployments.serve.hooks import (
+        GRPC_BACKEND_PREFIX,
+        GRPC_FRONTEND,
+        HTTP_BACKEND_PREFIX,
+        haproxy_backend,
+    )
     from repository_loader.plan import GROUP_APP_MARK, MODEL_APP_PREFIX, SERVER_APP
 
     found = _frontend(lines, GRPC_FRONTEND)
@@ -183,15 +211,21 @@ def route_grpc_by_model(lines: list[str]) -> list[str]:
         f"    http-request set-var(txn.trs_head) req.body,bytes(5,{_HEAD_BYTES}),hex"
         " if trs_model_infer trs_uncompressed",
     ]
+    added: list[str] = []
+    routed: list[str] = []
     for app in models:
-        backend = GRPC_BACKEND_PREFIX + app
-        if backend in backends:
-            model = app[len(MODEL_APP_PREFIX) :]
-            rules.append(
-                f"    use_backend {backend} if {{ var(txn.trs_head) -m beg {name_prefix(model)} }}"
-                f" {{ nbsrv({backend}) ge 1 }}"
-            )
-    server = GRPC_BACKEND_PREFIX + SERVER_APP
+        source = haproxy_backend(HTTP_BACKEND_PREFIX, app)
+        if source not in backends:
+            continue
+        backend = H1_BACKEND_PREFIX + source[len(HTTP_BACKEND_PREFIX) :]
+        added += _over_http1(lines, *backends[source], source, backend)
+        routed.append(backend)
+        model = app[len(MODEL_APP_PREFIX) :]
+        rules.append(
+            f"    use_backend {backend} if {{ var(txn.trs_head) -m beg {name_prefix(model)} }}"
+            f" {{ nbsrv({backend}) ge 1 }}"
+        )
+    server = haproxy_backend(GRPC_BACKEND_PREFIX, SERVER_APP)
     body = list(lines[start:end])
     if server in backends:
         body = [
@@ -204,11 +238,12 @@ def route_grpc_by_model(lines: list[str]) -> list[str]:
     while first_acl > 0 and body[first_acl - 1].strip().startswith("#"):
         first_acl -= 1
     body[first_acl:first_acl] = rules
-    out = [*lines[:start], *body, *lines[end:]]
+    out = [*lines[:start], *body, *lines[end:], *added]
     # Serve's proxy is every gRPC backend's backup: it cannot answer this service ("Method not found"),
     # so a backend without a running replica answers UNAVAILABLE, and a model's calls go to the server
-    out = _without_backups(out, [GRPC_BACKEND_PREFIX + app for app in apps])
-    return _grpc_errors(out, [GRPC_FRONTEND], [GRPC_BACKEND_PREFIX + app for app in apps])
+    grpc_backends = [haproxy_backend(GRPC_BACKEND_PREFIX, app) for app in apps]
+    out = _without_backups(out, grpc_backends)
+    return _grpc_errors(out, [GRPC_FRONTEND], [*grpc_backends, *routed])
 
 
 # HAProxy's own errors on the gRPC side: a gRPC status (trailers-only answer), not the JSON pages

@@ -49,6 +49,7 @@ versions without starting Ray, so an upgrade that moves one fails there, by name
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any
 
@@ -77,6 +78,15 @@ HOOKS = (
 
 GRPC_FRONTEND = "grpc_frontend"
 GRPC_BACKEND_PREFIX = "grpc-"
+HTTP_BACKEND_PREFIX = "http-"
+
+
+def haproxy_backend(prefix: str, app_name: str) -> str:
+    """The name of Serve's HAProxy backend of ``app_name`` for a protocol (``prefix``), as Serve's
+    ``HAProxyManager._generate_backend_name`` and ``get_safe_name`` write it (without importing Ray:
+    the HAProxy shim runs before HAProxy starts)."""
+    name = (prefix + app_name).replace("#", "-").replace("/", ".")
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
 
 
 _RUN_LOCK = threading.Lock()

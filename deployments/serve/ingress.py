@@ -22,6 +22,11 @@ tritonserver's throughput (concurrency 1 / 32, perf_analyzer) to 0.77 / 0.65.
   (a model that autoscales reports its own, ``ModelDeployment.record_autoscaling_stats``). Shutdown stays
   graceful: Serve stops the HTTP server, which lets in-flight requests finish,
   before it calls the deployment's destructor.
+* **gRPC over HTTP/1.1.** A replica that answers the gRPC service (:func:`serve_grpc_calls`, from
+  ``deployments.serve.grpc_ingress``) answers ``POST /inference.GRPCInferenceService/<Method>`` here:
+  HAProxy hands a model's ``ModelInfer`` calls to its replicas' HTTP ports (HTTP/2 in front,
+  HTTP/1.1 behind, ``deployments.serve.haproxy_shim``), and the scope advertises ASGI's trailers
+  extension where this process's uvicorn writes them (``deployments.serve.response_writes``).
 * **Run to completion.** Everything else carries Serve's "disconnect disabled"
   header, which lets Serve await the application directly. Triton does not
   cancel an HTTP inference whose client went away (the response is dropped), and
@@ -36,7 +41,10 @@ from typing import Any
 
 from starlette.middleware import Middleware
 
+from deployments.protocol.grpc_http1 import PATH_PREFIX as GRPC_PATH_PREFIX
+from deployments.protocol.grpc_http1 import TRAILERS_EXTENSION
 from deployments.serve.hooks import DISCONNECT_DISABLED
+from deployments.serve.response_writes import sends_trailers
 
 SERVE_ROUTES = ("/-/",)
 
@@ -59,6 +67,17 @@ class _Route:
 # The applications of this process (one replica per Ray actor process), by route prefix without its
 # trailing "/" (so "/" is "", which every path extends).
 _direct: dict[str, _Route] = {}
+
+
+# This process's gRPC calls over HTTP/1.1 (``deployments.protocol.grpc_http1.GrpcOverHttp1``), if any.
+_grpc_calls: ASGIApp | None = None
+
+
+def serve_grpc_calls(app: ASGIApp | None) -> None:
+    """Answer gRPC calls (``/inference.GRPCInferenceService/...``) in this process with ``app``; None
+    stops. ``app`` runs where the request arrives and moves the servicer's part to its own loop."""
+    global _grpc_calls
+    _grpc_calls = app
 
 
 def _key(route_prefix: str) -> str:
@@ -122,11 +141,19 @@ class ReplicaIngress:
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
-            if _direct:
+            if _direct or _grpc_calls is not None:
                 path: str = scope.get("path") or "/"
                 root: str = scope.get("root_path") or ""
                 if root and path.startswith(root):
                     path = path[len(root) :] or "/"
+                if _grpc_calls is not None and path.startswith(GRPC_PATH_PREFIX):
+                    if sends_trailers():
+                        extensions = scope.get("extensions")
+                        if extensions is None:
+                            scope["extensions"] = extensions = {}
+                        extensions[TRAILERS_EXTENSION] = {}
+                    await _grpc_calls(scope, receive, send)
+                    return
                 route = route_for(path, asyncio.get_running_loop())
                 if route is not None:
                     route.answered += 1

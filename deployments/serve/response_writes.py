@@ -14,6 +14,14 @@ a response whose body never comes still gets its head written when the cycle
 ends the way it would have (the next ``send``), and every other protocol path
 is uvicorn's own. Where uvicorn's httptools protocol is missing or looks
 different from what this expects, nothing is changed.
+
+The same ``send`` adds ASGI's HTTP trailers extension, which uvicorn lacks: a
+response started with ``"trailers": True`` is written chunked and ends with the
+fields of its ``http.response.trailers`` message in the last chunk
+(``0\r\n<name>: <value>\r\n\r\n``) instead of the bare terminator. gRPC's
+status travels there when HAProxy hands a gRPC call to a replica over HTTP/1.1
+(``deployments.protocol.grpc_http1``). :func:`sends_trailers` says whether it is
+in place; the replica's ingress then advertises the extension in the scope.
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ from deployments.serve import hooks
 logger = logging.getLogger(__name__)
 
 _MARK = "_triton_serve_coalesced"
+TRAILERS = "http.response.trailers"
+_LAST_CHUNK = b"0\r\n\r\n"
 
 
 class _HeldWrites:
@@ -68,6 +78,38 @@ class _PrefixedWrites:
         return getattr(self.transport, name)
 
 
+class _TrailedWrites:
+    """Stands in for a connection's transport: the chunked body's terminator carries ``fields``."""
+
+    __slots__ = ("transport", "fields")
+
+    def __init__(self, transport: Any, fields: bytes) -> None:
+        self.transport = transport
+        self.fields = fields
+
+    def write(self, data: bytes) -> None:
+        if data.endswith(_LAST_CHUNK):
+            data = data[: -len(_LAST_CHUNK)] + b"0\r\n" + self.fields + b"\r\n"
+        self.transport.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
+
+
+def _trailer_fields(cycle: Any, message: dict[str, Any]) -> bytes | None:
+    """The trailer lines of ``message`` (an ``http.response.trailers``) once the last one arrived, else
+    None; kept on ``cycle`` between messages."""
+    held: list[bytes] = cycle.__dict__.setdefault("_trailer_lines", [])
+    for name, value in message.get("headers", ()):
+        if any(c in name + value for c in (b"\r", b"\n", b"\0")) or b":" in name:
+            raise RuntimeError("Invalid HTTP trailer.")
+        held.append(bytes(name).lower() + b": " + bytes(value) + b"\r\n")
+    if message.get("more_trailers", False):
+        return None
+    del cycle.__dict__["_trailer_lines"]
+    return b"".join(held)
+
+
 Send = Callable[[Any, dict[str, Any]], Awaitable[None]]
 
 
@@ -75,8 +117,23 @@ def coalesced(send: Send) -> Send:
     """Wrap a request-response cycle's ``send`` so that the head goes out with the first body chunk."""
 
     async def send_coalesced(cycle: Any, message: dict[str, Any]) -> None:
+        kind = message.get("type")
+        fields: bytes | None = None
+        if kind == "http.response.start" and message.get("trailers"):
+            cycle._trailers_due = True
+        elif kind == "http.response.body" and cycle.__dict__.get("_trailers_due"):
+            if not message.get("more_body", False):  # the response ends with its trailers
+                message = {**message, "more_body": True}
+        elif kind == TRAILERS and cycle.__dict__.get("_trailers_due"):
+            if not cycle.chunked_encoding:
+                raise RuntimeError("HTTP trailers need a chunked response (no content-length)")
+            fields = _trailer_fields(cycle, message)
+            if fields is None:
+                return
+            del cycle.__dict__["_trailers_due"]
+            message = {"type": "http.response.body", "body": b"", "more_body": False}
         head: bytes | None = cycle.__dict__.pop("_held_head", None)
-        if head is None and message.get("type") == "http.response.start" and not cycle.response_started:
+        if head is None and kind == "http.response.start" and not cycle.response_started:
             transport = cycle.transport
             holder = _HeldWrites(transport)
             cycle.transport = holder
@@ -87,24 +144,33 @@ def coalesced(send: Send) -> Send:
             if holder.held:
                 cycle._held_head = b"".join(holder.held)
             return
-        if head is None:
+        if head is None and fields is None:
             await send(cycle, message)
             return
         transport = cycle.transport
-        prefixed = _PrefixedWrites(transport, head)
-        cycle.transport = prefixed
+        written: Any = transport if fields is None else _TrailedWrites(transport, fields)
+        prefixed = None if head is None else _PrefixedWrites(written, head)
+        cycle.transport = written if prefixed is None else prefixed
         try:
             await send(cycle, message)
         finally:
             cycle.transport = transport
-            prefixed.flush()
+            if prefixed is not None:
+                prefixed.flush()
 
     send_coalesced.__wrapped__ = send  # type: ignore[attr-defined]
     return send_coalesced
 
 
+def sends_trailers() -> bool:
+    """Whether uvicorn's httptools server writes ASGI's HTTP trailers in this process."""
+    cycle: Any = hooks.uvicorn_cycle()
+    return cycle is not None and bool(getattr(cycle, _MARK, False))
+
+
 def coalesce_response_writes() -> bool:
-    """Install the coalescing ``send`` on uvicorn's httptools cycle; True when it is in place."""
+    """Install the coalescing (and trailer-writing) ``send`` on uvicorn's httptools cycle; True when it
+    is in place."""
     cycle: Any = hooks.uvicorn_cycle()
     if cycle is None:
         return False

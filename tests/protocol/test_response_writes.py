@@ -75,6 +75,29 @@ async def fails_after_start(scope: Any, receive: Any, send: Any) -> None:
     raise RuntimeError("the app broke mid-response")
 
 
+async def trailed(scope: Any, receive: Any, send: Any) -> None:
+    await receive()
+    await send({"type": "http.response.start", "status": 200, "headers": [], "trailers": True})
+    await send({"type": "http.response.body", "body": b"ab", "more_body": True})
+    await send({"type": "http.response.body", "body": b"cd"})
+    await send({"type": "http.response.trailers", "headers": [(b"Grpc-Status", b"0")], "more_trailers": True})
+    await send({"type": "http.response.trailers", "headers": [(b"grpc-message", b"ok")]})
+
+
+async def trailed_without_body(scope: Any, receive: Any, send: Any) -> None:
+    await receive()
+    await send({"type": "http.response.start", "status": 200, "headers": [], "trailers": True})
+    await send({"type": "http.response.trailers", "headers": [(b"grpc-status", b"5")]})
+
+
+async def trailed_with_length(scope: Any, receive: Any, send: Any) -> None:
+    await receive()
+    headers = [(b"content-length", b"2")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers, "trailers": True})
+    await send({"type": "http.response.body", "body": b"ab"})
+    await send({"type": "http.response.trailers", "headers": [(b"grpc-status", b"0")]})
+
+
 GET = b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n"
 
 
@@ -116,3 +139,29 @@ def test_installing_twice_wraps_once(installed: bool) -> None:
     assert coalesce_response_writes()
     wrapped = RequestResponseCycle.send
     assert not hasattr(wrapped.__wrapped__, "__wrapped__")
+
+
+async def test_trailers_end_the_chunked_body(installed: bool) -> None:
+    transport = await _serve(trailed, GET + GET)
+    data = b"".join(transport.writes)
+    one = b"2\r\nab\r\n2\r\ncd\r\n0\r\ngrpc-status: 0\r\ngrpc-message: ok\r\n\r\n"
+    assert data.count(b"HTTP/1.1 200 OK") == 2  # the connection answered its next request too
+    assert data.count(one) == 2 and data.endswith(one)
+
+
+async def test_trailers_after_no_body_leave_with_the_head(installed: bool) -> None:
+    transport = await _serve(trailed_without_body, GET)
+    assert len(transport.writes) == 1
+    assert transport.writes[0].endswith(b"transfer-encoding: chunked\r\n\r\n0\r\ngrpc-status: 5\r\n\r\n")
+
+
+async def test_trailers_on_a_response_with_a_length_are_refused(installed: bool) -> None:
+    transport = await _serve(trailed_with_length, GET)
+    assert b"grpc-status" not in b"".join(transport.writes)
+    assert transport.closed  # the app's error ends the connection, as any failure mid-response
+
+
+def test_trailers_are_in_place_with_the_coalescing(installed: bool) -> None:
+    from deployments.serve.response_writes import sends_trailers
+
+    assert sends_trailers()

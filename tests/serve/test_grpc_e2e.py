@@ -422,3 +422,44 @@ def test_example_client_runs_as_printed(grpc_url: str) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "add_sub OUTPUT0" in done.stdout and "text_recognition TEXT" in done.stdout
+
+
+# --- the path of a ModelInfer call --------------------------------------------------------------
+
+
+def _backend_streams(backend: str) -> int:
+    """Streams HAProxy has sent to ``backend`` so far (``show stat`` on the session's admin socket)."""
+    import socket
+
+    folder = Path(os.environ["RAY_SERVE_HAPROXY_SOCKET_PATH"]).parent
+    sockets = sorted(folder.rglob("admin.sock"), key=lambda p: p.stat().st_mtime)
+    assert sockets, f"no HAProxy admin socket under {folder}"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(sockets[-1]))
+        s.sendall(b"show stat\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    rows = data.decode().splitlines()
+    header = rows[0].lstrip("# ").split(",")
+    for row in rows[1:]:
+        fields = dict(zip(header, row.split(","), strict=False))
+        if fields.get("pxname") == backend and fields.get("svname") == "BACKEND":
+            return int(fields["stot"])
+    raise AssertionError(f"HAProxy has no backend {backend}")
+
+
+def test_model_infer_reaches_the_models_replica_over_http1(client: grpcclient.InferenceServerClient) -> None:
+    """One hop: HAProxy hands ModelInfer to the model's replicas' HTTP ports (HTTP/1.1, trailers), not
+    to the server application; the answer is the model's, with its status."""
+    backend = "trs-grpc-h1-model-add_sub"
+    before = _backend_streams(backend)
+    a = np.arange(4, dtype=np.float32).reshape(1, 4)
+    for _ in range(5):
+        result = client.infer("add_sub", _add_sub_inputs(a, np.ones((1, 4), np.float32)))
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + 1)
+    assert _backend_streams(backend) - before >= 5
+    with pytest.raises(InferenceServerException) as caught:  # an error on that path: its gRPC status
+        client.infer("add_sub", _add_sub_inputs(np.ones((1, 3), np.float32), np.ones((1, 3), np.float32)))
+    assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert _backend_streams(backend) - before >= 6

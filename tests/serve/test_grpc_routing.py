@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -22,8 +23,11 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from deployments.protocol.grpc import GRPCInferenceServicer
+from deployments.protocol.grpc_http1 import PATH_PREFIX, TRAILERS_EXTENSION, GrpcOverHttp1
 from deployments.protocol.proto import grpc_service_pb2 as pb
 from deployments.serve import haproxy_shim
+from deployments.serve.response_writes import coalesce_response_writes
 
 
 def _free_port() -> int:
@@ -32,29 +36,29 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-_SERVERS: list[grpc.aio.Server] = []  # kept alive while the module's tests run
+_SERVERS: list[Any] = []  # kept alive while the module's tests run
+
+
+class _Tagged(GRPCInferenceServicer):
+    """A replica's servicer whose ModelInfer names who answered it."""
+
+    def __init__(self, tag: str) -> None:
+        super().__init__(dataplane=None)  # type: ignore[arg-type]
+        self.tag = tag
+
+    async def ModelInfer(self, request: Any) -> Any:
+        return pb.ModelInferResponse(model_name=request.model_name, id=self.tag)
+
+    async def ServerLive(self, request: Any) -> Any:
+        return pb.ServerLiveResponse(live=self.tag == "server")
 
 
 def _serve(tag: str, port: int, loop: asyncio.AbstractEventLoop) -> None:
-    async def infer(request: pb.ModelInferRequest, context: object) -> pb.ModelInferResponse:
-        return pb.ModelInferResponse(model_name=request.model_name, id=tag)
-
-    async def live(request: pb.ServerLiveRequest, context: object) -> pb.ServerLiveResponse:
-        return pb.ServerLiveResponse(live=tag == "server")
+    """A replica's gRPC server (Serve's per-replica gRPC port)."""
 
     async def start() -> None:
         server = grpc.aio.server()
-        handlers = {
-            "ModelInfer": grpc.unary_unary_rpc_method_handler(
-                infer, pb.ModelInferRequest.FromString, pb.ModelInferResponse.SerializeToString
-            ),
-            "ServerLive": grpc.unary_unary_rpc_method_handler(
-                live, pb.ServerLiveRequest.FromString, pb.ServerLiveResponse.SerializeToString
-            ),
-        }
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler("inference.GRPCInferenceService", handlers),)
-        )
+        server.add_generic_rpc_handlers((_Tagged(tag).handler(),))
         server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
         _SERVERS.append(server)
@@ -62,11 +66,40 @@ def _serve(tag: str, port: int, loop: asyncio.AbstractEventLoop) -> None:
     asyncio.run_coroutine_threadsafe(start(), loop).result(10)
 
 
+def _serve_http(tag: str, port: int, loop: asyncio.AbstractEventLoop) -> None:
+    """A replica's HTTP server (uvicorn, httptools, as Serve's direct ingress runs it): Serve's health
+    route, and gRPC calls over HTTP/1.1 with trailers."""
+    import uvicorn
+
+    lane = GrpcOverHttp1(_Tagged(f"{tag}-http1"))
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"].startswith(PATH_PREFIX):
+            scope.setdefault("extensions", {})[TRAILERS_EXTENSION] = {}
+            await lane(scope, receive, send)
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, http="httptools", lifespan="off", log_level="warning")
+    )
+    _SERVERS.append(server)
+    asyncio.run_coroutine_threadsafe(server.serve(), loop)
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.started
+
+
 LONG_NAME = "m" * 200  # its length takes two bytes of varint
 
 
-def _serve_config(front: int, backends: dict[str, int]) -> str:
-    """A gRPC part of a configuration as Serve's template writes it (one backend per application)."""
+def _serve_config(front: int, backends: dict[str, tuple[int, int]]) -> str:
+    """A configuration as Serve's template writes it: per application an HTTP backend (the replicas'
+    HTTP ports, health-checked, Serve's proxy as backup) and a gRPC one (their gRPC ports)."""
     lines = [
         "global",
         "    maxconn 1000",
@@ -81,14 +114,12 @@ def _serve_config(front: int, backends: dict[str, int]) -> str:
         "    mode http",
         "    # Route per-app on the `application` metadata that Ray Serve clients attach.",
     ]
-    for app in backends:
+    for app in [*backends, "model-down"]:
         lines += [
             f"    acl is_grpc-{app} req.hdr(application) -m str {app}",
             f"    use_backend grpc-{app} if is_grpc-{app}",
         ]
     lines += [
-        "    acl is_grpc-model-down req.hdr(application) -m str model-down",
-        "    use_backend grpc-model-down if is_grpc-model-down",
         "    default_backend default_grpc_backend",
         "backend default_grpc_backend",
         "    mode http",
@@ -96,15 +127,22 @@ def _serve_config(front: int, backends: dict[str, int]) -> str:
     lines.append(
         '    http-request return status 200 content-type application/grpc hdr grpc-status 5 hdr grpc-message "no app"'
     )
-    for app, port in backends.items():
-        lines += [f"backend grpc-{app}", "    mode http", f"    server r-{app} 127.0.0.1:{port} proto h2"]
-        lines.append(f"    server fallback-{app} 127.0.0.1:{port + 1} proto h2 backup")  # Serve's proxy
-    # a model whose one replica is down (its port closed, found by the health check)
-    lines += [
-        "backend grpc-model-down",
-        "    mode http",
-        f"    server r-down 127.0.0.1:{_free_port()} proto h2 check inter 100ms fall 1 rise 1",
-    ]
+    # a model whose one replica is down (its ports closed, found by the health check)
+    down = {"model-down": (_free_port(), _free_port())}
+    for app, (grpc_port, http_port) in {**backends, **down}.items():
+        lines += [
+            f"backend http-{app}",
+            "    log global",
+            "    http-reuse always",
+            "    timeout server 31s",
+            "    option httpchk GET /-/healthz",
+            "    http-check expect status 200",
+            "    default-server fastinter 100ms downinter 100ms fall 1 rise 1 inter 100ms check",
+            f"    server r-{app} 127.0.0.1:{http_port} check observe layer4 error-limit 3 on-error mark-down",
+            f"    server fallback-{app} 127.0.0.1:{http_port + 1} check backup",  # Serve's proxy
+        ]
+        lines += [f"backend grpc-{app}", "    mode http", f"    server r-{app} 127.0.0.1:{grpc_port} proto h2"]
+        lines.append(f"    server fallback-{app} 127.0.0.1:{grpc_port + 1} proto h2 backup")  # Serve's proxy
     return "\n".join(lines) + "\n"
 
 
@@ -133,19 +171,26 @@ def _haproxy(config_text: str, folder: Path, port: int) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    assert coalesce_response_writes()  # uvicorn's httptools server writes trailers
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
     apps = {"model-m": "m", "model-n": "n", "triton": "server", f"model-{LONG_NAME}": "long"}
-    ports = {app: _free_port() for app in apps}
+    ports = {app: (_free_port(), _free_port()) for app in apps}
     for app, tag in apps.items():
-        _serve(tag, ports[app], loop)
+        _serve(tag, ports[app][0], loop)
+        _serve_http(tag, ports[app][1], loop)
     front_port = _free_port()
     try:
         with _haproxy(
             _serve_config(front_port, ports), tmp_path_factory.mktemp("haproxy"), front_port
         ) as url:
+            time.sleep(0.5)  # the health checks found model-down's replica down
             yield url
     finally:
+        for server in _SERVERS:
+            if hasattr(server, "should_exit"):
+                server.should_exit = True
+        time.sleep(0.3)
         loop.call_soon_threadsafe(loop.stop)
 
 
@@ -158,10 +203,10 @@ def _answered_by(url: str, model: str, **kwargs: object) -> str:
     return str(response.id)
 
 
-def test_model_infer_reaches_the_named_models_backend(front: str) -> None:
-    assert _answered_by(front, "m") == "m"
-    assert _answered_by(front, "n") == "n"
-    assert _answered_by(front, LONG_NAME) == "long"
+def test_model_infer_reaches_the_named_models_replicas_over_http1(front: str) -> None:
+    assert _answered_by(front, "m") == "m-http1"
+    assert _answered_by(front, "n") == "n-http1"
+    assert _answered_by(front, LONG_NAME) == "long-http1"
 
 
 def test_names_that_only_share_a_prefix_are_not_confused(front: str) -> None:
@@ -176,13 +221,22 @@ def test_every_other_call_reaches_the_server_application(front: str) -> None:
 
 
 def test_a_model_without_a_running_replica_is_answered_by_the_server_application(front: str) -> None:
-    time.sleep(0.5)  # the health check found the replica down
     assert _answered_by(front, "down") == "server"
 
 
 def test_serves_proxy_is_no_longer_a_backup(tmp_path: Path) -> None:
-    text = haproxy_shim.rewrite(_serve_config(1, {"model-m": 2, "triton": 4}), tmp_path)
-    assert "fallback-" not in text and "server r-model-m 127.0.0.1:2 proto h2" in text
+    text = haproxy_shim.rewrite(_serve_config(1, {"model-m": (2, 10), "triton": (4, 20)}), tmp_path)
+
+    def section(name: str) -> str:
+        found = text[text.index(f"\nbackend {name}\n") + 1 :]
+        return found[: found.find("\nbackend ")]
+
+    h1 = section("trs-grpc-h1-model-m")
+    assert "server r-model-m 127.0.0.1:10 track http-model-m/r-model-m" in h1 and "fallback-" not in h1
+    assert "timeout server 31s" in h1 and "http-error status 503 hdr grpc-status 14" in h1
+    assert "server r-model-m 127.0.0.1:2 proto h2" in section("grpc-model-m")
+    assert "fallback-" not in section("grpc-model-m") and "fallback-" not in section("grpc-triton")
+    assert "fallback-model-m 127.0.0.1:11 check backup" in section("http-model-m")  # left as Serve wrote it
 
 
 def test_a_compressed_message_reaches_the_server_application(front: str) -> None:
@@ -207,7 +261,7 @@ def test_haproxys_own_errors_are_grpc_statuses(tmp_path: Path) -> None:
     with _haproxy(
         "\n".join(
             f"{line} check inter 100ms fall 1" if line.startswith("    server r-") else line
-            for line in _serve_config(port, {"triton": _free_port()}).splitlines()
+            for line in _serve_config(port, {"triton": (_free_port(), _free_port())}).splitlines()
         ),
         tmp_path,
         port,

@@ -1,0 +1,211 @@
+"""The unary RPCs of ``inference.GRPCInferenceService`` over HTTP/1.1, as an ASGI application.
+
+A gRPC call is an HTTP POST to ``/inference.GRPCInferenceService/<Method>`` whose body is one
+length-prefixed message (a 1-byte compressed flag, a 4-byte big-endian length, the message) and
+whose answer is the response message framed the same way, followed by the trailers ``grpc-status``
+and ``grpc-message``. HTTP/2 carries it between a client and a proxy; nothing in it needs HTTP/2
+between a proxy and the server, provided the server can send trailers: HTTP/1.1's chunked
+encoding has them. HAProxy converts between the two (HTTP/2 frontend, HTTP/1.1 server), trailers
+included, so a model replica's HTTP server answers ``ModelInfer`` with the same per-call cost as
+its HTTP routes, not that of a second, HTTP/2 server in Python (docs/grpc.md).
+
+:class:`GrpcOverHttp1` answers every unary RPC of a :class:`GRPCInferenceServicer` this way, with
+the servicer's own rules: the restricted API (request headers are the call's metadata), the
+receive and send limits (a message over the receive limit is refused from its frame header,
+before its bytes are read), compressed requests (``grpc-encoding`` gzip or deflate) and response
+compression (``GrpcOptions.compression``, where the client's ``grpc-accept-encoding`` takes it).
+Streaming RPCs are not answered here (UNIMPLEMENTED): they need both directions open at once.
+
+The server must implement ASGI's HTTP trailers extension (``http.response.trailers`` in the
+scope's ``extensions``; ``deployments.serve.response_writes`` adds it to uvicorn's httptools
+server). Without it every call is answered INTERNAL, naming the reason. An error is a
+trailers-only answer (``grpc-status`` in the response head, no body), which needs no trailers.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, MutableMapping
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from deployments.protocol.compression import compress, decompress
+from deployments.protocol.grpc import SERVICE, GRPCInferenceServicer, RpcMethod, answer_unary, status_of
+from repository_loader.errors import ServerError, TooLarge
+
+PATH_PREFIX = f"/{SERVICE}/"
+TRAILERS_EXTENSION = "http.response.trailers"
+_FRAME = 5  # compressed flag and length
+_CONTENT_TYPE = (b"content-type", b"application/grpc")
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+Run = Callable[[Coroutine[Any, Any, Any]], Awaitable[Any]]
+
+
+async def _await(call: Coroutine[Any, Any, Any]) -> Any:
+    return await call
+
+
+class _Refused(Exception):
+    """A call answered with ``code`` before the servicer saw it; ``close`` drops the connection (the
+    request's body was not read)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, close: bool = False) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.close = close
+
+
+class GrpcOverHttp1:
+    """An ASGI application answering the unary RPCs of ``servicer`` (see the module's description).
+
+    ``run`` runs the servicer's part of a call (parsing excluded): by default it is awaited where the
+    request arrived; a server whose servicer lives on another event loop passes a function that moves
+    it there.
+    """
+
+    def __init__(self, servicer: GRPCInferenceServicer, run: Run | None = None) -> None:
+        self.servicer = servicer
+        self.options = servicer.options
+        self._methods = servicer.methods()
+        self._run = run or _await
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope.get("path") or ""
+        method = self._methods.get(path[len(PATH_PREFIX) :]) if path.startswith(PATH_PREFIX) else None
+        headers = _headers(scope)
+        try:
+            if method is None:
+                raise _Refused(grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {path}")
+            if method.streaming:
+                raise _Refused(
+                    grpc.StatusCode.UNIMPLEMENTED,
+                    f"{method.name} is a streaming RPC: it is not answered over HTTP/1.1",
+                )
+            if scope.get("method") != "POST" or not headers.get("content-type", "").startswith(
+                "application/grpc"
+            ):
+                raise _Refused(grpc.StatusCode.UNIMPLEMENTED, "a gRPC call is a POST of application/grpc")
+            if TRAILERS_EXTENSION not in (scope.get("extensions") or {}):
+                raise _Refused(
+                    grpc.StatusCode.INTERNAL, "this HTTP server cannot send trailers, which gRPC needs"
+                )
+            request = method.request_type.FromString(await self._message(receive, headers))
+        except _Refused as refused:
+            await _answer_status(send, refused.code, refused.message, refused.close)
+            return
+        except DecodeError as e:
+            await _answer_status(send, grpc.StatusCode.INTERNAL, f"failed to parse the request message: {e}")
+            return
+        try:
+            response = await self._run(
+                answer_unary(method, request, lambda: headers, self.options.max_send_message_bytes)
+            )
+        except Exception as e:
+            code, message = status_of(e, method.name)
+            await _answer_status(send, code, message)
+            return
+        await self._answer(send, method, response, headers)
+
+    async def _message(self, receive: Receive, headers: Mapping[str, str]) -> bytes | memoryview:
+        """The request message: read from the body, refused over the receive limit, inflated."""
+        limit = self.options.max_receive_message_bytes
+        chunks: list[bytes] = []
+        size = 0
+        expected: int | None = None
+        compressed = False
+        more = True
+        while more:
+            event = await receive()
+            if event["type"] == "http.disconnect":
+                raise _Refused(grpc.StatusCode.CANCELLED, "the client went away", close=True)
+            chunk: bytes = event.get("body", b"")
+            more = bool(event.get("more_body", False))
+            if chunk:
+                chunks.append(chunk)
+                size += len(chunk)
+            if expected is None and size >= _FRAME:
+                head = chunks[0] if len(chunks[0]) >= _FRAME else b"".join(chunks)
+                compressed = head[0] == 1
+                expected = int.from_bytes(head[1:_FRAME], "big")
+                if expected > limit:
+                    raise _Refused(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"Received message larger than max ({expected} vs. {limit})",
+                        close=more,
+                    )
+            if expected is not None and size > _FRAME + expected:
+                raise _Refused(grpc.StatusCode.INTERNAL, "a unary call carries one message", close=more)
+        if expected is None or size != _FRAME + expected:
+            raise _Refused(grpc.StatusCode.INTERNAL, "the request message is incomplete")
+        data = memoryview(chunks[0] if len(chunks) == 1 else b"".join(chunks))[_FRAME:]
+        if not compressed:
+            return data
+        encoding = headers.get("grpc-encoding", "identity")
+        if encoding not in ("gzip", "deflate"):
+            raise _Refused(
+                grpc.StatusCode.UNIMPLEMENTED, f"a compressed message with grpc-encoding '{encoding}'"
+            )
+        try:
+            return decompress(data.tobytes(), encoding, limit)
+        except TooLarge:
+            raise _Refused(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"Received message larger than max (inflated beyond {limit} bytes)",
+            ) from None
+        except (ServerError, zlib.error) as e:
+            raise _Refused(
+                grpc.StatusCode.INTERNAL, f"failed to decompress the request message: {e}"
+            ) from None
+
+    async def _answer(self, send: Send, method: RpcMethod, response: Any, headers: Mapping[str, str]) -> None:
+        data = response.SerializeToString()
+        head = [_CONTENT_TYPE]
+        flag = b"\x00"
+        encoding = self.options.compression
+        if encoding in ("gzip", "deflate") and encoding in _tokens(headers.get("grpc-accept-encoding", "")):
+            data, flag = compress(data, encoding), b"\x01"
+            head.append((b"grpc-encoding", encoding.encode()))
+        await send({"type": "http.response.start", "status": 200, "headers": head, "trailers": True})
+        await send({"type": "http.response.body", "body": flag + len(data).to_bytes(4, "big") + data})
+        await send({"type": TRAILERS_EXTENSION, "headers": [(b"grpc-status", b"0")], "more_trailers": False})
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    """The request's headers (the call's metadata) by lower-case name; the last of a repeated one."""
+    return {
+        name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope.get("headers", ())
+    }
+
+
+def _tokens(value: str) -> set[str]:
+    return {token.strip().lower() for token in value.split(",")}
+
+
+async def _answer_status(send: Send, code: grpc.StatusCode, message: str, close: bool = False) -> None:
+    """A trailers-only answer: the status in the response head, no message."""
+    head = [
+        _CONTENT_TYPE,
+        (b"grpc-status", str(code.value[0]).encode()),
+        (b"grpc-message", percent_encoded(message)),
+        (b"content-length", b"0"),
+    ]
+    if close:
+        head.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": 200, "headers": head})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def percent_encoded(text: str) -> bytes:
+    """``grpc-message``'s encoding: UTF-8, with '%' and bytes outside printable ASCII as ``%XX``."""
+    return "".join(
+        chr(b) if 0x20 <= b <= 0x7E and b != 0x25 else f"%{b:02X}" for b in text.encode("utf-8")
+    ).encode("ascii")
+
+
+__all__ = ["PATH_PREFIX", "TRAILERS_EXTENSION", "GrpcOverHttp1", "percent_encoded"]
