@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import socket
+import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -28,32 +31,58 @@ from deployments.protocol.grpc import (
     GrpcOptions,
     build_grpc_server,
 )
+from deployments.protocol.grpc_http1 import TRAILERS_EXTENSION, GrpcOverHttp1
 from deployments.protocol.proto import grpc_service_pb2 as pb
+from deployments.serve.response_writes import coalesce_response_writes
 from tests.protocol.fakes import LABELS, softmax
 from tests.protocol.grpc_fakes import StreamingFakeDataPlane, grpc_models
+from tests.protocol.haproxy import running_haproxy
 
 
 @contextmanager
-def running_server(dataplane: Any, **options: Any) -> Iterator[str]:
-    """Serve ``dataplane`` on a free local port from a thread; yield ``host:port``."""
+def running_server(dataplane: Any, transport: str = "grpc", **options: Any) -> Iterator[str]:
+    """Serve ``dataplane`` on a free local port from a thread; yield ``host:port``.
+
+    ``transport`` "grpc": the gRPC server (grpcio) alone. "http1": HAProxy's HTTP/2 frontend in front,
+    handing every unary call to an HTTP/1.1 server (uvicorn, httptools, as in a replica) answering it
+    with trailers (``deployments.protocol.grpc_http1``), and streams to the gRPC server, as on Serve.
+    """
     loop = asyncio.new_event_loop()
     started = threading.Event()
     holder: dict[str, Any] = {}
+    grpc_options = GrpcOptions(host="127.0.0.1", port=0, **options)
 
     async def main() -> None:
-        server, port = build_grpc_server(dataplane, GrpcOptions(host="127.0.0.1", port=0, **options))
+        server, port = build_grpc_server(dataplane, grpc_options)
         await server.start()
         stop = asyncio.Event()
         holder["stop"], holder["port"] = stop, port
+        http1 = None
+        if transport == "http1":
+            http1 = _http1_server(GRPCInferenceServicer(dataplane, grpc_options))
+            serving = asyncio.ensure_future(http1.serve())
+            while not http1.started:
+                await asyncio.sleep(0.02)
+            holder["http1_port"] = http1.servers[0].sockets[0].getsockname()[1]
         started.set()
         await stop.wait()
+        if http1 is not None:
+            http1.should_exit = True
+            await serving
         await server.stop(0)
 
     thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
     thread.start()
     assert started.wait(10), "the gRPC server did not start"
     try:
-        yield f"127.0.0.1:{holder['port']}"
+        if transport == "http1":
+            with tempfile.TemporaryDirectory() as folder:
+                front = _free_port()
+                config = _HTTP1_FRONT.format(front=front, h1=holder["http1_port"], h2=holder["port"])
+                with running_haproxy(config, Path(folder), front) as address:
+                    yield address
+        else:
+            yield f"127.0.0.1:{holder['port']}"
     finally:
         loop.call_soon_threadsafe(holder["stop"].set)
         thread.join(10)
@@ -61,14 +90,62 @@ def running_server(dataplane: Any, **options: Any) -> Iterator[str]:
         loop.close()
 
 
+_HTTP1_FRONT = """
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 30s
+    timeout server 30s
+frontend grpc
+    bind 127.0.0.1:{front} proto h2
+    use_backend streams if {{ path /inference.GRPCInferenceService/ModelStreamInfer }}
+    default_backend unary
+backend unary
+    http-reuse always
+    server http1 127.0.0.1:{h1}
+backend streams
+    server grpc 127.0.0.1:{h2} proto h2
+"""
+
+
+def _http1_server(servicer: GRPCInferenceServicer) -> Any:
+    """uvicorn (httptools) answering the servicer's unary calls over HTTP/1.1 with trailers."""
+    import uvicorn
+
+    assert coalesce_response_writes()
+    lane = GrpcOverHttp1(servicer)
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            scope.setdefault("extensions", {})[TRAILERS_EXTENSION] = {}
+            await lane(scope, receive, send)
+
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=0, http="httptools", lifespan="off", log_level="warning"
+    )
+    return uvicorn.Server(config)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 @pytest.fixture(scope="module")
 def dataplane(tmp_path_factory) -> StreamingFakeDataPlane:
     return StreamingFakeDataPlane(grpc_models(tmp_path_factory.mktemp("models")))
 
 
+@pytest.fixture(scope="module", params=["grpc", "http1"])
+def transport(request: pytest.FixtureRequest) -> str:
+    """Every test runs against the gRPC server, and with its unary calls over HTTP/1.1 behind HAProxy."""
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def url(dataplane) -> Iterator[str]:
-    with running_server(dataplane) as address:
+def url(dataplane, transport) -> Iterator[str]:
+    with running_server(dataplane, transport) as address:
         yield address
 
 
@@ -568,8 +645,10 @@ async def test_a_cancelled_stream_cancels_the_models_work(url, dataplane):
 # --- options ------------------------------------------------------------------
 
 
-def test_message_size_limits_answer_resource_exhausted(dataplane):
-    with running_server(dataplane, max_receive_message_bytes=1024, max_send_message_bytes=1024) as address:
+def test_message_size_limits_answer_resource_exhausted(dataplane, transport):
+    with running_server(
+        dataplane, transport, max_receive_message_bytes=1024, max_send_message_bytes=1024
+    ) as address:
         client = grpcclient.InferenceServerClient(address)
         big = np.zeros(4096, np.int64)
         with pytest.raises(InferenceServerException) as error:
@@ -579,8 +658,8 @@ def test_message_size_limits_answer_resource_exhausted(dataplane):
         client.close()
 
 
-def test_gzip_compression_both_ways(dataplane):
-    with running_server(dataplane, compression="gzip") as address:
+def test_gzip_compression_both_ways(dataplane, transport):
+    with running_server(dataplane, transport, compression="gzip") as address:
         client = grpcclient.InferenceServerClient(address)
         x = np.arange(10000, dtype=np.int64) % 7
         result = client.infer(

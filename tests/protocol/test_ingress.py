@@ -145,3 +145,24 @@ async def test_lifespan_and_websocket_scopes_go_to_serve() -> None:
     scope = {"type": "websocket", "path": "/v2/models/crnn/infer", "headers": []}
     await ReplicaIngress(serve)(scope, None, None)
     assert model.scopes == [] and serve.scopes == [scope]
+
+
+async def test_grpc_calls_reach_the_registered_lane_with_the_trailers_extension() -> None:
+    from deployments.protocol.grpc_http1 import TRAILERS_EXTENSION
+    from deployments.serve.response_writes import coalesce_response_writes
+
+    assert coalesce_response_writes()
+    serve, lane, model = Recorder(), Recorder(), Recorder()
+    ingress.serve_directly("/v2/models/crnn", model)
+    ingress.serve_grpc_calls(lane)
+    try:
+        for path in ("/inference.GRPCInferenceService/ModelInfer", "/v2/models/crnn/infer", "/-/healthz"):
+            await ReplicaIngress(serve)(http(path), None, None)
+    finally:
+        ingress.serve_grpc_calls(None)
+    assert [s["path"] for s in lane.scopes] == ["/inference.GRPCInferenceService/ModelInfer"]
+    assert TRAILERS_EXTENSION in lane.scopes[0]["extensions"]
+    assert [s["path"] for s in model.scopes] == ["/v2/models/crnn/infer"]
+    assert [s["path"] for s in serve.scopes] == ["/-/healthz"]
+    await ReplicaIngress(serve)(http("/inference.GRPCInferenceService/ModelInfer"), None, None)
+    assert len(lane.scopes) == 1 and serve.scopes[-1]["path"].startswith("/inference")  # withdrawn: Serve's

@@ -111,3 +111,45 @@ def test_on_the_same_loop_the_servicer_is_added_as_it_is() -> None:
     finally:
         grpc_ingress.withdraw()
     assert plane.loops and SERVICE in server.passthrough
+
+
+def test_calls_over_http1_run_on_the_deployments_loop(deployment_loop: asyncio.AbstractEventLoop) -> None:
+    """The replica's HTTP server (its own loop here) hands a gRPC call to the lane registered by
+    ``serve_grpc``; the servicer runs on the deployment's loop, the answer is written where it came."""
+    from deployments.protocol.grpc_http1 import TRAILERS_EXTENSION
+    from deployments.serve import ingress
+
+    plane = _Plane()
+    _register(plane, deployment_loop)
+    lane = ingress._grpc_calls
+    assert lane is not None
+    sent: list[dict[str, Any]] = []
+
+    async def on_the_http_servers_loop() -> asyncio.AbstractEventLoop:
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": f"/{SERVICE}/ServerLive",
+            "headers": [(b"content-type", b"application/grpc")],
+            "extensions": {TRAILERS_EXTENSION: {}},
+        }
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"\x00\x00\x00\x00\x00", "more_body": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await lane(scope, receive, send)
+        return asyncio.get_running_loop()
+
+    http_loop = asyncio.run(on_the_http_servers_loop())
+    assert plane.loops == [deployment_loop] and http_loop is not deployment_loop
+    assert sent[-1] == {
+        "type": TRAILERS_EXTENSION,
+        "headers": [(b"grpc-status", b"0")],
+        "more_trailers": False,
+    }
+    assert pb.ServerLiveResponse.FromString(sent[1]["body"][5:]).live is True
+    grpc_ingress.withdraw()
+    assert ingress._grpc_calls is None

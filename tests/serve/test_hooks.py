@@ -163,7 +163,9 @@ def _check_haproxy_grpc_frontend() -> None:
     assert f"{RequestProtocol.HTTP.value.lower()}-" == hooks.HTTP_BACKEND_PREFIX
     for app in ("model-add_sub", "model-a.b/c#d e+f", "triton", "model-Upper"):
         for prefix in (hooks.GRPC_BACKEND_PREFIX, hooks.HTTP_BACKEND_PREFIX):
-            assert hooks.haproxy_backend(prefix, app) == haproxy.HAProxyManager.get_safe_name(f"{prefix}{app}")
+            assert hooks.haproxy_backend(prefix, app) == haproxy.HAProxyManager.get_safe_name(
+                f"{prefix}{app}"
+            )
     assert "server {{ server.name }} {{ server.host }}:{{ server.port }} check" in template
 
 

@@ -1,0 +1,161 @@
+"""gRPC's unary calls over HTTP/1.1 (``deployments.protocol.grpc_http1``), as an ASGI application: the
+framing, the trailers and the refusals, without a proxy. The real client through HAProxy runs every
+RPC of ``test_grpc.py`` over this path too (its ``http1`` transport)."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deployments.protocol.grpc import GRPCInferenceServicer, GrpcOptions
+from deployments.protocol.grpc_http1 import TRAILERS_EXTENSION, GrpcOverHttp1, percent_encoded
+from deployments.protocol.proto import grpc_service_pb2 as pb
+from deployments.settings import RestrictedApi
+from tests.protocol.grpc_fakes import StreamingFakeDataPlane, grpc_models
+
+PATH = "/inference.GRPCInferenceService/"
+
+
+@pytest.fixture(scope="module")
+def dataplane(tmp_path_factory: pytest.TempPathFactory) -> StreamingFakeDataPlane:
+    return StreamingFakeDataPlane(grpc_models(Path(tmp_path_factory.mktemp("models"))))
+
+
+def _frame(message: bytes, flag: int = 0) -> bytes:
+    return bytes([flag]) + len(message).to_bytes(4, "big") + message
+
+
+async def _call(
+    lane: GrpcOverHttp1,
+    method: str,
+    body: bytes,
+    headers: dict[str, str] | None = None,
+    trailers: bool = True,
+    chunk: int | None = None,
+) -> tuple[dict[str, str], bytes, dict[str, str], list[dict[str, Any]]]:
+    """The head, body and trailers ``lane`` answers (a trailers-only answer has its status in the head)."""
+    fields = {"content-type": "application/grpc", **(headers or {})}
+    scope: dict[str, Any] = {
+        "type": "http",
+        "method": "POST",
+        "path": PATH + method,
+        "headers": [(k.encode(), v.encode()) for k, v in fields.items()],
+        "extensions": {TRAILERS_EXTENSION: {}} if trailers else {},
+    }
+    pieces = [body[i : i + chunk] for i in range(0, len(body), chunk)] if chunk else [body]
+    received = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal received
+        piece = pieces[received] if received < len(pieces) else b""
+        received += 1
+        return {"type": "http.request", "body": piece, "more_body": received < len(pieces)}
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await lane(scope, receive, send)
+    head = {k.decode(): v.decode() for k, v in sent[0]["headers"]}
+    data = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    tail = {k.decode(): v.decode() for m in sent if m["type"] == TRAILERS_EXTENSION for k, v in m["headers"]}
+    assert head["content-type"] == "application/grpc" and sent[0]["status"] == 200
+    return head, data, tail, sent
+
+
+async def test_a_call_answers_its_message_then_the_status_in_trailers(dataplane: Any) -> None:
+    lane = GrpcOverHttp1(GRPCInferenceServicer(dataplane))
+    request = pb.ModelReadyRequest(name="echo_slow").SerializeToString()
+    head, data, tail, sent = await _call(lane, "ModelReady", _frame(request), chunk=3)
+    assert sent[0]["trailers"] is True and tail == {"grpc-status": "0"}
+    assert data[0] == 0 and int.from_bytes(data[1:5], "big") == len(data) - 5
+    assert pb.ModelReadyResponse.FromString(data[5:]).ready is True
+
+
+async def test_errors_are_trailers_only_answers_with_the_status_and_message(dataplane: Any) -> None:
+    lane = GrpcOverHttp1(GRPCInferenceServicer(dataplane))
+    request = pb.ModelMetadataRequest(name="no_such_model").SerializeToString()
+    head, data, tail, _ = await _call(lane, "ModelMetadata", _frame(request))
+    assert head["grpc-status"] == "5" and "no_such_model" in head["grpc-message"]  # NOT_FOUND
+    assert head["content-length"] == "0" and data == b"" and tail == {}
+
+
+@pytest.mark.parametrize(
+    ("method", "body", "status", "words"),
+    [
+        ("NoSuchMethod", _frame(b""), "12", "Method not found"),
+        ("ModelStreamInfer", _frame(b""), "12", "streaming RPC"),
+        ("ServerLive", b"\x00\x00\x00", "13", "incomplete"),
+        ("ServerLive", _frame(b"ab")[:-1], "13", "incomplete"),
+        ("ServerLive", _frame(b"") + _frame(b""), "13", "one message"),
+        ("ModelReady", _frame(b"\x0a\x05ab"), "13", "failed to parse"),
+        ("ServerLive", _frame(b"xyz", flag=1), "12", "grpc-encoding 'identity'"),
+    ],
+)
+async def test_malformed_calls_are_refused_with_a_status(
+    dataplane: Any, method: str, body: bytes, status: str, words: str
+) -> None:
+    head, _, _, _ = await _call(GrpcOverHttp1(GRPCInferenceServicer(dataplane)), method, body)
+    assert head["grpc-status"] == status and words in head["grpc-message"]
+
+
+async def test_a_server_without_trailers_refuses_every_call(dataplane: Any) -> None:
+    lane = GrpcOverHttp1(GRPCInferenceServicer(dataplane))
+    head, _, _, _ = await _call(lane, "ServerLive", _frame(b""), trailers=False)
+    assert head["grpc-status"] == "13" and "trailers" in head["grpc-message"]
+
+
+async def test_a_message_over_the_limit_is_refused_from_its_frame_head(dataplane: Any) -> None:
+    lane = GrpcOverHttp1(GRPCInferenceServicer(dataplane, GrpcOptions(max_receive_message_bytes=100)))
+    body = _frame(b"\x0a\x03abc" + b"\x12\xff\x01" + b"x" * 255)
+    head, _, _, _ = await _call(lane, "ModelReady", body, chunk=16)
+    assert head["grpc-status"] == "8"  # RESOURCE_EXHAUSTED
+    assert head["grpc-message"] == f"Received message larger than max ({len(body) - 5} vs. 100)"
+    assert head["connection"] == "close"  # the rest of the body was never read
+
+
+async def test_compressed_requests_and_responses(dataplane: Any) -> None:
+    lane = GrpcOverHttp1(GRPCInferenceServicer(dataplane, GrpcOptions(compression="gzip")))
+    request = gzip.compress(pb.ModelReadyRequest(name="echo_slow").SerializeToString())
+    headers = {"grpc-encoding": "gzip", "grpc-accept-encoding": "identity, deflate, gzip"}
+    head, data, tail, _ = await _call(lane, "ModelReady", _frame(request, flag=1), headers)
+    assert head["grpc-encoding"] == "gzip" and data[0] == 1 and tail == {"grpc-status": "0"}
+    assert pb.ModelReadyResponse.FromString(gzip.decompress(data[5:])).ready is True
+    head, data, _, _ = await _call(lane, "ModelReady", _frame(request, flag=1), {"grpc-encoding": "gzip"})
+    assert "grpc-encoding" not in head and data[0] == 0  # the client did not offer gzip
+
+
+async def test_a_bomb_inflating_past_the_limit_is_refused(dataplane: Any) -> None:
+    lane = GrpcOverHttp1(GRPCInferenceServicer(dataplane, GrpcOptions(max_receive_message_bytes=1000)))
+    bomb = gzip.compress(b"\x00" * 1_000_000)
+    head, _, _, _ = await _call(lane, "ServerLive", _frame(bomb, flag=1), {"grpc-encoding": "gzip"})
+    assert head["grpc-status"] == "8" and "larger than max" in head["grpc-message"]
+
+
+async def test_the_restricted_api_reads_the_request_headers(dataplane: Any) -> None:
+    rule = RestrictedApi(frozenset({"health"}), "admin-key", "secret")
+    lane = GrpcOverHttp1(GRPCInferenceServicer(dataplane, GrpcOptions(restricted=(rule,))))
+    head, _, _, _ = await _call(lane, "ServerLive", _frame(b""))
+    assert head["grpc-status"] == "14" and "admin-key" in head["grpc-message"]  # UNAVAILABLE, as Triton
+    _, data, tail, _ = await _call(lane, "ServerLive", _frame(b""), {"admin-key": "secret"})
+    assert tail == {"grpc-status": "0"} and pb.ServerLiveResponse.FromString(data[5:]).live is True
+
+
+async def test_the_servicer_runs_where_run_puts_it(dataplane: Any) -> None:
+    ran: list[str] = []
+
+    async def run(call: Any) -> Any:
+        ran.append(call.__qualname__)
+        return await call
+
+    lane = GrpcOverHttp1(GRPCInferenceServicer(dataplane), run=run)
+    _, _, tail, _ = await _call(lane, "ServerLive", _frame(b""))
+    assert tail == {"grpc-status": "0"} and ran == ["answer_unary"]
+
+
+def test_grpc_message_is_percent_encoded() -> None:
+    assert percent_encoded("model 'ä' 100%\n") == b"model '%C3%A4' 100%25%0A"
