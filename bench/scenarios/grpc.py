@@ -1,8 +1,8 @@
 """gRPC front end: perf_analyzer ``-i grpc`` on this server and on the real tritonserver, and HTTP beside it.
 
 Both servers serve the same ``identity_py`` model (the same ``model.py``), one after the other in one
-run. Per server: perf_analyzer over gRPC, synchronous (one request in flight per concurrency slot)
-and ``--async``, then over HTTP, at the same concurrencies. The notes hold this server's gRPC
+run. Per server: perf_analyzer over gRPC, synchronous (one request in flight per concurrency slot),
+``--async`` and ``--streaming`` (``ModelStreamInfer``), then over HTTP, at the same concurrencies. The notes hold this server's gRPC
 throughput as a fraction of the peer's gRPC (per mode) and of its own HTTP.
 """
 
@@ -33,7 +33,12 @@ QUICK_LEVELS = [1.0, 32]
 PEER = "tritonserver"
 THIS = "this server"
 # (label suffix, protocol, extra perf_analyzer flags)
-MODES = (("grpc sync", "grpc", ()), ("grpc async", "grpc", ("--async",)), ("http sync", "http", ()))
+MODES = (
+    ("grpc sync", "grpc", ()),
+    ("grpc async", "grpc", ("--async",)),
+    ("grpc streaming", "grpc", ("--streaming",)),  # ModelStreamInfer, one stream per concurrency slot
+    ("http sync", "http", ()),
+)
 
 
 def _servers(repo: Any, logs: Any) -> list[tuple[str, Callable[[], ServerHandle]]]:
@@ -88,7 +93,7 @@ def _levels(runs: list[Run], label: str) -> dict[float, float]:
 def summarize(runs: list[Run]) -> dict[str, Any]:
     """This server's gRPC / the peer's gRPC (sync and async), and its gRPC / its own HTTP."""
     out: dict[str, Any] = {}
-    for mode in ("grpc sync", "grpc async"):
+    for mode in ("grpc sync", "grpc async", "grpc streaming"):
         this = _levels(runs, f"{THIS} ({mode})")
         out[f"ratio_this_over_peer_{mode.replace(' ', '_')}"] = ratios(
             this, _levels(runs, f"{PEER} ({mode})")

@@ -18,7 +18,8 @@ different from what this expects, nothing is changed.
 The same ``send`` adds ASGI's HTTP trailers extension, which uvicorn lacks: a
 response started with ``"trailers": True`` is written chunked and ends with the
 fields of its ``http.response.trailers`` message in the last chunk
-(``0\r\n<name>: <value>\r\n\r\n``) instead of the bare terminator. gRPC's
+(``0\r\n<name>: <value>\r\n\r\n``) instead of the bare terminator; the head, body and
+trailers of such a response leave in one write. gRPC's
 status travels there when HAProxy hands a gRPC call to a replica over HTTP/1.1
 (``deployments.protocol.grpc_http1``). :func:`sends_trailers` says whether it is
 in place; the replica's ingress then advertises the extension in the scope.
@@ -122,8 +123,16 @@ def coalesced(send: Send) -> Send:
         if kind == "http.response.start" and message.get("trailers"):
             cycle._trailers_due = True
         elif kind == "http.response.body" and cycle.__dict__.get("_trailers_due"):
-            if not message.get("more_body", False):  # the response ends with its trailers
-                message = {**message, "more_body": True}
+            # the response ends with its trailers: its body is held and leaves with them, in one write
+            transport = cycle.transport
+            holder = _HeldWrites(transport)
+            cycle.transport = holder
+            try:
+                await send(cycle, {**message, "more_body": True})
+            finally:
+                cycle.transport = transport
+            cycle._held_head = cycle.__dict__.pop("_held_head", b"") + b"".join(holder.held)
+            return
         elif kind == TRAILERS and cycle.__dict__.get("_trailers_due"):
             if not cycle.chunked_encoding:
                 raise RuntimeError("HTTP trailers need a chunked response (no content-length)")

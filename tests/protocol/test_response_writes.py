@@ -147,6 +147,7 @@ async def test_trailers_end_the_chunked_body(installed: bool) -> None:
     one = b"2\r\nab\r\n2\r\ncd\r\n0\r\ngrpc-status: 0\r\ngrpc-message: ok\r\n\r\n"
     assert data.count(b"HTTP/1.1 200 OK") == 2  # the connection answered its next request too
     assert data.count(one) == 2 and data.endswith(one)
+    assert len(transport.writes) == 2  # head, body and trailers of each response in one write
 
 
 async def test_trailers_after_no_body_leave_with_the_head(installed: bool) -> None:
