@@ -383,7 +383,17 @@ def _http_floor_figures(data: dict[str, Any]) -> dict[str, float]:
     return {key: float(result[field]) for key, field in names.items() if field in result}
 
 
+def _grpc_figures(report: Report, data: dict[str, Any]) -> dict[str, float]:
+    """The scenario's ratios by level (``ratio_this_over_peer_grpc_sync:1``, ...)."""
+    out = {}
+    for name, by_level in report.notes.items():
+        if name.startswith("ratio_") and isinstance(by_level, dict):
+            out |= {f"{name}:{float(level):g}": float(value) for level, value in by_level.items()}
+    return out
+
+
 FIGURES: dict[str, Callable[[Report, dict[str, Any]], dict[str, float]]] = {
+    "grpc": _grpc_figures,
     "overhead": _overhead_figures,
     "agreement": _agreement_figures,
     "batching": _batching_figures,

@@ -1,5 +1,5 @@
 """End to end over gRPC and the generate extension: the real tritonclient.grpc (sync, aio, streaming)
-and an SSE reader over aiohttp, against the shared Ray Serve instance."""
+and a Server-Sent Events client (sseclient-py), against the shared Ray Serve instance."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import grpc
 import numpy as np
 import pytest
@@ -337,31 +336,24 @@ def test_streamed_requests_count_in_statistics(client: grpcclient.InferenceServe
 # --- the generate extension over HTTP ------------------------------------------------------
 
 
-async def _sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
-    """The ``data:`` events of a Server-Sent Events body, as JSON, in order."""
-    data: list[str] = []
-    async for raw in response.content:
-        line = raw.decode().rstrip("\r\n")
-        if not line:
-            if data:
-                yield json.loads("\n".join(data))
-                data = []
-        elif line.startswith("data:"):
-            data.append(line[5:].lstrip())
-
-
 def _post(server_url: str, path: str, body: dict[str, Any], stream: bool) -> tuple[int, str, Any]:
-    async def run() -> tuple[int, str, Any]:
-        async with (
-            aiohttp.ClientSession() as session,
-            session.post(f"http://{server_url}{path}", json=body) as response,
-        ):
-            kind = response.headers.get("content-type", "")
-            if stream and kind.startswith("text/event-stream"):
-                return response.status, kind, [e async for e in _sse_events(response)]
-            return response.status, kind, await response.json(content_type=None)
+    """Status, content type and body of a POST; an event stream read by a Server-Sent Events client
+    (``sseclient``), as the list of its events' JSON data."""
+    import requests
+    import sseclient
 
-    return asyncio.run(run())
+    with requests.post(
+        f"http://{server_url}{path}",
+        json=body,
+        stream=True,
+        headers={"Accept": "text/event-stream"} if stream else {},
+        timeout=60,
+    ) as response:
+        kind = response.headers.get("content-type", "")
+        if stream and kind.startswith("text/event-stream"):
+            events = [json.loads(event.data) for event in sseclient.SSEClient(response).events()]
+            return response.status_code, kind, events
+        return response.status_code, kind, response.json()
 
 
 def test_generate_one_response(server_url: str) -> None:
