@@ -447,6 +447,17 @@ def test_infer_errors(client, model, build, status, words):
     assert words in error.value.message()
 
 
+def test_a_call_past_its_deadline_is_deadline_exceeded_and_the_next_one_is_answered(url):
+    client = grpcclient.InferenceServerClient(url)
+    x = [int_input("X", [1, 2, 3], "INT64")]
+    with pytest.raises(InferenceServerException) as error:
+        client.infer("echo_slow", x, client_timeout=1e-5)
+    assert status_of(error.value) == "StatusCode.DEADLINE_EXCEEDED"
+    for _ in range(3):
+        assert client.infer("echo_slow", x, client_timeout=30).as_numpy("Y").tolist() == [1, 2, 3]
+    client.close()
+
+
 def test_infer_raw_size_mismatch(url):
     request = triton_pb.ModelInferRequest(model_name="echo_slow")
     request.inputs.add(name="X", datatype="INT64", shape=[2])
