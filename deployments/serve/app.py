@@ -126,10 +126,13 @@ class RayDeployer:
         # An access-log line per request costs a trivial model about a tenth of its throughput.
         logging_config = {"enable_access_log": self.settings.access_log}
         for entry in entries:
-            app = ModelDeployment.options(  # type: ignore[attr-defined]
-                logging_config=logging_config, **entry.serve_options()
-            ).bind(model, settings=self.settings, composing=composing, **entry.init_kwargs)
-            await asyncio.to_thread(hooks.run_application, app, entry.app_name, entry.route_prefix)
+
+            def build(entry: DeploymentEntry = entry) -> Any:
+                return ModelDeployment.options(  # type: ignore[attr-defined]
+                    logging_config=logging_config, **entry.serve_options()
+                ).bind(model, settings=self.settings, composing=composing, **entry.init_kwargs)
+
+            await asyncio.to_thread(hooks.run_application, build, entry.app_name, entry.route_prefix)
         self.deployed[model.name] = entries
         try:
             await self._wait_running([e.app_name for e in entries])

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Callable
 from typing import Any
 
 PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
@@ -92,16 +93,21 @@ def haproxy_backend(prefix: str, app_name: str) -> str:
 _RUN_LOCK = threading.Lock()
 
 
-def run_application(app: Any, name: str, route_prefix: str) -> None:
-    """Deploy ``app`` as application ``name`` at ``route_prefix`` and return without waiting for it.
+def run_application(build: Callable[[], Any], name: str, route_prefix: str) -> None:
+    """Build an application (``build()``: ``Deployment.options(...).bind(...)``) and deploy it as
+    ``name`` at ``route_prefix``, returning without waiting for it.
 
-    One at a time in a process: the server deploys its models from several threads, and two
-    applications pickled at once once failed ("Can't pickle RequestRouter._record_queue_wait_time:
-    it's not the same object"); ``_run`` returns at once without ``_blocking``, so this costs little."""
+    Building and deploying hold one lock per process. Building a deployment's options serializes its
+    request router with cloudpickle after registering the router's module "by value", a process-wide
+    switch that is turned off again afterwards (``RequestRouterConfig._serialize_request_router_cls``);
+    an application pickled by another thread meanwhile failed ("Can't pickle
+    MultiplexMixin.__init__: it's not the same object", and ``RequestRouter._record_queue_wait_time``
+    before the options were built under the lock too). ``_run`` returns at once without ``_blocking``,
+    so this costs little."""
     from ray.serve.api import _run
 
     with _RUN_LOCK:
-        _run(app, name=name, route_prefix=route_prefix, _blocking=False)
+        _run(build(), name=name, route_prefix=route_prefix, _blocking=False)
 
 
 def delete_application(name: str) -> None:

@@ -57,6 +57,12 @@ def _check_run_nonblocking() -> None:
     params = inspect.signature(_run).parameters
     assert {"_blocking", "name", "route_prefix"} <= set(params)
     assert "_blocking" in inspect.getsource(hooks.run_application)
+    # building a deployment's options flips cloudpickle's process-wide "by value" switch for the request
+    # router's module: run_application builds under its lock for that reason
+    from ray.serve.config import RequestRouterConfig
+
+    serialize = inspect.getsource(RequestRouterConfig._serialize_request_router_cls)
+    assert "register_pickle_by_value" in serialize and "unregister_pickle_by_value" in serialize
 
 
 def _check_delete_blocking() -> None:
