@@ -72,6 +72,17 @@ def test_start_commands_set_the_serve_environment(prepared: dict[str, Any]) -> N
     assert "--head" in _joined(prepared["head_start_ray_commands"])
 
 
+def test_nodes_start_haproxy_through_the_shim_from_the_repository(prepared: dict[str, Any]) -> None:
+    """serve_config.yaml names the HAProxy script and the example repository relative to the repository
+    root: Ray starts there, and the node's own variables name the script and the Python it runs."""
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        text = _joined(prepared[key])
+        assert text.index("cd ~/triton-ray-serve") < text.index("ray start"), key
+        assert "RAY_SERVE_HAPROXY_BINARY_PATH=$HOME/triton-ray-serve/deployments/serve/bin/haproxy" in text
+        assert "TRITON_SERVE_PYTHON=$HOME/venv/bin/python" in text
+    assert (ROOT / "deployments/serve/bin/haproxy").is_file()
+
+
 def test_file_mounts_point_at_the_repository_and_its_models(prepared: dict[str, Any]) -> None:
     local = {remote: (ROOT / path).resolve() for remote, path in prepared["file_mounts"].items()}
     assert ROOT.resolve() in local.values()
