@@ -393,6 +393,10 @@ class ServerDeployment:
     async def index(self) -> list[dict[str, Any]]:
         return await self.controller.index()
 
+    async def describe(self, name: str, version: str) -> ModelDescription:
+        """A served model's description (a model replica answering a stream's request for another model)."""
+        return await self.dataplane.model_description(name, version)
+
     def deployed_plan(self) -> dict[str, list[dict[str, Any]]]:
         """The plan entries each deployed model's applications were started from (one per instance
         group, in group order), by model."""

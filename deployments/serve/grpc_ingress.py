@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
 from typing import Any
 
 import grpc
@@ -38,6 +38,7 @@ from deployments.protocol.grpc import SERVICE, GRPCInferenceServicer, GrpcOption
 from deployments.protocol.grpc_http1 import GrpcOverHttp1
 from deployments.serve import hooks, ingress
 from deployments.settings import ServerSettings
+from repository_loader.model import ModelDescription
 
 logger = logging.getLogger("ray.serve")
 
@@ -194,8 +195,44 @@ class SequenceForwardingDataPlane(ModelDataPlane):
         return await super().infer(request)
 
 
+Describe = Callable[[str, str], Awaitable[ModelDescription]]
+
+
+class OtherModelsDataPlane(ModelDataPlane):
+    """A model replica's data plane for gRPC: HAProxy sends a ``ModelStreamInfer`` stream to the
+    replicas of the model its first request names, and a stream may go on with requests for other
+    models. Those reach their model's replica from here, as a BLS call does (``executor``: one HTTP
+    call to the replica, a streaming handle call for a decoupled model), with the model's description
+    from the server application (``describe``)."""
+
+    def __init__(self, plane: ModelDataPlane, own: str, describe: Describe, executor: Any) -> None:
+        super().__init__(plane.registry, plane.notices)
+        self._plane = plane
+        self._own = own
+        self._describe = describe
+        self._executor = executor
+
+    async def model_description(self, name: str, version: str = "") -> ModelDescription:
+        if name == self._own:
+            return await self._plane.model_description(name, version)
+        return await self._describe(name, version)
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        if request.model_name == self._own:
+            return await self._plane.infer(request)
+        response: InferResponse = await self._executor.infer(request)
+        return response
+
+    def infer_stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
+        if request.model_name == self._own:
+            return self._plane.infer_stream(request)
+        stream: AsyncGenerator[InferResponse, None] = self._executor.stream(request)
+        return stream
+
+
 __all__ = [
     "SERVICER_FUNCTION",
+    "OtherModelsDataPlane",
     "SequenceForwardingDataPlane",
     "add_inference_service",
     "grpc_options",

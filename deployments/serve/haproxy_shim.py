@@ -27,7 +27,10 @@ and ``deployments.serve.launch`` point it at ``deployments/serve/bin/haproxy``, 
   reaches the replicas' HTTP ports over HTTP/1.1 (backend ``trs-grpc-h1-<app>``, the servers of
   the model's HTTP backend, each tracking its health there), where each replica answers it with
   trailers (``deployments.protocol.grpc_http1``): an HTTP/2 server in Python per call cost more
-  than HAProxy's conversion (docs/grpc.md). Every other
+  than HAProxy's conversion (docs/grpc.md). A ``ModelStreamInfer`` stream is matched the same way
+  on its first request (its first bytes: the stream's body does not end) and goes to the model's
+  gRPC backend (Serve's per-replica gRPC ports, HTTP/2 both sides), whose replica also answers the
+  stream's later requests for other models (``grpc_ingress.OtherModelsDataPlane``). Every other
   call (streams, metadata, the repository API, a compressed message, a name not served, a model
   with no replica up) goes to the server application's backend instead of Serve's "application
   metadata not set" answer (``deployments.serve.grpc_ingress``). Serve's proxy, every backend's
@@ -64,6 +67,7 @@ _GROUP_BACKEND = re.compile(r"^(.+)--group-([0-9]+)$")
 _APP_ACL = re.compile(r"^\s*acl\s+\S+\s+req\.hdr\(application\)\s+-m\s+str\s+(\S+)\s*$")
 _DEFAULT_BACKEND = re.compile(r"^(\s*default_backend\s+)\S+(.*)$")
 _MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+_MODEL_STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
 _HEAD_BYTES = 300  # the message head read for the name: tag, length and a name of up to ~290 bytes
 _ERRORFILE = re.compile(r"^(\s*errorfile\s+)(50[234])(\s+)(\S+)(.*)$")
 
@@ -204,12 +208,16 @@ def route_grpc_by_model(lines: list[str]) -> list[str]:
     apps = [m.group(1) for line in lines[start:end] if (m := _APP_ACL.match(line))]
     models = [app for app in apps if app.startswith(MODEL_APP_PREFIX) and GROUP_APP_MARK not in app]
     rules = [
-        "    # Triton's ModelInfer: to the replicas of the model named at the head of the message",
+        "    # Triton's ModelInfer, and a ModelStreamInfer stream by its first request: to the replicas of",
+        "    # the model named at the head of the message",
         f"    acl trs_model_infer path {_MODEL_INFER}",
+        f"    acl trs_model_stream path {_MODEL_STREAM}",
         "    acl trs_uncompressed req.body,bytes(0,1),hex -m str 00",
         "    http-request wait-for-body time 1s if trs_model_infer",
+        # a stream's body does not end: on with its first bytes (its first DATA frame)
+        "    http-request wait-for-body time 1s at-least 1 if trs_model_stream",
         f"    http-request set-var(txn.trs_head) req.body,bytes(5,{_HEAD_BYTES}),hex"
-        " if trs_model_infer trs_uncompressed",
+        " if trs_model_infer trs_uncompressed or trs_model_stream trs_uncompressed",
     ]
     added: list[str] = []
     routed: list[str] = []
@@ -221,10 +229,11 @@ def route_grpc_by_model(lines: list[str]) -> list[str]:
         added += _over_http1(lines, *backends[source], source, backend)
         routed.append(backend)
         model = app[len(MODEL_APP_PREFIX) :]
-        rules.append(
-            f"    use_backend {backend} if {{ var(txn.trs_head) -m beg {name_prefix(model)} }}"
-            f" {{ nbsrv({backend}) ge 1 }}"
-        )
+        named = f"{{ var(txn.trs_head) -m beg {name_prefix(model)} }}"
+        rules.append(f"    use_backend {backend} if trs_model_infer {named} {{ nbsrv({backend}) ge 1 }}")
+        streams = haproxy_backend(GRPC_BACKEND_PREFIX, app)
+        if streams in backends:
+            rules.append(f"    use_backend {streams} if trs_model_stream {named} {{ nbsrv({streams}) ge 1 }}")
     server = haproxy_backend(GRPC_BACKEND_PREFIX, SERVER_APP)
     body = list(lines[start:end])
     if server in backends:

@@ -23,7 +23,7 @@ from deployments.serve.names import SERVER_APP, SERVER_DEPLOYMENT, hosted_key, m
 from deployments.serve.response_writes import coalesce_response_writes
 from deployments.serve.sequence_routing import SequenceRouter
 from deployments.settings import ServerSettings
-from repository_loader.errors import Unavailable
+from repository_loader.errors import ServerError, Unavailable
 from repository_loader.model import InstanceKind, ModelDescription
 
 logger = logging.getLogger("ray.serve")
@@ -102,10 +102,11 @@ class ModelDeployment:
             self._sequences = self._sequence_router(context)
             self._app.sequence_router = self._sequences
             self._publish = asyncio.get_running_loop().create_task(self._sequences.publish())
-        if settings.allow_grpc:  # ModelInfer calls for this model, routed here by HAProxy
+        if settings.allow_grpc:  # ModelInfer calls and streams that start with this model, routed by HAProxy
             plane = dataplane
             if self._sequences is not None:
                 plane = grpc_ingress.SequenceForwardingDataPlane(dataplane, self._sequences.forward_infer)
+            plane = grpc_ingress.OtherModelsDataPlane(plane, model.name, self._describe, self._executor)
             grpc_ingress.serve_grpc(plane, grpc_ingress.grpc_options(settings))
 
     def __serve_build_asgi_app__(self) -> Any:
@@ -234,6 +235,15 @@ class ModelDeployment:
         hung = self.runtime.hung()
         if hung is not None:  # Serve replaces this replica: the model's thread cannot be taken back
             raise RuntimeError(hung)
+
+    async def _describe(self, name: str, version: str) -> ModelDescription:
+        """Another model's description, from the server application (a stream's later request)."""
+        try:
+            found: ModelDescription = await self._server_handle().describe.remote(name, version)
+        except Exception as exc:  # the server's own error (unknown model, ...), not Ray's wrapper of it
+            cause = getattr(exc, "cause", None)
+            raise (cause if isinstance(cause, ServerError) else exc) from None
+        return found
 
     def _server_handle(self) -> Any:
         if self._server is None:

@@ -455,3 +455,33 @@ def test_model_infer_reaches_the_models_replica_over_http1(client: grpcclient.In
         client.infer("add_sub", _add_sub_inputs(np.ones((1, 3), np.float32), np.ones((1, 3), np.float32)))
     assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert _backend_streams(backend) - before >= 6
+
+
+def test_a_stream_goes_to_the_replica_of_its_first_requests_model(grpc_url: str) -> None:
+    """One hop for a stream: HAProxy sends it to the replicas of the model its first request names;
+    that replica answers the stream's later requests for other models too (a decoupled one, an
+    unknown one's error) from there."""
+    before = _backend_streams("grpc-model-add_sub")
+    answers: queue.Queue[Any] = queue.Queue()
+    ones = np.ones((1, 4), np.float32)
+    with grpcclient.InferenceServerClient(grpc_url) as c:
+        c.start_stream(callback=lambda result, error: answers.put((result, error)))
+        c.async_stream_infer("add_sub", _add_sub_inputs(ones, ones), request_id="first")
+        result, error = answers.get(timeout=30)
+        assert error is None and result.as_numpy("OUTPUT0").tolist() == [[2.0] * 4]
+        c.async_stream_infer("word_stream", _words_inputs("alpha beta gamma"), request_id="words")
+        words = []
+        for _ in range(3):
+            result, error = answers.get(timeout=30)
+            assert error is None, error
+            assert result.get_response().id == "words"
+            words.append(result.as_numpy("text_output")[0].decode())
+        assert words == ["alpha", "beta", "gamma"]
+        c.async_stream_infer("no_such_model", _add_sub_inputs(ones, ones), request_id="lost")
+        result, error = answers.get(timeout=30)
+        assert result is None and "no_such_model" in str(error)
+        c.async_stream_infer("add_sub", _add_sub_inputs(ones, 2 * ones), request_id="last")
+        result, error = answers.get(timeout=30)
+        assert error is None and result.as_numpy("OUTPUT1").tolist() == [[-1.0] * 4]
+        c.stop_stream()
+    assert _backend_streams("grpc-model-add_sub") - before == 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import socket
 import subprocess
 import threading
@@ -53,6 +54,11 @@ class _Tagged(GRPCInferenceServicer):
 
     async def ServerLive(self, request: Any) -> Any:
         return pb.ServerLiveResponse(live=self.tag == "server")
+
+    async def ModelStreamInfer(self, requests: Any, context: Any) -> Any:
+        async for request in requests:
+            answer = pb.ModelInferResponse(model_name=request.model_name, id=self.tag)
+            yield pb.ModelStreamInferResponse(infer_response=answer)
 
 
 def _serve(tag: str, port: int, loop: asyncio.AbstractEventLoop) -> None:
@@ -148,7 +154,8 @@ def _serve_config(front: int, backends: dict[str, tuple[int, int]]) -> str:
         lines += [
             f"backend grpc-{app}",
             "    mode http",
-            f"    server r-{app} 127.0.0.1:{grpc_port} proto h2",
+            "    default-server inter 100ms fall 1 rise 1" if app == "model-down" else "    # health-checked",
+            f"    server r-{app} 127.0.0.1:{grpc_port} proto h2" + (" check" if app == "model-down" else ""),
         ]
         lines.append(f"    server fallback-{app} 127.0.0.1:{grpc_port + 1} proto h2 backup")  # Serve's proxy
     return "\n".join(lines) + "\n"
@@ -201,6 +208,34 @@ def test_model_infer_reaches_the_named_models_replicas_over_http1(front: str) ->
     assert _answered_by(front, "m") == "m-http1"
     assert _answered_by(front, "n") == "n-http1"
     assert _answered_by(front, LONG_NAME) == "long-http1"
+
+
+def _streamed_by(url: str, models: list[str]) -> list[tuple[str, str]]:
+    """(model, who answered) for each request of one stream, in order."""
+    results: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: results.put(error or result))
+    tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+    answers = []
+    for model in models:
+        client.async_stream_infer(model, [tensor])
+        got = results.get(timeout=10)
+        assert not isinstance(got, Exception), (model, str(got))
+        response = got.get_response()
+        answers.append((response.model_name, response.id))
+    client.stop_stream()
+    client.close()
+    return answers
+
+
+def test_a_stream_reaches_the_replicas_of_the_model_its_first_request_names(front: str) -> None:
+    """The whole stream goes there (over HTTP/2, Serve's per-replica gRPC port): that replica answers
+    a later request for another model too (``grpc_ingress.OtherModelsDataPlane``)."""
+    assert _streamed_by(front, ["m", "n", "m"]) == [("m", "m"), ("n", "m"), ("m", "m")]
+    assert _streamed_by(front, [LONG_NAME]) == [(LONG_NAME, "long")]
+    assert _streamed_by(front, ["unknown", "m"]) == [("unknown", "server"), ("m", "server")]
+    assert _streamed_by(front, ["down"]) == [("down", "server")]  # no replica up: the server's
 
 
 def test_names_that_only_share_a_prefix_are_not_confused(front: str) -> None:
