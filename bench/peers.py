@@ -348,6 +348,11 @@ def wait_ready(handle: ServerHandle, timeout: float = 120.0) -> None:
     raise PeerSetupError(f"{handle.name} was not ready within {timeout:.0f} s: {_tail(handle)}")
 
 
+def exit_report(handle: ServerHandle, chars: int = 1200) -> str:
+    """What a server that ended on its own left at the end of its log (its crash trace), for a report."""
+    return _tail(handle, chars).strip()
+
+
 def _tail(handle: ServerHandle, chars: int = 2000) -> str:
     """The end of a server's log, for error messages."""
     if handle.log_path is None or not handle.log_path.exists():

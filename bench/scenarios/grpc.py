@@ -2,8 +2,9 @@
 
 Both servers serve the same ``identity_py`` model (the same ``model.py``), one after the other in one
 run. Per server: perf_analyzer over gRPC, synchronous (one request in flight per concurrency slot),
-``--async`` and ``--streaming`` (``ModelStreamInfer``), then over HTTP, at the same concurrencies. The notes hold this server's gRPC
-throughput as a fraction of the peer's gRPC (per mode) and of its own HTTP.
+``--async`` and ``--streaming`` (``ModelStreamInfer``), then over HTTP, at the same concurrencies.
+The notes hold this server's gRPC throughput as a fraction of the peer's gRPC (per mode) and of
+its own HTTP, and any restart of a server that died during a mode.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.pa_runner import run_perf_analyzer
-from bench.peers import PeerSetupError, ServerHandle, start_tritonserver
+from bench.peers import PeerSetupError, ServerHandle, exit_report, start_tritonserver
 from bench.results import Report, Run
 from bench.scenarios.common import (
     BENCH_MODELS,
@@ -64,25 +65,54 @@ def run(quick: bool = False) -> Report:
     repo = make_repository(work / "repo", [(BENCH_MODELS / MODEL, MODEL, None)])
     levels = QUICK_LEVELS if quick else LEVELS
     report = new_report(NAME, model=MODEL, levels=levels)
+
+    def measure(handle: ServerHandle, run_label: str, protocol: str, extra: tuple[str, ...]) -> Run:
+        url = f"localhost:{handle.grpc_port}" if protocol == "grpc" else handle.url
+        return run_perf_analyzer(url, MODEL, levels, label=run_label, protocol=protocol, extra=extra)
+
     for label, start in _servers(repo, work):
-        log(f"{NAME}: starting {label}")
-        try:
-            handle = start()
-        except PeerSetupError as exc:
-            report.notes.setdefault("skipped", {})[label] = str(exc)[-600:]
-            continue
-        with handle:
-            for suffix, protocol, extra in MODES:
-                url = f"localhost:{handle.grpc_port}" if protocol == "grpc" else handle.url
-                log(f"{NAME}: {label}, {suffix}")
-                report.runs.append(
-                    run_perf_analyzer(
-                        url, MODEL, levels, label=f"{label} ({suffix})", protocol=protocol, extra=extra
-                    )
-                )
+        run_modes(report, label, start, measure)
     report.notes |= summarize(report.runs)
     log(f"{NAME}: results in {save_report(report, 'gRPC front end, identity Python model')}")
     return report
+
+
+def run_modes(
+    report: Report,
+    label: str,
+    start: Callable[[], ServerHandle],
+    measure: Callable[[ServerHandle, str, str, tuple[str, ...]], Run],
+) -> None:
+    """Start the server, measure every mode of ``MODES`` on it (``measure(handle, run label,
+    protocol, perf_analyzer flags)``), stop it.
+
+    A server that ended during a mode (tritonserver 2.51 has died on SIGSEGV at the close of a
+    stream under load) is recorded in ``notes["restarts"]`` with its log's tail and started again
+    for the next mode, so one crash does not lose the modes after it.
+    """
+    log(f"{NAME}: starting {label}")
+    try:
+        handle = start()
+    except PeerSetupError as exc:
+        report.notes.setdefault("skipped", {})[label] = str(exc)[-600:]
+        return
+    try:
+        for suffix, protocol, extra in MODES:
+            if handle.process.poll() is not None:
+                report.notes.setdefault("restarts", {}).setdefault(label, []).append(
+                    f"exited with {handle.process.returncode} before {suffix}: {exit_report(handle)}"
+                )
+                handle.stop()
+                log(f"{NAME}: {label} exited ({handle.process.returncode}); starting it again")
+                try:
+                    handle = start()
+                except PeerSetupError as exc:
+                    report.notes.setdefault("skipped", {})[f"{label} ({suffix})"] = str(exc)[-600:]
+                    return
+            log(f"{NAME}: {label}, {suffix}")
+            report.runs.append(measure(handle, f"{label} ({suffix})", protocol, extra))
+    finally:
+        handle.stop()
 
 
 def _levels(runs: list[Run], label: str) -> dict[float, float]:
