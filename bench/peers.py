@@ -339,22 +339,17 @@ def wait_ready(handle: ServerHandle, timeout: float = 120.0) -> None:
     url = f"http://{handle.url}/v2/health/ready"
     while time.monotonic() < deadline:
         if handle.process.poll() is not None:
-            raise PeerSetupError(f"{handle.name} exited with {handle.process.returncode}: {_tail(handle)}")
+            raise PeerSetupError(f"{handle.name} exited with {handle.process.returncode}: {log_tail(handle)}")
         with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as resp:
             if resp.status == 200:
                 return
         time.sleep(0.25)
     handle.stop()
-    raise PeerSetupError(f"{handle.name} was not ready within {timeout:.0f} s: {_tail(handle)}")
+    raise PeerSetupError(f"{handle.name} was not ready within {timeout:.0f} s: {log_tail(handle)}")
 
 
-def exit_report(handle: ServerHandle, chars: int = 1200) -> str:
-    """What a server that ended on its own left at the end of its log (its crash trace), for a report."""
-    return _tail(handle, chars).strip()
-
-
-def _tail(handle: ServerHandle, chars: int = 2000) -> str:
-    """The end of a server's log, for error messages."""
+def log_tail(handle: ServerHandle, chars: int = 2000) -> str:
+    """The end of a server's log, for error messages and reports (a crash's trace)."""
     if handle.log_path is None or not handle.log_path.exists():
         return "(no log)"
     return handle.log_path.read_text(errors="replace")[-chars:]

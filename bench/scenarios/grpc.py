@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.pa_runner import run_perf_analyzer
-from bench.peers import PeerSetupError, ServerHandle, exit_report, start_tritonserver
+from bench.peers import PeerSetupError, ServerHandle, log_tail, start_tritonserver
 from bench.results import Report, Run
 from bench.scenarios.common import (
     BENCH_MODELS,
@@ -86,33 +86,37 @@ def run_modes(
     """Start the server, measure every mode of ``MODES`` on it (``measure(handle, run label,
     protocol, perf_analyzer flags)``), stop it.
 
-    A server that ended during a mode (tritonserver 2.51 has died on SIGSEGV at the close of a
-    stream under load) is recorded in ``notes["restarts"]`` with its log's tail and started again
+    A server that ended during a mode (tritonserver 2.51 has died on SIGSEGV between its
+    ``--streaming`` runs at c=32 and c=64) is recorded in ``notes["restarts"]`` with its log's tail and started again
     for the next mode, so one crash does not lose the modes after it.
     """
+
+    def started(where: str) -> ServerHandle | None:
+        try:
+            return start()
+        except PeerSetupError as exc:
+            report.notes.setdefault("skipped", {})[where] = str(exc)[-600:]
+            return None
+
     log(f"{NAME}: starting {label}")
-    try:
-        handle = start()
-    except PeerSetupError as exc:
-        report.notes.setdefault("skipped", {})[label] = str(exc)[-600:]
-        return
+    handle = started(label)
     try:
         for suffix, protocol, extra in MODES:
-            if handle.process.poll() is not None:
+            if handle is not None and handle.process.poll() is not None:
                 report.notes.setdefault("restarts", {}).setdefault(label, []).append(
-                    f"exited with {handle.process.returncode} before {suffix}: {exit_report(handle)}"
+                    f"exited with {handle.process.returncode} before {suffix}: "
+                    + log_tail(handle, 1200).strip()
                 )
                 handle.stop()
                 log(f"{NAME}: {label} exited ({handle.process.returncode}); starting it again")
-                try:
-                    handle = start()
-                except PeerSetupError as exc:
-                    report.notes.setdefault("skipped", {})[f"{label} ({suffix})"] = str(exc)[-600:]
-                    return
+                handle = started(f"{label} ({suffix})")
+            if handle is None:
+                return
             log(f"{NAME}: {label}, {suffix}")
             report.runs.append(measure(handle, f"{label} ({suffix})", protocol, extra))
     finally:
-        handle.stop()
+        if handle is not None:
+            handle.stop()
 
 
 def _levels(runs: list[Run], label: str) -> dict[float, float]:
