@@ -23,6 +23,10 @@ Across models (:func:`check_ensemble_members`):
 - a batching ensemble batches no more rows than each step's model accepts;
 - every ensemble tensor has one data type and one shape (``-1`` matches any
   size) wherever it is read or written.
+
+:func:`composing_models` is an ensemble's closure: the models it needs, nested
+ensembles included (the server loads and unloads them with it, and gives them
+to its application).
 """
 
 from __future__ import annotations
@@ -80,6 +84,27 @@ def ensemble_cycle(name: str, step_models: StepModels) -> list[str]:
     return find_cycle(step_models, [name])
 
 
+def reached(successors: Callable[[Node], Iterable[Node]], starts: Iterable[Node]) -> list[Node]:
+    """Every node reached from ``starts`` (themselves included), each once, in the order a
+    depth-first walk meets them (the last successor first)."""
+    found: dict[Node, None] = {}
+    todo = list(starts)
+    while todo:
+        node = todo.pop()
+        if node not in found:
+            found[node] = None
+            todo.extend(successors(node))
+    return list(found)
+
+
+def composing_models(ensemble: ModelDescription, models: ModelLookup) -> list[str]:
+    """The models ``ensemble`` needs: those its steps name and, through nested ensembles, theirs.
+
+    ``models`` holds the descriptions to follow; a name it does not know is listed, not followed.
+    """
+    return reached(step_models_of(models), [s.model_name for s in ensemble.ensemble_steps])
+
+
 def step_models_of(models: ModelLookup) -> StepModels:
     """The :data:`StepModels` of descriptions: the models each ensemble's steps name."""
     lookup = lookup_function(models)
@@ -113,18 +138,18 @@ def validate_ensemble(ensemble: ModelDescription, models: ModelLookup) -> None:
     """Check ``ensemble`` and the ensembles nested in it; raise one :class:`ConfigError` listing every problem."""
     lookup = lookup_function(models)
     errors: list[str] = []
-    seen: set[str] = set()
-    pending = [ensemble]
-    while pending:
-        model = pending.pop()
-        if model.name in seen or not model.is_ensemble:
-            continue
-        seen.add(model.name)
+
+    def checked_steps(name: str) -> list[str]:
+        """The models the steps of ``name`` name, once it passed (none below an ensemble that failed)."""
+        model = ensemble if name == ensemble.name else lookup(name)
+        if model is None or not model.is_ensemble:
+            return []
         findings = Findings(model.name, f"{model.name}/config.pbtxt")
         check_ensemble(model, lookup, findings)
         errors.extend(findings.errors)
-        if not findings:
-            pending.extend(m for s in model.ensemble_steps if (m := lookup(s.model_name)) is not None)
+        return [] if findings else [s.model_name for s in model.ensemble_steps]
+
+    reached(checked_steps, [ensemble.name])
     if errors:
         raise ConfigError("\n".join(errors))
 

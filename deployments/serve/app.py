@@ -149,16 +149,11 @@ class RayDeployer:
         return status
 
     def _composing(self, model: ModelDescription) -> dict[str, ModelDescription]:
-        """Every model an ensemble reaches, nested ensembles included."""
-        found: dict[str, ModelDescription] = {}
-        todo = [s.model_name for s in model.ensemble_steps]
-        while todo:
-            name = todo.pop()
-            if name in found or name not in self.models:
-                continue
-            found[name] = self.models[name]
-            todo.extend(s.model_name for s in found[name].ensemble_steps)
-        return found
+        """Every deployed model an ensemble reaches, nested ensembles included."""
+        from repository_loader.ensemble_rules import composing_models
+
+        reached = composing_models(model, self.models)
+        return {name: self.models[name] for name in reached if name in self.models}
 
     async def _wait_running(self, names: list[str]) -> None:
         timeout = self.settings.deploy_timeout_s
