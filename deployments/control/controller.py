@@ -1,0 +1,230 @@
+"""The model control modes (NONE / EXPLICIT / POLL), as Triton's model repository manager has them.
+
+* at start, :class:`ModelController` reads every repository (a model name found in
+  two of them is an error for that name) and loads what the control mode says:
+  everything (NONE, POLL) or the ``load_model`` names (EXPLICIT, ``*`` = all);
+* in POLL mode it compares a cheap listing of the repositories every
+  ``repository_poll_secs`` and loads, unloads or reloads exactly the models that changed;
+* in EXPLICIT mode it answers the repository API: load (with Triton's overrides,
+  ``deployments.control.overlay``), unload (with ``unload_dependents``); an
+  ensemble's composing models are loaded with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from deployments.control.listing import list_repositories, local_model_folder
+from deployments.control.loading import ModelLoader
+from deployments.control.overlay import parse_overrides
+from deployments.control.registry import ModelEntry, check_model_name
+from repository_loader.ensemble_rules import composing_models
+from repository_loader.errors import InvalidArgument, NotFound, ServerError, Unavailable
+from repository_loader.model import ModelDescription, ModelState
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelController(ModelLoader):
+    """The server's model registry (``deployments.protocol.dataplane.ModelRegistry``) and its control mode."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._lock = asyncio.Lock()  # one repository action at a time, as Triton serializes them
+        self._poller: asyncio.Task[None] | None = None
+
+    # --- start, poll and stop -------------------------------------------------------
+
+    async def start(self) -> None:
+        """Read the repositories and load what the control mode says; raise (``exit_on_error``)
+        when a model asked for failed. POLL mode then watches the repositories."""
+        self.listing = await asyncio.to_thread(list_repositories, self.settings.model_repositories)
+        mode = self.settings.model_control_mode
+        known = sorted({*self.listing.where, *self.listing.duplicates})
+        if mode == "explicit":
+            sel = self.settings.load_models
+            wanted = known if "*" in sel else list(dict.fromkeys(sel))
+        else:
+            wanted = known
+        for name in wanted:
+            if name in self.listing.duplicates:
+                self._fail(name, f"model '{name}' appears in more than one model repository")
+            elif name not in self.listing.where:
+                self._fail(name, f"failed to load '{name}', failed to poll from model repository")
+        names = [n for n in wanted if n in self.listing.where]
+        models, failed = await asyncio.to_thread(self._read_all, names)
+        for name, reason in failed.items():
+            self._fail(name, reason)
+        self.deployer.prepare(models)
+        await self._load_many(list(models.values()))
+        self.started = True
+        broken = [e for e in self.entries.values() if e.requested and e.state != ModelState.READY]
+        if broken and self.settings.exit_on_error:
+            raise Unavailable(
+                "failed to load all models (exit_on_error): "
+                + "; ".join(f"'{e.name}': {e.reason}" for e in broken)
+            )
+        if mode == "poll":
+            self._poller = asyncio.get_running_loop().create_task(self._poll_forever())
+
+    async def stop(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+        self._overlays.close()
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.repository_poll_secs)
+            try:
+                await self.poll()
+            except Exception:  # a repository that cannot be read now may be readable next time
+                logger.exception("polling the model repositories failed")
+
+    async def poll(self) -> list[str]:
+        """Compare the repositories with the last listing; load, unload or reload what changed.
+        Returns the names acted on."""
+        async with self._lock:
+            before = self.listing
+            after = await asyncio.to_thread(list_repositories, self.settings.model_repositories)
+            names = {*before.where, *before.duplicates, *after.where, *after.duplicates, *self.entries}
+            changed = sorted(
+                n
+                for n in names
+                if before.signature(n) != after.signature(n)
+                or (n in after.duplicates) != (n in before.duplicates)
+                or (n in after.where and n not in self.entries)
+            )
+            self.listing = after
+            for name in changed:
+                if name in after.duplicates:
+                    await self._unload_one(name)
+                    self._fail(name, f"model '{name}' appears in more than one model repository")
+                elif name not in after.where:
+                    logger.info("model '%s' left the repository: unloading it", name)
+                    await self._unload_one(name)
+                    self.entries.pop(name, None)
+            present = [n for n in changed if n in after.where]
+            models, failed = await asyncio.to_thread(self._read_all, present)
+            for name, reason in failed.items():
+                self._keep_or_fail(name, reason)
+            plain = [m for m in models.values() if not m.is_ensemble]
+            ensembles = [m for m in models.values() if m.is_ensemble]
+            await asyncio.gather(*(self._apply(m) for m in plain))
+            touched = {m.name for m in plain}
+            for entry in list(self.entries.values()):  # ensembles whose steps changed
+                m = entry.model
+                if (
+                    m is not None
+                    and m.is_ensemble
+                    and entry.state == ModelState.READY
+                    and m.name not in models
+                    and any(s.model_name in touched for s in m.ensemble_steps)
+                ):
+                    ensembles.append(m)
+            for m in ensembles:
+                await self._apply(m)
+            return changed
+
+    # --- the repository API (EXPLICIT) ------------------------------------------------
+
+    def _check_explicit(self) -> None:
+        if self.settings.model_control_mode != "explicit":
+            raise Unavailable("explicit model load / unload is not allowed if polling is enabled")
+
+    async def load(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
+        """Repository API load: (re)read the model, with Triton's overrides, and serve it.
+
+        A name that is in no repository (and comes with no files) records nothing."""
+        check_model_name(name)
+        self._check_explicit()
+        config, files = parse_overrides(parameters or {}, self.settings.allow_model_file_upload)
+        async with self._lock:
+            await self._load_named(name, config, files)
+
+    async def _load_named(self, name: str, config: dict[str, Any] | None, files: dict[str, bytes]) -> None:
+        self.listing = await asyncio.to_thread(list_repositories, self.settings.model_repositories)
+        if name in self.listing.duplicates:
+            raise InvalidArgument(f"failed to load '{name}': it appears in more than one model repository")
+        if name not in self.listing.where and not files:
+            raise InvalidArgument(f"failed to load '{name}', failed to poll from model repository")
+        try:
+            model = await asyncio.to_thread(self._describe, name, config, files)
+        except ServerError as exc:
+            message = f"failed to load '{name}': {exc.message}"
+            entry = self.entries.get(name)
+            if entry is None or entry.state != ModelState.READY:
+                self.entries[name] = ModelEntry(name, ModelState.UNAVAILABLE, exc.message, requested=True)
+            raise InvalidArgument(message) from None
+        await self._load_steps(model, set())
+        await self._load_or_reload(model)
+
+    async def _load_steps(self, model: ModelDescription, seen: set[str]) -> None:
+        """An ensemble's composing models that are not serving, loaded first (nested ones too)."""
+        for step in model.ensemble_steps:
+            name = step.model_name
+            dep = self.entries.get(name)
+            if name in seen or (dep is not None and dep.state == ModelState.READY):
+                continue
+            seen.add(name)
+            if name not in self.listing.where:
+                continue  # the ensemble's own load reports it
+            try:
+                step_model = await asyncio.to_thread(self._read, name, self.listing.where[name])
+            except ServerError as exc:
+                self._fail(name, exc.message)
+                continue
+            await self._load_steps(step_model, seen)
+            await self._load(step_model)
+
+    def _describe(
+        self, name: str, config: dict[str, Any] | None, files: dict[str, bytes]
+    ) -> ModelDescription:
+        if config is None:
+            return self._read(name, self.listing.where[name])
+        source = None if files else local_model_folder(self.listing.where[name], name)
+        return self._read(name, None, self._overlays.write(name, config, files, source))
+
+    async def unload(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
+        """Repository API unload; ``unload_dependents`` also unloads an ensemble's composing models."""
+        check_model_name(name)
+        self._check_explicit()
+        dependents = _flag((parameters or {}).get("unload_dependents", False))
+        async with self._lock:
+            entry = self.entries.get(name)
+            if entry is None:
+                if name in self.listing.where:
+                    return  # in the repository, not loaded: nothing to do
+                raise NotFound(f"failed to unload '{name}': no such model in the repository")
+            targets = [name]
+            if dependents and entry.model is not None:
+                targets += [n for n in self._composing(entry.model) if not self._needed_by_others(n, name)]
+            for target in targets:
+                await self._unload_one(target)
+
+    def _composing(self, model: ModelDescription) -> list[str]:
+        """The models ``model`` needs, followed through the ensembles the entries describe."""
+        return composing_models(model, lambda n: e.model if (e := self.entries.get(n)) else None)
+
+    def _needed_by_others(self, name: str, unloading: str) -> bool:
+        return any(
+            e.name != unloading
+            and e.state == ModelState.READY
+            and e.model is not None
+            and name in self._composing(e.model)
+            and e.name not in self._composing(self.entries[unloading].model)  # type: ignore[arg-type]
+            for e in self.entries.values()
+        )
+
+
+def _flag(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)

@@ -1,0 +1,155 @@
+"""Loading, reloading and unloading one model, as every control mode does it.
+
+:class:`ModelLoader` reads a model's description (from its repository, or from an
+override repository) and moves its entry through LOADING to READY or UNAVAILABLE
+with the deployer; one model's failure never touches the others. A reload keeps
+the serving version when the new one fails. Errors name models and
+repository-relative files, never a server path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from deployments.control.overlay import Overlays
+from deployments.control.registry import UNLOADED, ModelEntry, Registry, reason_of
+from repository_loader.errors import InvalidArgument, ServerError, Unavailable
+from repository_loader.model import ModelDescription, ModelState
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelLoader(Registry):
+    def __post_init__(self) -> None:
+        self._overlays = Overlays()
+
+    # --- reading descriptions (in a thread) ----------------------------------------
+
+    def _read(self, name: str, repo: str | None, overlay: Path | None = None) -> ModelDescription:
+        """One model's description, from its repository or from an overlay written for an override."""
+        from repository_loader import ModelLoadError, load_model
+
+        source = str(overlay) if overlay is not None else repo
+        assert source is not None
+        try:
+            return load_model(
+                source,
+                name,
+                config_name=None if overlay is not None else self.settings.model_config_name,
+                auto_complete=self.settings.auto_complete,
+            )
+        except ModelLoadError as exc:
+            raise InvalidArgument(self._scrub("; ".join(exc.errors) or exc.message, overlay)) from None
+        except ServerError as exc:
+            raise type(exc)(self._scrub(exc.message, overlay)) from None
+
+    def _scrub(self, message: str, overlay: Path | None = None) -> str:
+        """``message`` without the server's paths (repositories, override folders)."""
+        roots = [str(overlay)] if overlay is not None else []
+        roots += [r for r in self.settings.model_repositories if "://" not in r]
+        if self._overlays.root is not None:
+            roots.append(str(self._overlays.root))
+        for root in sorted(roots, key=len, reverse=True):
+            message = message.replace(root + "/", "").replace(root, "<repository>")
+        return message
+
+    def _read_all(self, names: list[str]) -> tuple[dict[str, ModelDescription], dict[str, str]]:
+        models: dict[str, ModelDescription] = {}
+        failed: dict[str, str] = {}
+        for name in names:
+            try:
+                models[name] = self._read(name, self.listing.where[name])
+            except ServerError as exc:
+                failed[name] = exc.message
+        return models, failed
+
+    # --- entries -------------------------------------------------------------------
+
+    def _fail(self, name: str, reason: str) -> None:
+        logger.error("model '%s' is unavailable: %s", name, reason)
+        self.entries[name] = ModelEntry(name, ModelState.UNAVAILABLE, reason, requested=True)
+
+    def _keep_or_fail(self, name: str, reason: str) -> None:
+        entry = self.entries.get(name)
+        if entry is not None and entry.state == ModelState.READY:
+            logger.error("model '%s' failed to reload, the loaded version keeps serving: %s", name, reason)
+        else:
+            self._fail(name, reason)
+
+    async def _apply(self, model: ModelDescription) -> None:
+        """Load ``model``, or reload it where it is serving (failures logged, as POLL reports them)."""
+        with contextlib.suppress(ServerError):
+            await self._load_or_reload(model)
+
+    async def _load_many(self, models: list[ModelDescription]) -> None:
+        # composing models first, so ensembles find their steps; of those, the ones placed on GPUs
+        # first (Ray may otherwise fill a GPU node's CPUs with CPU-only replicas, and a GPU replica
+        # then waits there forever)
+        plain = [m for m in models if not m.is_ensemble]
+        ensembles = [m for m in models if m.is_ensemble]
+        on_gpus = [m for m in plain if self.deployer.needs_gpu(m)]
+        await asyncio.gather(*(self._load(m) for m in on_gpus))
+        await asyncio.gather(*(self._load(m) for m in plain if m not in on_gpus))
+        for m in ensembles:
+            await self._load(m)
+
+    async def _load_or_reload(self, model: ModelDescription) -> None:
+        entry = self.entries.get(model.name)
+        if entry is not None and entry.state == ModelState.READY and entry.model is not None:
+            await self._reload(entry, model)
+        else:
+            await self._load(model)
+            entry = self.entries[model.name]
+            if entry.state != ModelState.READY:
+                raise InvalidArgument(f"failed to load '{model.name}': {entry.reason}")
+
+    async def _reload(self, entry: ModelEntry, model: ModelDescription) -> None:
+        assert entry.model is not None
+        entry.requested = True
+        try:
+            await self.deployer.reload(entry.model, model)
+        except Exception as exc:
+            reason = self._scrub(reason_of(exc), model.path.parent)
+            logger.error(
+                "model '%s' failed to reload, the loaded version keeps serving: %s", model.name, reason
+            )
+            raise InvalidArgument(f"failed to load '{model.name}': {reason}") from None
+        entry.model, entry.reason = model, ""
+        logger.info("model '%s' reloaded (versions %s)", model.name, list(model.versions))
+
+    async def _load(self, model: ModelDescription) -> None:
+        entry = self.entries.setdefault(model.name, ModelEntry(model.name))
+        entry.model, entry.requested = model, True
+        entry.state, entry.reason = ModelState.LOADING, ""
+        try:
+            for step in model.ensemble_steps:
+                dep = self.entries.get(step.model_name)
+                if dep is None or dep.state != ModelState.READY:
+                    raise Unavailable(
+                        f"ensemble '{model.name}' depends on '{step.model_name}' which is not available"
+                    )
+            await self.deployer.deploy(model)
+            entry.state = ModelState.READY
+        except Exception as exc:
+            entry.state = ModelState.UNAVAILABLE
+            entry.reason = self._scrub(reason_of(exc), model.path.parent)
+            logger.error("model '%s' is unavailable: %s", model.name, entry.reason)
+            with contextlib.suppress(Exception):  # nothing may have been deployed
+                await self.deployer.delete(model.name)
+
+    async def _unload_one(self, name: str) -> None:
+        entry = self.entries.get(name)
+        if entry is None:
+            return
+        if entry.state in (ModelState.READY, ModelState.LOADING):
+            entry.state = ModelState.UNLOADING
+            try:
+                await self.deployer.delete(name)
+            except Exception as exc:
+                logger.error("model '%s' did not unload cleanly: %s", name, reason_of(exc))
+        entry.state, entry.reason, entry.requested = ModelState.UNAVAILABLE, UNLOADED, False

@@ -1,0 +1,170 @@
+"""The registry the data plane reads: what each model's state is, and how a served one is reached.
+
+:class:`Registry` holds the controller's entries (one per model name asked for or
+listed) and answers ``deployments.protocol.dataplane.ModelRegistry``'s reads: a
+served model through ``remote``, its description, readiness and the repository
+index. The control modes (``deployments.control.controller``) change the entries;
+nothing here does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from deployments.control.listing import Listing, model_folders
+from deployments.protocol.dataplane import ServedModel
+from deployments.settings import ServerSettings
+from repository_loader.errors import InvalidArgument, NotFound, ServerError, Unavailable
+from repository_loader.model import ModelDescription, ModelState
+
+logger = logging.getLogger(__name__)
+
+MAX_NAME_LENGTH = 255  # a folder name on common file systems
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+UNLOADED = "unloaded"  # Triton's reason for a model unloaded on request
+
+
+class Deployer(Protocol):
+    def prepare(self, models: dict[str, ModelDescription]) -> None:
+        """Plan resources for every model the repository holds (before any deploy)."""
+
+    async def deploy(self, model: ModelDescription) -> None:
+        """Bring the model's application up; raise a ``ServerError`` with the reason if it fails."""
+
+    async def reload(self, old: ModelDescription, new: ModelDescription) -> None:
+        """Move a serving model to ``new`` without a moment unserved; on failure ``old`` keeps serving."""
+
+    async def delete(self, name: str) -> None: ...
+
+    def needs_gpu(self, model: ModelDescription) -> bool:
+        """Whether the model's replicas ask for GPUs: such models are deployed before the others at
+        start, so that CPU-only replicas do not take the CPUs of the GPU nodes first."""
+
+    async def unserved(self) -> dict[str, str]:
+        """Deployed models that have no running replica now (a lost node, replicas not yet placed
+        again), each with the reason; they are UNAVAILABLE in the index until a replica runs."""
+
+
+def check_model_name(name: str) -> None:
+    """Refuse a name no repository folder can have, before any work is done for it."""
+    if not name or len(name) > MAX_NAME_LENGTH or not _NAME.fullmatch(name):
+        shown = name if len(name) <= 64 else name[:64] + "..."
+        raise InvalidArgument(
+            f"invalid model name '{shown}': 1 to {MAX_NAME_LENGTH} letters, digits, '_', '-' or '.', "
+            "not starting with '.' or '-'"
+        )
+
+
+def reason_of(exc: BaseException) -> str:
+    """What a failure says, as the index and the logs show it."""
+    return exc.message if isinstance(exc, ServerError) else f"{type(exc).__name__}: {exc}"
+
+
+@dataclass
+class ModelEntry:
+    name: str
+    state: ModelState = ModelState.UNAVAILABLE
+    reason: str = ""
+    model: ModelDescription | None = None
+    requested: bool = False  # asked to be served (counts for readiness) until unloaded
+
+    def index_rows(self) -> list[dict[str, Any]]:
+        versions = [str(v) for v in self.model.versions] if self.model else [""]
+        rows = []
+        for v in versions:
+            row: dict[str, Any] = {"name": self.name, "state": self.state.value}
+            if v:
+                row["version"] = v
+            if self.reason:
+                row["reason"] = self.reason
+            rows.append(row)
+        return rows
+
+
+RemoteFn = Callable[[ModelDescription], ServedModel]
+
+
+@dataclass
+class Registry:
+    settings: ServerSettings
+    deployer: Deployer
+    remote: RemoteFn | None = None  # how a served model is reached (None: it is not)
+    entries: dict[str, ModelEntry] = field(default_factory=dict)
+    listing: Listing = field(default_factory=Listing)
+    folders: set[str] = field(default_factory=set)  # model folders seen by the last index call
+    started: bool = False
+
+    def require(self, name: str) -> ModelEntry:
+        entry = self.entries.get(name)
+        if entry is None:
+            raise NotFound(f"Request for unknown model: '{name}' is not found")
+        return entry
+
+    def unavailable(self, name: str) -> ServerError:
+        """The error for a request that reached the server app for ``name``: it is not served."""
+        entry = self.require(name)
+        if entry.state == ModelState.LOADING:
+            return Unavailable(f"model '{name}' is loading")
+        reason = f": {entry.reason}" if entry.reason else ""
+        return Unavailable(f"model '{name}' is not ready{reason}")
+
+    def get(self, name: str) -> ServedModel:
+        """A served model (READY) through ``remote``; NotFound or Unavailable otherwise."""
+        entry = self.require(name)
+        if entry.state != ModelState.READY or entry.model is None or self.remote is None:
+            raise self.unavailable(name)
+        return self.remote(entry.model)
+
+    def describe(self, name: str) -> ModelDescription:
+        entry = self.require(name)
+        if entry.model is None:
+            raise self.unavailable(name)
+        return entry.model
+
+    def served(self) -> list[str]:
+        return [n for n, e in sorted(self.entries.items()) if e.state == ModelState.READY]
+
+    def live(self) -> bool:
+        return self.started
+
+    def ready(self) -> bool:
+        """Triton's readiness: started and, with ``strict_readiness``, every model asked for
+        (at start or through the API, and not unloaded since) is READY."""
+        if not self.started:
+            return False
+        if not self.settings.strict_readiness:
+            return True
+        return all(e.state == ModelState.READY for e in self.entries.values() if e.requested)
+
+    async def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """Every model of the repositories, read again at each call as Triton does (a folder added since
+        the last load or poll shows by name); those never loaded by name only. A loaded model with no
+        running replica now (:meth:`Deployer.unserved`) is UNAVAILABLE, with the reason."""
+        try:
+            self.folders = await asyncio.to_thread(model_folders, self.settings.model_repositories)
+        except Exception as exc:  # an unreachable repository: list what was last seen
+            logger.warning("repository index: cannot list the repositories: %s", reason_of(exc))
+        rows = self.index_rows()
+        try:
+            unserved = await self.deployer.unserved()
+        except Exception as exc:  # the cluster's state unknown: the index from what was loaded
+            logger.warning("repository index: cannot read the replicas' state: %s", reason_of(exc))
+            unserved = {}
+        for row in rows:
+            if row.get("state") == ModelState.READY.value and row["name"] in unserved:
+                row["state"], row["reason"] = ModelState.UNAVAILABLE.value, unserved[row["name"]]
+        return [r for r in rows if r.get("state") == "READY"] if ready_only else rows
+
+    def index_rows(self) -> list[dict[str, Any]]:
+        """The index from what is known now (no repository read)."""
+        names = sorted({*self.entries, *self.listing.where, *self.listing.duplicates, *self.folders})
+        rows: list[dict[str, Any]] = []
+        for name in names:
+            entry = self.entries.get(name)
+            rows.extend(entry.index_rows() if entry is not None else [{"name": name}])
+        return rows
