@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from deployments import custom_metrics
 from deployments import tensors as arrays
-from deployments.runtime import custom_metrics
 from repository_loader import datatypes
 from repository_loader.errors import ErrorCode, ServerError, error_for_code
 

@@ -198,7 +198,7 @@ def render_triton(
     snapshots by model name, see :func:`merge_model_metrics`), then the models' custom counters, the
     pending-request gauge, the host gauges (``system``, by name of :data:`SYSTEM_GAUGES`), the custom
     gauges and the custom histograms — the order tritonserver prints them in."""
-    from deployments.runtime import custom_metrics
+    from deployments import custom_metrics
 
     rows = [(name, entry) for name, entry in sorted(models.items()) for entry in entry.get("stats", [])]
     by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)

@@ -20,9 +20,9 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from deployments import custom_metrics
 from deployments.backends.base import Backend, BackendContext, begin_compute_times, end_compute_times
 from deployments.inference import InferRequest, InferResponse, ModelExecutor
-from deployments.runtime import custom_metrics
 from deployments.runtime.checks import ModelSchema
 from deployments.runtime.metrics import TritonMetrics, tags_for
 from deployments.runtime.stats import ModelStats

@@ -20,9 +20,9 @@ from typing import Any
 from ray import serve
 
 from deployments.control import ModelController
+from deployments.custom_metrics import merge_snapshots as merge_custom_metrics
 from deployments.protocol import metrics_http
 from deployments.protocol.dataplane import ModelDataPlane, ServedModel
-from deployments.runtime.custom_metrics import merge_snapshots as merge_custom_metrics
 from deployments.runtime.metrics import HostGauges, merge_model_metrics, render_triton
 from deployments.runtime.stats import merge_snapshots
 from deployments.serve import hooks, request_path

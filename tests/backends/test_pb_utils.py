@@ -145,7 +145,7 @@ def test_registry_errors(tmp_path) -> None:
 
 
 def test_metric_family_api() -> None:
-    from deployments.runtime import custom_metrics
+    from deployments import custom_metrics
 
     family = pb_utils.MetricFamily("api_requests", "Requests", pb_utils.MetricFamily.COUNTER)
     metric = family.Metric(labels={"model": "m", "version": "1"})
@@ -211,7 +211,7 @@ def test_metric_family_api() -> None:
 
 
 def test_snapshots_sum_across_replicas() -> None:
-    from deployments.runtime.custom_metrics import format_value, merge_snapshots, render_prometheus
+    from deployments.custom_metrics import format_value, merge_snapshots, render_prometheus
 
     replica = [
         {

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 import triton_python_backend_utils as pb_utils
+from deployments import custom_metrics
 from deployments.backends.base import Backend
 from deployments.backends.python import PythonBackend
 from deployments.backends.registry import create_backend
 from deployments.inference import InferRequest, InferResponse
-from deployments.runtime import custom_metrics
 from repository_loader.errors import ErrorCode, NotFound, Unavailable
 from tests.backends.helpers import TRITON_INITIALIZE_ARGS, context, describe, request, spec
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
+from deployments import custom_metrics
 from deployments.backends.base import Backend, BackendContext, timed
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.metrics_http import bind, start_metrics_server
-from deployments.runtime import custom_metrics
 from deployments.runtime.metrics import (
     COUNTERS,
     HostGauges,
