@@ -4,7 +4,7 @@
 perf_analyzer points against each (synchronous at concurrency 1, ``--async`` at 32):
 
 * ``(a) server replica``: this server on Serve; the gRPC server runs in the server application's
-  replica and calls the model's replica on its own HTTP port (``deployments.serve.direct_calls``;
+  replica and calls the model's replica on its own HTTP port (``deployments.serve.peers.ReplicaCalls``;
   a deployment handle before it: ``handle_calls.json`` beside the results), two hops: client ->
   server replica -> model replica.
 * ``(b) one hop``: the same gRPC server over the model replica's own data plane

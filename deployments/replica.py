@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from deployments.inference import InferRequest, InferResponse
-from deployments.protocol.dataplane import ModelDataPlane, model_metadata_document
+from deployments.protocol.dataplane import Describe, ModelDataPlane, model_metadata_document
 from deployments.runtime.model import ModelRuntime
+from deployments.runtime.router import Router
 from repository_loader.errors import NotFound, Unsupported
 from repository_loader.model import ModelDescription
 
@@ -37,12 +37,6 @@ class LocalModel:
 
     def config(self, version: str = "") -> dict[str, Any]:
         return self.runtime.config(version)
-
-    async def infer(self, request: InferRequest) -> InferResponse:
-        return await self.runtime.infer(request)
-
-    def infer_stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
-        return self.runtime.infer_stream(request)
 
     async def statistics(self, version: str = "") -> list[dict[str, Any]]:
         if version:
@@ -94,6 +88,17 @@ class ReplicaRegistry:
         raise Unsupported("the repository API is served at /v2/repository")
 
 
-def replica_dataplane(runtime: ModelRuntime, cluster_stats: StatsFn | None = None) -> ModelDataPlane:
-    """The data plane of a model replica, over its own runtime."""
-    return ModelDataPlane(ReplicaRegistry(runtime, cluster_stats))
+def replica_dataplane(
+    runtime: ModelRuntime,
+    cluster_stats: StatsFn | None = None,
+    router: Router | None = None,
+    describe_elsewhere: Describe | None = None,
+) -> ModelDataPlane:
+    """The data plane of a model replica, over its own runtime: ``router`` (default: this runtime
+    alone) decides where each inference runs; ``describe_elsewhere`` describes other models."""
+    if router is None:
+        router = Router()
+    router.serve(runtime.model.name, runtime)
+    return ModelDataPlane(
+        ReplicaRegistry(runtime, cluster_stats), router, describe_elsewhere=describe_elsewhere
+    )

@@ -5,9 +5,10 @@ On ``load`` the ensemble's replica chooses its placement
 replica itself is ``KIND_GPU``); on ``start`` it loads every model of the
 hosted group in process, each as a :class:`deployments.runtime.model.ModelRuntime`
 of its own (its scheduler, dynamic batcher and statistics, on the device of its
-group). :class:`PlacedExecutor` then sends a step to that runtime when its model
-is hosted, and to the serving layer's executor (the model's own deployment,
-through a deployment handle) otherwise.
+group). A :class:`~deployments.runtime.router.Router` over those runtimes then
+sends a step to that runtime when its model is hosted, and to the serving
+layer's executor (the replica's router, which reaches the model's own
+replicas) otherwise.
 
 Tensors between hosted steps are handed on as the producer's objects, never
 copied: a step whose backend works in another framework (PyTorch, TensorRT:
@@ -29,8 +30,9 @@ from typing import Any
 import numpy as np
 
 from deployments.backends.base import Backend, BackendContext
-from deployments.inference import InferRequest, InferResponse, ModelExecutor
+from deployments.inference import InferRequest, InferResponse
 from deployments.runtime.model import ModelRuntime
+from deployments.runtime.router import Router
 from deployments.tensors import Tensor, as_framework, is_host
 from ensembles.graph import StepNode, build_graph
 from ensembles.placement import EnsemblePlacement, choose_placement
@@ -66,20 +68,6 @@ def hand_on(model: ModelDescription, tensor: Tensor) -> Tensor:
         return tensor
 
 
-class PlacedExecutor:
-    """A ``ModelExecutor``: hosted models run in this process, the others through ``outer``."""
-
-    def __init__(self, hosted: Mapping[str, ModelRuntime], outer: ModelExecutor) -> None:
-        self.hosted = hosted
-        self.outer = outer
-
-    async def infer(self, request: InferRequest) -> InferResponse:
-        runtime = self.hosted.get(request.model_name)
-        if runtime is None:
-            return await self.outer.infer(request)
-        return await runtime.infer(request)
-
-
 def _instance_kind(device: str) -> InstanceKind:
     return InstanceKind.GPU if device.startswith("gpu") else InstanceKind.CPU
 
@@ -110,7 +98,7 @@ class EnsembleBackend(Backend):
         self.placement = choose_placement(graph, gpu_available=gpu)
         self._scheduler = EnsembleScheduler(
             graph,
-            PlacedExecutor(self._hosted, self.context.executor),
+            Router(self._hosted, remote=self.context.executor),
             handoff=self._hand_on,
             inline_nested=self.placement.hosted is not None,
         )

@@ -5,7 +5,7 @@ Direct strategy, 8 slots per instance) with one instance and with two, one serve
 one run. perf_analyzer sends sequences of 10 requests (``--sequence-length 10``) with IDs from
 ``--sequence-id-range``, concurrency = concurrent sequences. With two replicas this server's HAProxy
 spreads requests over both, and a replica that does not own a sequence forwards the request to the one
-that does (``deployments.serve.sequence_routing``): about half the requests take a second hop, which
+that does (``deployments.runtime.router``): about half the requests take a second hop, which
 the one-instance and two-instance runs put side by side. Notes: this server / tritonserver per model
 and concurrency, and the perf_analyzer command.
 """

@@ -13,7 +13,7 @@ header's ``outputs`` list.
 
 The other direction (:func:`encode_infer_request`, :func:`decode_infer_response`)
 is the server calling one of its own model replicas over HTTP
-(``deployments.serve.direct_calls``): every tensor binary, both ways.
+(``deployments.serve.peers.ReplicaCalls``): every tensor binary, both ways.
 
 Decoding only parses: a well-formed body, JSON and binary tensors whose sizes
 match their data types and shapes, within the server's :class:`RequestLimits`

@@ -8,11 +8,12 @@ some of them gather state from other replicas. Failures are raised as
 ``NotFound``; not ready: ``Unavailable``; bad request: ``InvalidArgument``),
 which each front end maps to its status once.
 
-:class:`ModelDataPlane` is the one implementation. It answers over a
-:class:`ModelRegistry`, which hands it a :class:`ServedModel` (a runtime in
-this process, or a handle to the model's own replicas) or raises ``NotFound``
-/ ``Unavailable`` with Triton's messages; the front ends never know which.
-A model replica builds it over a registry of its one model
+:class:`ModelDataPlane` is the one implementation. It answers readiness,
+metadata, configuration and statistics over a :class:`ModelRegistry`, which
+hands it a :class:`ServedModel` or raises ``NotFound`` / ``Unavailable`` with
+Triton's messages, and sends every inference to its router
+(``deployments.runtime.router``), the one place that decides where an
+inference runs. A model replica builds it over a registry of its one model
 (``deployments.replica``), the server application over the model controller
 (``deployments.control``).
 
@@ -23,11 +24,12 @@ description, so every served model reports them alike.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from deployments.inference import InferRequest, InferResponse
-from repository_loader.errors import Unavailable
+from deployments.runtime.router import RawReply, RawRequest, Router
+from repository_loader.errors import NotFound, Unavailable
 from repository_loader.model import ModelDescription, TensorSpec
 
 SERVER_NAME = "triton"
@@ -77,8 +79,10 @@ class DataPlane(Protocol):
         """The model's description, against which the front end checks infer requests."""
         ...
 
-    async def infer(self, request: InferRequest) -> InferResponse:
-        """Run one inference: an unknown or unready model raises; the inference's own failure is ``response.error``."""
+    async def infer(self, request: InferRequest, raw: RawRequest | None = None) -> InferResponse | RawReply:
+        """Run one inference: an unknown or unready model raises; the inference's own failure is
+        ``response.error``. ``raw`` (an HTTP request as it arrived) lets the router send it on
+        unchanged, and the reply then comes back as it is."""
         ...
 
     def infer_stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
@@ -118,12 +122,6 @@ class ServedModel(Protocol):
 
     def config(self, version: str = "") -> dict[str, Any]: ...
 
-    async def infer(self, request: InferRequest) -> InferResponse: ...
-
-    def infer_stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
-        """Every response of ``request`` in order; closing the iterator early cancels it."""
-        ...
-
     async def statistics(self, version: str = "") -> list[dict[str, Any]]:
         """The model's ``model_stats`` entries (every version when ``version`` is "")."""
         ...
@@ -156,13 +154,29 @@ class ModelRegistry(Protocol):
     async def unload(self, name: str, parameters: Mapping[str, Any]) -> None: ...
 
 
-class ModelDataPlane:
-    """The data plane: every :class:`DataPlane` method over a :class:`ModelRegistry`."""
+Describe = Callable[[str, str], Awaitable[ModelDescription]]
 
-    def __init__(self, registry: ModelRegistry, notices: Mapping[str, Any] | None = None) -> None:
+
+class ModelDataPlane:
+    """The data plane: every :class:`DataPlane` method over a :class:`ModelRegistry`, inference
+    through a :class:`~deployments.runtime.router.Router`, which alone decides where it runs.
+
+    ``describe_elsewhere`` (a model replica) gives the description of a model its registry does
+    not hold (a gRPC stream's later request for another model), from the server application.
+    """
+
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        router: Router,
+        notices: Mapping[str, Any] | None = None,
+        describe_elsewhere: Describe | None = None,
+    ) -> None:
         self.registry = registry
+        self.router = router
         # extra fields of the server metadata: what the operator must know (e.g. a slow request path)
         self.notices = dict(notices or {})
+        self._describe_elsewhere = describe_elsewhere
 
     async def server_metadata(self) -> dict[str, Any]:
         return {**server_metadata_document(), **self.notices}
@@ -191,13 +205,18 @@ class ModelDataPlane:
         return model.config(version)
 
     async def model_description(self, name: str, version: str = "") -> ModelDescription:
-        return self.registry.get(name).description
+        try:
+            return self.registry.get(name).description
+        except NotFound:
+            if self._describe_elsewhere is None:
+                raise
+        return await self._describe_elsewhere(name, version)
 
-    async def infer(self, request: InferRequest) -> InferResponse:
-        return await self.registry.get(request.model_name).infer(request)
+    async def infer(self, request: InferRequest, raw: RawRequest | None = None) -> InferResponse | RawReply:
+        return await self.router.route(request, raw)
 
     def infer_stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
-        return self.registry.get(request.model_name).infer_stream(request)
+        return self.router.stream(request)
 
     async def model_statistics(self, name: str | None = None, version: str = "") -> dict[str, Any]:
         if name is not None:

@@ -30,15 +30,13 @@ from typing import Any
 
 import grpc
 
-from deployments.inference import InferRequest, InferResponse
 from deployments.protocol import grpc_codec
 from deployments.protocol.dataplane import DataPlane
+from deployments.protocol.inference_calls import InferenceCalls
 from deployments.protocol.proto import grpc_service_pb2 as pb
-from deployments.runtime.checks import ModelSchema
 from deployments.settings import RestrictedApi, restriction_for
 from repository_loader.config import config_from_json
 from repository_loader.errors import InvalidArgument, Restricted, ServerError, TooLarge, Unsupported
-from repository_loader.model import ModelDescription
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +127,7 @@ class GRPCInferenceServicer:
     def __init__(self, dataplane: DataPlane, options: GrpcOptions | None = None) -> None:
         self.dataplane = dataplane
         self.options = options or GrpcOptions()
-        self._schemas: dict[tuple[str, str], tuple[ModelDescription, ModelSchema]] = {}
+        self.calls = InferenceCalls(dataplane)
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The generic handler that routes each method of the service to its coroutine."""
@@ -188,17 +186,11 @@ class GRPCInferenceServicer:
     # --- inference -----------------------------------------------------------
 
     async def ModelInfer(self, request: Any) -> Any:
-        description, schema = await self._schema(request.model_name, request.model_version)
-        if description.decoupled:
-            raise Unsupported(
-                f"model '{request.model_name}' is decoupled: the ModelInfer RPC cannot answer it, "
-                "use ModelStreamInfer"
-            )
+        description, schema = await self.calls.schema(request.model_name, request.model_version)
+        self.calls.refuse_decoupled(description, "ModelInfer RPC", "ModelStreamInfer")
         infer_request = grpc_codec.decode_infer_request(request)
-        response = await self.dataplane.infer(infer_request)
-        if response.error is not None:
-            raise response.error
-        return self._encode(response, infer_request, description, schema)
+        response = await self.calls.infer_one(infer_request, description)
+        return grpc_codec.encode_infer_response(response, infer_request.requested_outputs, schema)
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
         """Answer each request of the stream as it completes; a decoupled model may answer 0..N times."""
@@ -234,60 +226,28 @@ class GRPCInferenceServicer:
 
     async def _stream_one(self, message: Any, put: Callable[[Any], None]) -> None:
         try:
-            description, schema = await self._schema(message.model_name, message.model_version)
+            description, schema = await self.calls.schema(message.model_name, message.model_version)
             request = grpc_codec.decode_infer_request(message)
+            outputs = request.requested_outputs
             if not description.decoupled:
-                response = await self.dataplane.infer(request)
-                if response.error is not None:
-                    raise response.error
-                put(
-                    pb.ModelStreamInferResponse(
-                        infer_response=self._encode(response, request, description, schema)
-                    )
-                )
+                response = await self.calls.infer_one(request, description)
+                encoded = grpc_codec.encode_infer_response(response, outputs, schema)
+                put(pb.ModelStreamInferResponse(infer_response=encoded))
                 return
             empty_final = request.parameters.get(_ENABLE_EMPTY_FINAL) is True
             # aclosing: a cancelled task (the client went away) closes the model's stream at once
-            async with contextlib.aclosing(self.dataplane.infer_stream(request)) as responses:
+            async with contextlib.aclosing(self.calls.responses(request, description)) as responses:
                 async for response in responses:
-                    if response.error is not None:
-                        raise response.error
                     if response.final and not response.outputs and not empty_final:
                         continue
                     response.parameters[_FINAL] = response.final
-                    put(
-                        pb.ModelStreamInferResponse(
-                            infer_response=self._encode(response, request, description, schema)
-                        )
-                    )
+                    encoded = grpc_codec.encode_infer_response(response, outputs, schema)
+                    put(pb.ModelStreamInferResponse(infer_response=encoded))
         except ServerError as e:
             put(_stream_error(message, e.message))
         except Exception as e:
             logger.exception("internal error answering a stream request for model '%s'", message.model_name)
             put(_stream_error(message, f"internal error: {type(e).__name__}: {e}"))
-
-    def _encode(
-        self,
-        response: InferResponse,
-        request: InferRequest,
-        description: ModelDescription,
-        schema: ModelSchema,
-    ) -> Any:
-        response.model_name = response.model_name or request.model_name
-        response.model_version = (
-            response.model_version or request.model_version or str(description.latest_version)
-        )
-        response.id = response.id or request.id
-        return grpc_codec.encode_infer_response(response, request.requested_outputs, schema)
-
-    async def _schema(self, name: str, version: str) -> tuple[ModelDescription, ModelSchema]:
-        description = await self.dataplane.model_description(name, version)
-        cached = self._schemas.get((name, version))
-        if cached is not None and cached[0] is description:
-            return cached
-        entry = (description, ModelSchema.from_description(description))
-        self._schemas[(name, version)] = entry
-        return entry
 
     # --- configuration, statistics, repository ------------------------------------
 

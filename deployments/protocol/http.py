@@ -22,12 +22,13 @@ import logging
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol import codec, compression, generate
 from deployments.protocol.dataplane import DataPlane
-from deployments.runtime.checks import ModelSchema
+from deployments.protocol.inference_calls import InferenceCalls
+from deployments.runtime.router import RawRequest
 from deployments.settings import RequestLimits, RestrictedApi, restriction_for
 from repository_loader.errors import (
     ERROR_CODE_HEADER,
@@ -47,14 +48,6 @@ Receive = Callable[[], Awaitable[dict]]
 Send = Callable[[dict], Awaitable[None]]
 Headers = list[tuple[bytes, bytes]]
 Reply = tuple[int, Headers, bytes]
-
-
-class SequenceForwarder(Protocol):
-    """Sends a sequence's request to the replica holding its state (``deployments.serve.sequence_routing``)."""
-
-    async def forward(self, request: InferRequest, path: str, headers: Headers, body: bytes) -> Reply | None:
-        """The owner's reply, or None when this replica answers ``request`` itself."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -220,9 +213,7 @@ class _BaseApp:
         self.limits = limits
         self._inflight = 0  # inference requests this app holds now (``limits.max_concurrent_requests``)
         self._router = _Router(routes)
-        self._schemas: dict[tuple[str, str], tuple[ModelDescription, ModelSchema]] = {}
-        # a stateful model with several replicas: where a sequence's requests go (None: here)
-        self.sequence_router: SequenceForwarder | None = None
+        self.calls = InferenceCalls(dataplane)
         # Triton's restricted API (``ServerSettings.http_restricted_api``): groups that need a header
         self.restricted: tuple[RestrictedApi, ...] = ()
 
@@ -346,25 +337,17 @@ class _BaseApp:
     async def _infer_admitted(self, call: _Call) -> Reply:
         name = call.params["m"]
         version = call.params.get("v", "")
-        description, schema = await self._schema(name, version)
+        description, schema = await self.calls.schema(name, version)
         body = call.body
         encoding = call.header_text(b"content-encoding")
         if encoding:
             body = compression.decompress(body, encoding, self.limits.max_decompressed_size)
         header_length = codec.parse_header_length(call.header(b"inference-header-content-length"), len(body))
         request, binary_output = codec.decode_infer_request(body, header_length, name, version, self.limits)
-        if self.sequence_router is not None and request.correlation_id:
-            forwarded = await self.sequence_router.forward(
-                request, _full_path(call.scope), call.scope["headers"], call.body
-            )
-            if forwarded is not None:
-                return forwarded
-        response = await self.dataplane.infer(request)
-        if response.error is not None:
-            raise response.error
-        response.model_name = response.model_name or name
-        response.model_version = response.model_version or version or str(description.latest_version)
-        response.id = response.id or request.id
+        raw = RawRequest(_full_path(call.scope), call.scope["headers"], call.body)
+        response = await self.calls.infer(request, description, raw)
+        if not isinstance(response, InferResponse):
+            return response  # the reply of the replica the router sent it on to, as it came
         out, json_length = codec.encode_infer_response(
             response, request.requested_outputs, binary_output, schema
         )
@@ -387,17 +370,13 @@ class _BaseApp:
         """Triton's ``/generate``: one JSON object; a decoupled model must send exactly one response."""
         request, description = await self._generate_request(call)
         if not description.decoupled:
-            response = await self.dataplane.infer(request)
-            if response.error is not None:
-                raise response.error
-            return _json(self._generated(response, request, description))
+            response = await self.calls.infer_one(request, description)
+            return _json(generate.generate_document(response))
         answers: list[dict[str, Any]] = []
-        async with contextlib.aclosing(self.dataplane.infer_stream(request)) as responses:
+        async with contextlib.aclosing(self.calls.responses(request, description)) as responses:
             async for response in responses:
-                if response.error is not None:
-                    raise response.error
                 if response.outputs:
-                    answers.append(self._generated(response, request, description))
+                    answers.append(generate.generate_document(response))
         if len(answers) != 1:
             raise InvalidArgument(
                 f"model '{description.name}' sent {len(answers)} responses; /generate answers exactly "
@@ -409,24 +388,18 @@ class _BaseApp:
         """Triton's ``/generate_stream``: one ``data:`` event per response. An error before the first
         response is a JSON error with its status; a later one is an ``{"error": ...}`` event."""
         request, description = await self._generate_request(call)
-        stream = self.dataplane.infer_stream(request)
+        stream = self.calls.responses(request, description)
         try:
             first = await _next_answer(stream)
         except BaseException:
             await stream.aclose()
             raise
-        if first is not None and first.error is not None:
-            await stream.aclose()
-            raise first.error
 
         async def events() -> AsyncGenerator[bytes, None]:
             async with contextlib.aclosing(stream):
                 response = first
                 while response is not None:
-                    if response.error is not None:
-                        yield generate.sse_event({"error": response.error.message})
-                        return
-                    yield generate.sse_event(self._generated(response, request, description))
+                    yield generate.sse_event(generate.generate_document(response))
                     try:
                         response = await _next_answer(stream)
                     except ServerError as e:
@@ -437,27 +410,8 @@ class _BaseApp:
 
     async def _generate_request(self, call: _Call) -> tuple[InferRequest, ModelDescription]:
         name, version = call.params["m"], call.params.get("v", "")
-        description, _ = await self._schema(name, version)
+        description, _ = await self.calls.schema(name, version)
         return generate.decode_generate_request(call.body, description, version), description
-
-    @staticmethod
-    def _generated(
-        response: InferResponse, request: InferRequest, description: ModelDescription
-    ) -> dict[str, Any]:
-        response.model_name = response.model_name or request.model_name
-        response.model_version = (
-            response.model_version or request.model_version or str(description.latest_version)
-        )
-        return generate.generate_document(response)
-
-    async def _schema(self, name: str, version: str) -> tuple[ModelDescription, ModelSchema]:
-        description = await self.dataplane.model_description(name, version)
-        cached = self._schemas.get((name, version))
-        if cached is not None and cached[0] is description:
-            return cached
-        entry = (description, ModelSchema.from_description(description))
-        self._schemas[(name, version)] = entry
-        return entry
 
 
 class ModelHTTPApp(_BaseApp):
@@ -664,7 +618,7 @@ async def _respond(send: Send, reply: Reply) -> None:
 async def _next_answer(stream: AsyncIterator[InferResponse]) -> InferResponse | None:
     """The next response worth an event (an empty final response is not), None at the end."""
     async for response in stream:
-        if response.outputs or response.error is not None:
+        if response.outputs:
             return response
     return None
 

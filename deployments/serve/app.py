@@ -24,10 +24,9 @@ from deployments.custom_metrics import merge_snapshots as merge_custom_metrics
 from deployments.protocol import metrics_http
 from deployments.protocol.dataplane import ModelDataPlane, ServedModel
 from deployments.runtime.metrics import HostGauges, merge_model_metrics, render_triton
+from deployments.runtime.router import Router
 from deployments.runtime.stats import merge_snapshots
 from deployments.serve import hooks, request_path
-from deployments.serve.direct_calls import DirectCalls
-from deployments.serve.handles import GroupApps, HandleExecutor, RemoteModel, own_app
 from deployments.serve.model_app import ModelDeployment
 from deployments.serve.names import (
     MODEL_DEPLOYMENT,
@@ -37,7 +36,9 @@ from deployments.serve.names import (
     is_hosted_key,
     model_app_name,
 )
+from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory, ServedElsewhere, own_app
 from deployments.serve.reloads import Order, ReloadBoard
+from deployments.serve.server_api import GroupApps, Member, ReplicaClient
 from deployments.settings import ServerSettings
 from repository_loader.errors import ServerError, Unavailable
 from repository_loader.model import ModelDescription
@@ -94,7 +95,7 @@ class RayDeployer:
 
     def group_apps(self, name: str) -> GroupApps:
         """The applications model ``name`` is deployed as, one per instance group in group order, with
-        their replica counts (``deployments.serve.handles`` spreads handle calls over them)."""
+        their replica counts (``deployments.serve.peers.RemoteModels`` spreads calls over them)."""
         entries = self.deployed.get(name)
         if not entries:
             return own_app(name)
@@ -145,8 +146,7 @@ class RayDeployer:
 
     async def _load_status(self, entry: DeploymentEntry) -> dict[str, Any]:
         handle = serve.get_deployment_handle(entry.deployment_name, app_name=entry.app_name)
-        status: dict[str, Any] = await handle.load_status.remote()
-        return status
+        return await ReplicaClient(handle).load_status()
 
     def _composing(self, model: ModelDescription) -> dict[str, ModelDescription]:
         """Every deployed model an ensemble reaches, nested ensembles included."""
@@ -264,29 +264,33 @@ class ServerDeployment:
         )
         self.deployer = RayDeployer(settings, resources)
         self._stats: Snapshots = {}
-        self._sequence_members: dict[str, dict[int, tuple[str, str, int]]] = {}
+        self._sequence_members: dict[str, dict[int, Member]] = {}
         # the server reads its deployer for a model's instance groups on every call (no Ray call)
-        direct = DirectCalls() if settings.direct_routes else None
-        self._executor = HandleExecutor(self._group_apps, refresh_s=0.0, direct=direct)
+        self._calls = ReplicaCalls(ReplicaDirectory())
+        self._models = RemoteModels(
+            self._group_apps, refresh_s=0.0, calls=self._calls if settings.direct_routes else None
+        )
         self.controller = ModelController(settings, self.deployer, remote=self._remote)
         self._metrics: dict[str, dict[str, dict[str, Any]]] = {}  # pushed metrics snapshots: model, replica
         self._host_gauges = HostGauges()
         self._metrics_server = start_metrics(settings, self.render_metrics)
-        self.dataplane = ModelDataPlane(self.controller, notices=request_path.request_path_notice(logger))
+        self.dataplane = ModelDataPlane(
+            self.controller, Router(remote=self._models), notices=request_path.request_path_notice(logger)
+        )
         self._start = asyncio.get_running_loop().create_task(self._startup())
         await asyncio.shield(self._start)  # live only once the initial models settled
-        self._grpc = await start_grpc(self.dataplane, settings)
+        await start_grpc(self.dataplane, settings)
 
     async def _group_apps(self, name: str) -> GroupApps:
         return self.deployer.group_apps(name)
 
     def model_apps(self, name: str) -> GroupApps:
         """The applications of model ``name``, one per instance group, with their replica counts
-        (asked by model replicas' handle executors, ``deployments.serve.handles``)."""
+        (asked by model replicas, ``deployments.serve.peers.RemoteModels``)."""
         return self.deployer.group_apps(name)
 
     def _remote(self, model: ModelDescription) -> ServedModel:
-        return RemoteModel(model, self._executor, self._stats.setdefault(model.name, {}))
+        return ServedElsewhere(model, self._models, self._stats.setdefault(model.name, {}))
 
     async def _startup(self) -> None:
         try:
@@ -341,8 +345,8 @@ class ServerDeployment:
         (a single replica's counters are then current; others are at most a push interval old)."""
         snapshots = dict(self._metrics.get(name, {}))
         try:
-            handle = self._executor.handle(name)
-            fresh = await asyncio.wait_for(handle.metrics_snapshot.remote(), METRICS_ASK_TIMEOUT_S)
+            client = self._models.client(name)
+            fresh = await asyncio.wait_for(client.metrics_snapshot(), METRICS_ASK_TIMEOUT_S)
             snapshots[fresh.get("replica", "")] = fresh
         except Exception as exc:  # a replica restarting or busy: its last push stands for it
             logger.debug("metrics of model '%s' not asked: %s", name, exc)
@@ -377,12 +381,12 @@ class ServerDeployment:
         others = [s for key, s in self._stats.get(model, {}).items() if key != replica]
         return merge_snapshots([snapshot, *others])
 
-    def sequence_register(self, model: str, rank: int, member: tuple[str, str, int]) -> None:
-        """A replica of a stateful model: the direct-ingress address of its rank (replica id, ip, port)."""
+    def sequence_register(self, model: str, rank: int, member: Member) -> None:
+        """A replica of a stateful model: which replica holds its rank (application, actor name)."""
         self._sequence_members.setdefault(model, {})[rank] = member
 
-    def sequence_members(self, model: str) -> dict[int, tuple[str, str, int]]:
-        """Where each rank of a stateful model answers HTTP (``deployments.serve.sequence_routing``)."""
+    def sequence_members(self, model: str) -> dict[int, Member]:
+        """Which replica holds each rank of a stateful model (``deployments.serve.peers.ReplicaDirectory``)."""
         return dict(self._sequence_members.get(model, {}))
 
     async def index(self) -> list[dict[str, Any]]:
@@ -401,42 +405,35 @@ class ServerDeployment:
         return self._start.done()
 
     async def __del__(self) -> None:
-        grpc_server = getattr(self, "_grpc", None)  # None too where the constructor failed before it
-        if grpc_server is not None:
-            await grpc_server.stop(grace=1)
+        calls = getattr(self, "_calls", None)  # None too where the constructor failed before it
+        if calls is not None:
+            await calls.close()
 
 
-async def start_grpc(dataplane: ModelDataPlane, settings: ServerSettings) -> Any:
-    """The KServe v2 gRPC service over the server's data plane (None when ``allow_grpc`` is off).
+async def start_grpc(dataplane: ModelDataPlane, settings: ServerSettings) -> None:
+    """Answer the KServe v2 gRPC service over the server's data plane where ``allow_grpc`` is on.
 
-    Where Serve serves gRPC with this server's servicer function (``grpc_options``), HAProxy binds the
-    port and this replica answers what HAProxy does not send to a model's replica (one hop: see
-    ``deployments.serve.grpc_ingress``); returns None. Otherwise a gRPC server of this replica's own
-    binds ``settings.grpc_host:grpc_port`` (a port in use fails the replica at once), and each
-    inference takes a second hop to the model's replica."""
+    Serve serves gRPC with this server's servicer function (``grpc_options``): HAProxy binds the port,
+    sends each ``ModelInfer`` and stream to the replicas of the model it names, and everything else
+    here (``deployments.serve.grpc_ingress``). Without those ``grpc_options`` there is no gRPC: an
+    error in the log says how to turn it on."""
     if not settings.allow_grpc:
-        return None
-    from deployments.protocol.grpc import build_grpc_server
+        return
     from deployments.serve import grpc_ingress
 
-    options = grpc_ingress.grpc_options(settings)
     port, servicers = await hooks.serve_grpc_servicers()
     if port > 0 and grpc_ingress.SERVICER_FUNCTION in servicers:
-        grpc_ingress.serve_grpc(dataplane, options)
+        grpc_ingress.serve_grpc(dataplane, grpc_ingress.grpc_options(settings))
         logger.info(
-            "gRPC service on Serve's gRPC port %d (ModelInfer answered by each model's replicas)", port
+            "gRPC service on Serve's gRPC port %d (inference answered by each model's replicas)", port
         )
-        return None
-    logger.warning(
-        "gRPC: Serve's grpc_options do not name %s, so this replica binds %s itself and every "
-        "inference takes a second hop; set grpc_options (see serve_config.yaml) for one hop",
+        return
+    logger.error(
+        "gRPC is off: Serve's grpc_options do not name %s; set grpc_options as serve_config.yaml "
+        "does (port %d) to serve gRPC",
         grpc_ingress.SERVICER_FUNCTION,
-        options.address,
+        settings.grpc_port,
     )
-    server, _ = build_grpc_server(dataplane, options)
-    asyncio.get_running_loop().create_task(server.start())
-    logger.info("gRPC service listening on %s", options.address)
-    return server
 
 
 METRICS_ASK_TIMEOUT_S = 2.0  # how long a scrape waits for the replica it asks

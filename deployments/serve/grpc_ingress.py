@@ -12,11 +12,13 @@ replica starts a gRPC server of its own (ports 40000+). Serve then calls
   per-request wrapper (the gRPC counterpart of the direct HTTP lane, ``deployments.serve.ingress``).
 * Anywhere else (Serve's own proxy actors) nothing is added: they answer only Serve's API service.
 
-HAProxy routes each ``ModelInfer`` call to the model's own replicas by the model name at the head
-of the request message (``deployments.serve.haproxy_shim``), and every other call (streams,
-metadata, the repository API, a compressed message) to the server application's replicas, which
-answer as before. A model replica's servicer sends a sequence's request it does not own to the
-owner (``deployments.serve.sequence_routing``), as its HTTP lane does.
+HAProxy routes each ``ModelInfer`` call (over HTTP/1.1, to the replica's HTTP port) and each
+``ModelStreamInfer`` stream (to the replica's gRPC port) to the replicas of the model named at the
+head of the first message (``deployments.serve.haproxy_shim``), and every other call (metadata, the
+repository API, a compressed message) to the server application's replicas. The servicer only
+decodes and encodes: where each inference runs (this replica, a sequence's owner, another model's
+replica for a stream's later request) is the data plane's router's decision
+(``deployments.runtime.router``).
 
 Where Serve runs deployment code on an event loop of its own (no ``RAY_SERVE_THROUGHPUT_OPTIMIZED``),
 unary calls are moved onto that loop; streams need the request-path environment and are refused
@@ -27,25 +29,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import grpc
 
-from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.dataplane import ModelDataPlane
 from deployments.protocol.grpc import SERVICE, GRPCInferenceServicer, GrpcOptions
 from deployments.protocol.grpc_http1 import GrpcOverHttp1
 from deployments.serve import hooks, ingress
 from deployments.settings import ServerSettings
-from repository_loader.model import ModelDescription
 
 logger = logging.getLogger("ray.serve")
 
 SERVICER_FUNCTION = "deployments.serve.grpc_ingress:add_inference_service"
 """The ``grpc_options.grpc_servicer_functions`` entry that turns on gRPC through Serve's ports."""
-
-Forward = Callable[[InferRequest], Awaitable["InferResponse | None"]]
 
 
 class _Registered:
@@ -179,61 +177,8 @@ def wait_until_answering(host: str, port: int, timeout_s: float) -> bool:
     return False
 
 
-class SequenceForwardingDataPlane(ModelDataPlane):
-    """A model replica's data plane for gRPC: a sequence's request this replica does not own goes to
-    the owner (``forward`` answers it, or returns None when this replica is the owner)."""
-
-    def __init__(self, plane: ModelDataPlane, forward: Forward) -> None:
-        super().__init__(plane.registry, plane.notices)
-        self._forward = forward
-
-    async def infer(self, request: InferRequest) -> InferResponse:
-        if request.correlation_id:
-            answered = await self._forward(request)
-            if answered is not None:
-                return answered
-        return await super().infer(request)
-
-
-Describe = Callable[[str, str], Awaitable[ModelDescription]]
-
-
-class OtherModelsDataPlane(ModelDataPlane):
-    """A model replica's data plane for gRPC: HAProxy sends a ``ModelStreamInfer`` stream to the
-    replicas of the model its first request names, and a stream may go on with requests for other
-    models. Those reach their model's replica from here, as a BLS call does (``executor``: one HTTP
-    call to the replica, a streaming handle call for a decoupled model), with the model's description
-    from the server application (``describe``)."""
-
-    def __init__(self, plane: ModelDataPlane, own: str, describe: Describe, executor: Any) -> None:
-        super().__init__(plane.registry, plane.notices)
-        self._plane = plane
-        self._own = own
-        self._describe = describe
-        self._executor = executor
-
-    async def model_description(self, name: str, version: str = "") -> ModelDescription:
-        if name == self._own:
-            return await self._plane.model_description(name, version)
-        return await self._describe(name, version)
-
-    async def infer(self, request: InferRequest) -> InferResponse:
-        if request.model_name == self._own:
-            return await self._plane.infer(request)
-        response: InferResponse = await self._executor.infer(request)
-        return response
-
-    def infer_stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
-        if request.model_name == self._own:
-            return self._plane.infer_stream(request)
-        stream: AsyncGenerator[InferResponse, None] = self._executor.stream(request)
-        return stream
-
-
 __all__ = [
     "SERVICER_FUNCTION",
-    "OtherModelsDataPlane",
-    "SequenceForwardingDataPlane",
     "add_inference_service",
     "grpc_options",
     "serve_grpc",

@@ -30,7 +30,7 @@ and ``deployments.serve.launch`` point it at ``deployments/serve/bin/haproxy``, 
   than HAProxy's conversion (docs/grpc.md). A ``ModelStreamInfer`` stream is matched the same way
   on its first request (its first bytes: the stream's body does not end) and goes to the model's
   gRPC backend (Serve's per-replica gRPC ports, HTTP/2 both sides), whose replica also answers the
-  stream's later requests for other models (``grpc_ingress.OtherModelsDataPlane``). Every other
+  stream's later requests for other models (the router, ``deployments.runtime.router``). Every other
   call (streams, metadata, the repository API, a compressed message, a name not served, a model
   with no replica up) goes to the server application's backend instead of Serve's "application
   metadata not set" answer (``deployments.serve.grpc_ingress``). Serve's proxy, every backend's

@@ -24,7 +24,7 @@ versions without starting Ray, so an upgrade that moves one fails there, by name
 * ``replica_http_targets``: the controller's ``get_target_groups(app,
   from_proxy_manager=True)`` (what it hands HAProxy): each running replica's
   direct-ingress HTTP address by actor name; the sequence router finds its own
-  address there (``deployments.serve.sequence_routing``).
+  address there (``deployments.serve.peers.ReplicaDirectory``).
 * ``uvicorn_cycle_send``: ``uvicorn.protocols.http.httptools_impl.RequestResponseCycle``
   with ``send``, ``transport`` and ``response_started``, wrapped by
   ``deployments.serve.response_writes``.

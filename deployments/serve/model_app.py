@@ -5,25 +5,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
 from ray import serve
 
-from deployments.backends.python_utils import log_to_stderr
+from deployments.backends.python_api.logger import log_to_stderr
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.http import ModelHTTPApp
 from deployments.replica import replica_dataplane
 from deployments.runtime.model import ModelRuntime
+from deployments.runtime.router import Ranks, Router
 from deployments.serve import grpc_ingress, hooks, ingress, reloads
 from deployments.serve.devices import pin_replica_gpu
-from deployments.serve.direct_calls import DirectCalls
-from deployments.serve.handles import HandleExecutor
-from deployments.serve.names import SERVER_APP, SERVER_DEPLOYMENT, hosted_key, model_app_name, model_route
+from deployments.serve.names import hosted_key, model_app_name, model_route
+from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory
 from deployments.serve.response_writes import coalesce_response_writes
-from deployments.serve.sequence_routing import SequenceRouter
+from deployments.serve.server_api import ServerClient
 from deployments.settings import ServerSettings
-from repository_loader.errors import ServerError, Unavailable
+from repository_loader.errors import Unavailable
 from repository_loader.model import InstanceKind, ModelDescription
 
 logger = logging.getLogger("ray.serve")
@@ -60,7 +61,6 @@ class ModelDeployment:
         log_to_stderr()  # pb_utils.Logger lines into the replica's worker log
         self.model = model
         self.settings = settings
-        self._executor = HandleExecutor(direct=DirectCalls() if settings.direct_routes else None)
         self._route = model_route(model.name)
         self.replicas = replicas
         self.rank_offset = rank_offset
@@ -68,11 +68,23 @@ class ModelDeployment:
         context = serve.get_replica_context()
         self.visible_gpus = pin_replica_gpu(gpu_ids or [], context) if kind == InstanceKind.GPU else None
         self.replica_id = context.replica_id.unique_id if context else str(os.getpid())
+        # every other replica is reached through one directory and one session; the router decides
+        self.server = ServerClient()
+        self._directory = ReplicaDirectory(self.server)
+        self._calls = ReplicaCalls(self._directory)
+        remote = RemoteModels(calls=self._calls if settings.direct_routes else None, server=self.server)
+        self._ranks: Ranks | None = None
+        if model.sequence_batching is not None and replicas > 1 and context is not None:
+            # ranked over the replicas of every instance group of the model: one owner per sequence
+            own: Any = context.rank  # a ReplicaRank (its ``rank``), or the number itself
+            rank = rank_offset + int(getattr(own, "rank", own))
+            self._ranks = Ranks(model.name, rank, replicas)
+        self.router = Router(remote=remote, ranks=self._ranks, owners=self._calls)
         self.runtime = ModelRuntime(
             model,
             instance_kind=kind,
             device_id=0,
-            executor=self._executor,
+            executor=self.router,
             instance_name=self.replica_id,
             composing=composing,
         )
@@ -82,13 +94,12 @@ class ModelDeployment:
         except Exception as exc:  # reported to the server, which marks the model UNAVAILABLE
             self.load_error = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
             logger.error("model '%s' failed to load: %s", model.name, self.load_error)
-        self._server: Any = None
         # every replica pushes: the server keeps a dead replica's last snapshot, so statistics and metrics
         # stay cumulative across replica restarts
         self._push_task: asyncio.Task[None] | None = asyncio.get_running_loop().create_task(
             self._push_stats()
         )
-        dataplane = replica_dataplane(self.runtime, self._cluster_stats)
+        dataplane = replica_dataplane(self.runtime, self._cluster_stats, self.router, self.server.describe)
         self._app = ModelHTTPApp(dataplane, model.name, settings.limits)
         # a later instance group's replica answers the model's routes only directly: Serve would refuse
         # them as outside its own application's route
@@ -97,61 +108,50 @@ class ModelDeployment:
         self._app.restricted = settings.http_restricted_api
         self._kind = kind
         self._reloads = asyncio.get_running_loop().create_task(self._follow_reloads())
-        self._sequences: SequenceRouter | None = None
-        if model.sequence_batching is not None and replicas > 1 and context is not None:
-            self._sequences = self._sequence_router(context)
-            self._app.sequence_router = self._sequences
-            self._publish = asyncio.get_running_loop().create_task(self._sequences.publish())
+        self._publish: asyncio.Task[None] | None = None
+        if self._ranks is not None and context is not None:
+            self._publish = asyncio.get_running_loop().create_task(self._publish_rank(context.app_name))
         if settings.allow_grpc:  # ModelInfer calls and streams that start with this model, routed by HAProxy
-            plane = dataplane
-            if self._sequences is not None:
-                plane = grpc_ingress.SequenceForwardingDataPlane(dataplane, self._sequences.forward_infer)
-            plane = grpc_ingress.OtherModelsDataPlane(plane, model.name, self._describe, self._executor)
-            grpc_ingress.serve_grpc(plane, grpc_ingress.grpc_options(settings))
+            grpc_ingress.serve_grpc(dataplane, grpc_ingress.grpc_options(settings))
 
     def __serve_build_asgi_app__(self) -> Any:
         return self._app
 
-    def _sequence_router(self, context: Any) -> SequenceRouter:
-        """Keeps a sequence on the replica holding its state (``deployments.serve.sequence_routing``)."""
+    async def _publish_rank(self, app: str, timeout_s: float = 120.0) -> None:
+        """Register which replica holds this rank (docs/sequence.md), once the server answers."""
         import ray
 
-        name = self.model.name
-        # ranked over the replicas of every instance group of the model: one owner per sequence
-        rank = self.rank_offset + int(getattr(context.rank, "rank", context.rank))
-
-        async def register(rank: int, member: tuple[str, str, int]) -> None:
-            await self._server_handle().sequence_register.remote(name, rank, member)
-
-        async def members() -> dict[int, tuple[str, str, int]]:
-            found: dict[int, tuple[str, str, int]] = await self._server_handle().sequence_members.remote(name)
-            return found
-
+        assert self._ranks is not None
         actor = ray.get_runtime_context().get_actor_name() or ""
-        return SequenceRouter(
-            name,
-            context.app_name,
-            rank,
-            self.replicas,
-            self.replica_id,
-            actor,
-            register,
-            members,
-        )
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                await self._directory.register_rank(self.model.name, self._ranks.rank, (app, actor))
+                return
+            except Exception as exc:  # the server may be starting
+                if time.monotonic() > deadline:
+                    logger.error(
+                        "model '%s': rank %d not registered: %s", self.model.name, self._ranks.rank, exc
+                    )
+                    return
+                await asyncio.sleep(0.2)
 
     def sequence_routing(self) -> dict[str, int]:
-        """This replica's rank and how many sequence requests it answered itself / forwarded."""
-        router = self._sequences
-        if router is None:
+        """This replica's rank and how many sequence requests it answered itself / sent to their owner."""
+        if self._ranks is None:
             return {}
-        return {"rank": router.rank, "local": router.local, "forwarded": router.forwarded}
+        return {
+            "rank": self._ranks.rank,
+            "local": self.router.answered_here,
+            "forwarded": self.router.sent_to_owner,
+        }
 
     async def _follow_reloads(self) -> None:
         """Reloads ordered by the server: a new description loaded beside this one, then swapped in."""
         await reloads.follow(
             self.model.name,
             self.replica_id,
-            self._server_handle,
+            self.server,
             self._prepare_runtime,
             self._commit_runtime,
             self._discard_runtime,
@@ -164,7 +164,7 @@ class ModelDeployment:
             model,
             instance_kind=self._kind,
             device_id=0,
-            executor=self._executor,
+            executor=self.router,
             instance_name=self.replica_id,
             composing=composing,
         )
@@ -179,6 +179,7 @@ class ModelDeployment:
         old = self.runtime
         self.runtime, self.model, self.load_error = runtime, runtime.model, None
         self._app.dataplane.registry.swap(runtime)  # type: ignore[attr-defined]
+        self.router.serve(runtime.model.name, runtime)
         logger.info("model '%s' now serves versions %s", runtime.model.name, list(runtime.model.versions))
         await asyncio.sleep(1.0)  # requests already inside the old runtime finish there
         await old.close()
@@ -196,9 +197,7 @@ class ModelDeployment:
     async def infer_internal(self, request: InferRequest) -> InferResponse:
         if self.load_error is not None:
             raise Unavailable(f"model '{self.model.name}' is unavailable: {self.load_error}")
-        if self._sequences is not None:
-            self._sequences.refuse_elsewhere(request)
-        return await self.runtime.infer(request)
+        return await self.router.infer(request)
 
     async def infer_stream_internal(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
         """Every response of ``request`` as the model sends it (a decoupled model: 0..N, the last
@@ -206,9 +205,7 @@ class ModelDeployment:
         cancels the request (the Python model sees ``request.is_cancelled()``)."""
         if self.load_error is not None:
             raise Unavailable(f"model '{self.model.name}' is unavailable: {self.load_error}")
-        if self._sequences is not None:
-            self._sequences.refuse_elsewhere(request)
-        stream = self.runtime.infer_stream(request)
+        stream = self.router.stream(request)
         try:
             async for response in stream:
                 yield response
@@ -236,31 +233,16 @@ class ModelDeployment:
         if hung is not None:  # Serve replaces this replica: the model's thread cannot be taken back
             raise RuntimeError(hung)
 
-    async def _describe(self, name: str, version: str) -> ModelDescription:
-        """Another model's description, from the server application (a stream's later request)."""
-        try:
-            found: ModelDescription = await self._server_handle().describe.remote(name, version)
-        except Exception as exc:  # the server's own error (unknown model, ...), not Ray's wrapper of it
-            cause = getattr(exc, "cause", None)
-            raise (cause if isinstance(cause, ServerError) else exc) from None
-        return found
-
-    def _server_handle(self) -> Any:
-        if self._server is None:
-            self._server = serve.get_deployment_handle(SERVER_DEPLOYMENT, app_name=SERVER_APP)
-        return self._server
-
     async def _push_stats(self) -> None:
         """Every second: this replica's statistics and metrics (when the model has several replicas), and those of
         the models an ensemble hosts in this replica, which count toward those models' own."""
         while True:
             await asyncio.sleep(self.settings.stats_push_interval_s)
             try:
-                server = self._server_handle()
                 # statistics and metrics in one push (single replicas too: see __init__)
-                await server.report_metrics.remote(self.model.name, self.replica_id, self.metrics_snapshot())
+                await self.server.report_metrics(self.model.name, self.replica_id, self.metrics_snapshot())
                 for name, snapshot in self.runtime.hosted_statistics().items():
-                    await server.report_stats.remote(
+                    await self.server.report_stats(
                         name, hosted_key(self.replica_id, self.model.name), snapshot
                     )
             except Exception as exc:  # the server may be restarting; try again next round
@@ -271,9 +253,7 @@ class ModelDeployment:
         copies hosted by ensembles); this replica's alone where the server does not answer."""
         own = self.stats_snapshot()
         try:
-            merged = await self._server_handle().cluster_stats.remote(
-                name, self.replica_id, own, remember=True
-            )
+            merged = await self.server.cluster_stats(name, self.replica_id, own, remember=True)
         except Exception as exc:
             logger.warning("statistics of other replicas unavailable: %s", exc)
             merged = own
@@ -285,8 +265,9 @@ class ModelDeployment:
         ingress.withdraw(self._route)
         grpc_ingress.withdraw()
         self._reloads.cancel()
-        if self._sequences is not None:
-            await self._sequences.close()
+        if self._publish is not None:
+            self._publish.cancel()
+        await self._calls.close()
         if self._push_task is not None:
             self._push_task.cancel()
         if self.runtime.hung() is None:  # a hung model's thread never returns: the process just ends

@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from deployments.serve.server_api import ServerClient
 from repository_loader.errors import Unavailable
 from repository_loader.model import ModelDescription
 
@@ -153,7 +154,7 @@ Discard = Callable[[Any], Awaitable[None]]
 async def follow(
     name: str,
     replica: str,
-    server: Callable[[], Any],
+    server: ServerClient,
     prepare: Prepare,
     commit: Commit,
     discard: Discard,
@@ -161,14 +162,14 @@ async def follow(
 ) -> None:
     """The replica side: wait for orders for ``name`` and carry them out, for the replica's life.
 
-    ``server()`` is the server deployment's handle; ``prepare`` builds and loads a runtime
+    ``server`` calls the server application; ``prepare`` builds and loads a runtime
     (raising with the reason), ``commit`` swaps to it, ``discard`` closes one not used."""
     seen: tuple[int, str] = (0, "")
     applied = 0  # the generation this replica serves (0: its deployment's arguments)
     prepared: tuple[int, Any] | None = None
     while True:
         try:
-            order = await server().reload_order.remote(name, seen, poll_timeout_s)
+            order = await server.reload_order(name, seen, poll_timeout_s)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the server is restarting or not up yet
@@ -187,7 +188,7 @@ async def follow(
             except Exception as exc:
                 error = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
                 logger.error("model '%s': the new description failed to load: %s", name, error)
-            await server().reload_report.remote(name, order.generation, replica, PREPARE, error)
+            await server.reload_report(name, order.generation, replica, PREPARE, error)
         elif order.phase == COMMIT and order.generation > applied:
             runtime = None
             if prepared is not None and prepared[0] == order.generation:
@@ -201,5 +202,5 @@ async def follow(
             if runtime is not None:
                 await commit(runtime)
                 applied = order.generation
-            await server().reload_report.remote(name, order.generation, replica, COMMIT, None)
+            await server.reload_report(name, order.generation, replica, COMMIT, None)
         seen = order.key

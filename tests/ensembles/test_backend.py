@@ -19,8 +19,9 @@ import ensembles.backend as ensemble_backend
 from deployments.backends.base import BackendContext
 from deployments.inference import InferRequest, InferResponse
 from deployments.runtime.model import ModelRuntime
+from deployments.runtime.router import Router
 from deployments.tensors import data_ptr, to_numpy
-from ensembles.backend import EnsembleBackend, PlacedExecutor, consumer_framework, hand_on
+from ensembles.backend import EnsembleBackend, consumer_framework, hand_on
 from repository_loader.errors import ConfigError, Unavailable
 from repository_loader.model import (
     DynamicBatching,
@@ -296,10 +297,10 @@ async def test_the_model_runtime_starts_and_stops_the_hosted_group() -> None:
     assert backend.hosted == {} and all(r.versions == {} for r in hosted)
 
 
-async def test_placed_executor_routes_by_model() -> None:
+async def test_steps_not_hosted_go_to_the_replica_executor() -> None:
     outer = NumpyExecutor({})
     outer.add("away", lambda inputs: {"Y": inputs["X"]})
-    executor = PlacedExecutor({}, outer)
+    executor = Router({}, remote=outer)
     response = await executor.infer(InferRequest("away", {"X": np.zeros(1, dtype=np.float32)}))
     assert response.error is None and [c.model_name for c in outer.calls] == ["away"]
 

@@ -90,7 +90,7 @@ class FakeDataPlane:
         self._version(model, version)
         return model.description
 
-    async def infer(self, request: InferRequest) -> InferResponse:
+    async def infer(self, request: InferRequest, raw: Any = None) -> InferResponse:
         model = self._model(request.model_name)
         version = self._version(model, request.model_version)
         if not model.ready:

@@ -34,7 +34,7 @@ class StreamingFakeDataPlane(FakeDataPlane):
         super().__init__(models)
         self.cancelled: list[str] = []
 
-    async def infer(self, request: InferRequest) -> InferResponse:
+    async def infer(self, request: InferRequest, raw: Any = None) -> InferResponse:
         model = self._model(request.model_name)
         self._version(model, request.model_version)
         if model.ready:

@@ -290,7 +290,7 @@ class GatedDataPlane(FakeDataPlane):
         super().__init__(models)
         self.gate = asyncio.Event()
 
-    async def infer(self, request: Any) -> Any:
+    async def infer(self, request: Any, raw: Any = None) -> Any:
         await self.gate.wait()
         return await super().infer(request)
 

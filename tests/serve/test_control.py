@@ -7,6 +7,7 @@ import asyncio
 import base64
 import json
 import shutil
+import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 
 from deployments.control import ModelController
 from deployments.serve.reloads import ReloadBoard, follow
+from deployments.serve.server_api import ServerClient
 from deployments.settings import ServerSettings
 from repository_loader.errors import InvalidArgument, NotFound, ServerError, Unavailable
 from repository_loader.model import ModelDescription
@@ -48,7 +50,8 @@ def add_model(repo: Path, name: str, versions: tuple[int, ...] = (1,), extra: st
     return folder
 
 
-def add_ensemble(repo: Path, name: str, step: str) -> None:
+def add_ensemble(repo: Path, name: str, step: str, keys: tuple[str, str] = ("INPUT0", "OUTPUT0")) -> None:
+    """An ensemble of one step; ``keys`` are the step model's input and output (an ensemble's: IN, OUT)."""
     (repo / name / "1").mkdir(parents=True)
     (repo / name / "config.pbtxt").write_text(
         f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: 8\n'
@@ -56,7 +59,7 @@ def add_ensemble(repo: Path, name: str, step: str) -> None:
         'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
         "ensemble_scheduling { step [ { "
         f'model_name: "{step}" model_version: -1 '
-        'input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT" } } ] }\n'
+        f'input_map {{ key: "{keys[0]}" value: "IN" }} output_map {{ key: "{keys[1]}" value: "OUT" }} }} ] }}\n'
     )
 
 
@@ -264,6 +267,25 @@ def test_an_ensemble_loads_its_steps_and_unload_dependents_unloads_them(repo: Pa
     assert states(c) == {"a": "UNAVAILABLE", "b": "", "ens": "UNAVAILABLE"}
 
 
+def test_unload_dependents_follows_nested_ensembles_and_keeps_what_another_ensemble_needs(repo: Path) -> None:
+    add_ensemble(repo, "inner", "a")
+    add_ensemble(repo, "outer", "inner", keys=("IN", "OUT"))
+    add_ensemble(repo, "other", "a")
+    c, d = controller([repo], model_control_mode="explicit")
+    asyncio.run(c.start())
+    asyncio.run(c.load("outer"))
+    assert [n for kind, n in d.calls if kind == "deploy"] == ["a", "inner", "outer"]
+    asyncio.run(c.load("other"))
+    asyncio.run(c.unload("outer", {"unload_dependents": True}))
+    assert states(c) == {
+        "a": "READY",
+        "b": "",
+        "inner": "UNAVAILABLE",
+        "other": "READY",
+        "outer": "UNAVAILABLE",
+    }
+
+
 def test_poll_picks_up_each_kind_of_change(repo: Path) -> None:
     c, d = controller([repo], model_control_mode="poll")
 
@@ -303,6 +325,61 @@ def test_unload_of_a_model_never_loaded_and_of_an_unknown_one(repo: Path) -> Non
     assert states(c) == {"a": "", "b": ""}
 
 
+def _override(name: str, batch: int) -> str:
+    return json.dumps(
+        {
+            "name": name,
+            "backend": "python",
+            "max_batch_size": batch,
+            "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+            "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+        }
+    )
+
+
+def test_an_override_folder_lives_while_the_model_is_described_from_it(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    c, d = controller([repo], model_control_mode="explicit")
+
+    def overlays() -> list[Path]:
+        return sorted(p.resolve() for p in temp.glob("triton-serve-overrides-*/*"))
+
+    def served() -> Path:
+        return d.deployed["a"].path.parent.resolve()
+
+    async def scenario() -> None:
+        await c.start()
+        await c.load("a", {"config": _override("a", 2)})
+        first = served()
+        assert overlays() == [first] and (first / "a" / "1" / "model.py").read_text() == MODEL_PY
+        await c.load("a", {"config": _override("a", 4)})  # another override: the first one goes
+        assert overlays() == [served()] and not first.exists()
+        d.fail.add("a")
+        with pytest.raises(InvalidArgument, match="the new version failed to load"):
+            await c.load("a", {"config": _override("a", 6)})  # the serving override stays
+        assert overlays() == [served()] and d.deployed["a"].max_batch_size == 4
+        d.fail.clear()
+        with pytest.raises(InvalidArgument, match="failed to load 'a'"):
+            await c.load("a", {"config": json.dumps({"name": "a", "max_batch_size": -3})})
+        assert overlays() == [served()]
+        await c.load("a")  # from the repository again: no override is left
+        assert list(temp.iterdir()) == []
+        await c.load("b", {"config": _override("b", 2)})
+        assert len(overlays()) == 1
+        await c.unload("b")
+        assert list(temp.iterdir()) == []
+        await c.load("b", {"config": _override("b", 2)})
+        await c.stop()
+        assert list(temp.iterdir()) == []
+
+    asyncio.run(scenario())
+    assert (repo / "a" / "1" / "model.py").read_text() == MODEL_PY  # the links went, not their targets
+
+
 # --- the reload board: two phases across replicas ------------------------------------------------
 
 
@@ -339,7 +416,15 @@ class FakeReplica:
 
     def run(self) -> asyncio.Task[None]:
         return asyncio.get_running_loop().create_task(
-            follow(self.name, self.replica, self.server, self.prepare, self.commit, self.discard, 0.2)
+            follow(
+                self.name,
+                self.replica,
+                ServerClient(self.server()),
+                self.prepare,
+                self.commit,
+                self.discard,
+                0.2,
+            )
         )
 
 

@@ -231,7 +231,7 @@ def _streamed_by(url: str, models: list[str]) -> list[tuple[str, str]]:
 
 def test_a_stream_reaches_the_replicas_of_the_model_its_first_request_names(front: str) -> None:
     """The whole stream goes there (over HTTP/2, Serve's per-replica gRPC port): that replica answers
-    a later request for another model too (``grpc_ingress.OtherModelsDataPlane``)."""
+    a later request for another model too (the router, ``deployments.runtime.router``)."""
     assert _streamed_by(front, ["m", "n", "m"]) == [("m", "m"), ("n", "m"), ("m", "m")]
     assert _streamed_by(front, [LONG_NAME]) == [(LONG_NAME, "long")]
     assert _streamed_by(front, ["unknown", "m"]) == [("unknown", "server"), ("m", "server")]

@@ -1,5 +1,5 @@
-"""Handle calls to a model with several instance groups go to the least loaded group, over the applications
-the deployer names (no Ray running)."""
+"""Calls to a model with several instance groups go to the least loaded group, over the applications the
+deployer names; a sequence's call goes to the group holding its owner (no Ray running)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 
 from deployments.inference import InferRequest, InferResponse
-from deployments.serve.handles import GroupApps, GroupPicker, HandleExecutor
+from deployments.runtime.router import owner_rank
+from deployments.serve.peers import GroupPicker, RemoteModels, counting
+from deployments.serve.server_api import GroupApps, ReplicaClient
 from deployments.settings import ServerSettings
 from repository_loader.errors import NotFound, Unavailable
 from repository_loader.model import InstanceGroup, InstanceKind, ModelDescription, TensorSpec
@@ -53,20 +55,20 @@ class Cluster:
         self.handles: dict[str, FakeHandle] = {}
         self.asked = 0
 
-    def connect(self, app: str) -> FakeHandle:
+    def connect(self, app: str) -> ReplicaClient:
         if app not in {name for name, _ in self.apps}:
             raise KeyError(app)
-        return self.handles.setdefault(app, FakeHandle(app))
+        return ReplicaClient(self.handles.setdefault(app, FakeHandle(app)))
 
     async def group_apps(self, model: str) -> GroupApps:
         self.asked += 1
         return self.apps
 
-    def executor(self, refresh_s: float = 30.0) -> HandleExecutor:
-        return HandleExecutor(self.group_apps, refresh_s=refresh_s, connect=self.connect)
+    def executor(self, refresh_s: float = 30.0) -> RemoteModels:
+        return RemoteModels(self.group_apps, refresh_s=refresh_s, connect=self.connect)
 
 
-async def _started(executor: HandleExecutor) -> asyncio.Task[InferResponse]:
+async def _started(executor: RemoteModels) -> asyncio.Task[InferResponse]:
     task = asyncio.get_running_loop().create_task(executor.infer(InferRequest("m", {})))
     for _ in range(3):
         await asyncio.sleep(0)
@@ -86,7 +88,7 @@ def test_picker_takes_the_fewest_calls_per_replica_and_the_first_group_on_a_tie(
     assert picker.pick(weighted) == "b"
     picker.in_flight = {"a": 1, "b": 3}
     assert picker.pick(weighted) == "a"
-    with picker.calling("a"), picker.calling("a"):
+    with counting(picker.in_flight, "a"), counting(picker.in_flight, "a"):
         assert picker.in_flight["a"] == 3
     assert picker.in_flight == {"a": 1, "b": 3}
 
@@ -143,11 +145,11 @@ async def test_one_group_and_unknown_models() -> None:
     cluster = Cluster((("model-m", 2),))
     executor = cluster.executor()
     call = await _started(executor)
-    assert list(cluster.handles) == ["model-m"] and executor.handle("m") is cluster.handles["model-m"]
+    assert list(cluster.handles) == ["model-m"] and executor.client("m").handle is cluster.handles["model-m"]
     cluster.handles["model-m"].pending[0].set()
     assert (await call).id == "model-m"
     with pytest.raises(NotFound, match="'other' is not found"):
-        executor.handle("other")
+        executor.client("other")
 
 
 def _two_groups(cpu_count: int = 2) -> ModelDescription:
@@ -181,3 +183,13 @@ def test_the_deployer_names_the_groups_handles_spread_over() -> None:
     assert _same_shape(entries, deployer.entries(dataclasses.replace(model, versions=(1, 2))))
     assert not _same_shape(entries, deployer.entries(_two_groups(cpu_count=3)))
     assert not _same_shape(entries, entries[:1])
+
+
+def test_a_sequence_call_goes_to_the_group_holding_its_owner() -> None:
+    picker = GroupPicker()
+    apps = (("g0", 2), ("g1", 1))  # ranks 0-1 in g0, rank 2 in g1
+    for cid in range(1, 40):
+        expected = "g0" if owner_rank(cid, 3) < 2 else "g1"
+        assert picker.pick(apps, cid) == expected
+    assert {picker.pick(apps, cid) for cid in range(1, 40)} == {"g0", "g1"}
+    assert picker.pick(apps) == "g0"  # no sequence: least loaded, first on a tie

@@ -1,0 +1,88 @@
+"""What every front end does around an inference, once: HTTP, gRPC and ``/generate`` decode a
+request, call :class:`InferenceCalls`, and encode what it returns.
+
+It holds the checked-request schema of each model (built once per description), refuses a
+decoupled model where the protocol answers exactly once, turns ``response.error`` into the
+exception the front end maps to its status, and fills the response's model name, version and id
+from the request where the model left them empty.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator
+
+from deployments.inference import InferRequest, InferResponse
+from deployments.protocol.dataplane import DataPlane
+from deployments.runtime.checks import ModelSchema
+from deployments.runtime.router import RawReply, RawRequest
+from repository_loader.errors import Unsupported
+from repository_loader.model import ModelDescription
+
+Schema = tuple[ModelDescription, ModelSchema]
+
+
+class InferenceCalls:
+    """Inference over a :class:`~deployments.protocol.dataplane.DataPlane`, as every front end needs it."""
+
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dataplane = dataplane
+        self._schemas: dict[tuple[str, str], Schema] = {}
+
+    async def schema(self, name: str, version: str) -> Schema:
+        """The model's description (NotFound / Unavailable as the data plane raises them) and the
+        schema requests are checked against, rebuilt only when the description changes."""
+        description = await self.dataplane.model_description(name, version)
+        cached = self._schemas.get((name, version))
+        if cached is not None and cached[0] is description:
+            return cached
+        entry = (description, ModelSchema.from_description(description))
+        self._schemas[(name, version)] = entry
+        return entry
+
+    @staticmethod
+    def refuse_decoupled(description: ModelDescription, call: str, instead: str) -> None:
+        """A decoupled model may answer 0..N times: ``call`` answers exactly once, ``instead`` streams."""
+        if description.decoupled:
+            raise Unsupported(
+                f"model '{description.name}' is decoupled: the {call} cannot answer it, use {instead}"
+            )
+
+    async def infer(
+        self, request: InferRequest, description: ModelDescription, raw: RawRequest | None = None
+    ) -> InferResponse | RawReply:
+        """The one response of ``request``; its error raised. Where ``raw`` is given, the reply of the
+        replica it was sent on to may come back as it is."""
+        answer = await self.dataplane.infer(request, raw)
+        if isinstance(answer, InferResponse):
+            complete(answer, request, description)
+        return answer
+
+    async def infer_one(self, request: InferRequest, description: ModelDescription) -> InferResponse:
+        """:meth:`infer` without a raw request: always a response."""
+        answer = await self.infer(request, description)
+        assert isinstance(answer, InferResponse)  # no raw request, so no raw reply
+        return answer
+
+    async def responses(
+        self, request: InferRequest, description: ModelDescription
+    ) -> AsyncGenerator[InferResponse, None]:
+        """Every response of ``request`` as it comes, the first error raised; closing early cancels it."""
+        async with contextlib.aclosing(self.dataplane.infer_stream(request)) as stream:
+            async for response in stream:
+                complete(response, request, description)
+                yield response
+
+
+def complete(response: InferResponse, request: InferRequest, description: ModelDescription) -> None:
+    """Raise the response's error, else fill what the model left empty from the request."""
+    if response.error is not None:
+        raise response.error
+    response.model_name = response.model_name or request.model_name
+    response.model_version = (
+        response.model_version or request.model_version or str(description.latest_version)
+    )
+    response.id = response.id or request.id
+
+
+__all__ = ["InferenceCalls", "Schema", "complete"]

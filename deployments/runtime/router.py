@@ -1,0 +1,210 @@
+"""Where an inference runs: the one decision, for every way a request reaches a replica.
+
+HTTP, gRPC (unary, streams, over HTTP/1.1), ``/generate``, BLS calls and ensemble steps all hand
+their requests to a :class:`Router`; none of them chooses a destination. :meth:`Router.place`
+is the decision and returns a :class:`Placement`:
+
+* ``LOCAL``: a model this process runs (a replica's own model, or a composing model an
+  ensemble hosts in process, handed tensors as the same objects);
+* ``OWNER``: the replica holding a sequence's state, when this replica serves the model but
+  another rank owns the sequence (:func:`owner_rank`);
+* ``REMOTE``: any other model, through the serving layer's executor (another replica).
+
+The router is Ray-free: how an owner or another model is reached is given to it
+(:class:`OwnerCalls`, a :class:`~deployments.inference.ModelExecutor`) by the serving layer
+(``deployments.serve.peers``). An HTTP request may come with its body as it arrived
+(:class:`RawRequest`); a request sent on to a sequence's owner then travels unchanged and the
+owner's reply comes back as it is (:data:`RawReply`), the one fast path, decided here too.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import AsyncGenerator, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+from deployments.inference import InferRequest, InferResponse, ModelExecutor
+from repository_loader.errors import NotFound, Unavailable
+
+Headers = list[tuple[bytes, bytes]]
+RawReply = tuple[int, Headers, bytes]
+"""An HTTP reply as another replica sent it: status, headers, body."""
+
+FORWARDED = b"x-triton-sequence-owner"
+"""Set on a request sent on to a sequence's owner (value: the owner's rank): it runs where it lands."""
+
+
+class Runner(Protocol):
+    """A model this process runs (``deployments.runtime.model.ModelRuntime``)."""
+
+    async def infer(self, request: InferRequest) -> InferResponse: ...
+
+    def infer_stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]: ...
+
+
+@dataclass(frozen=True)
+class RawRequest:
+    """An HTTP request as it arrived (path, headers, body), for sending it on unchanged."""
+
+    path: str
+    headers: Headers
+    body: bytes
+
+    @property
+    def forwarded(self) -> bool:
+        """Whether another replica sent this request here as the sequence's owner."""
+        return any(key == FORWARDED for key, _ in self.headers)
+
+
+class OwnerCalls(Protocol):
+    """How a request reaches the replica that holds rank ``rank`` of stateful model ``model``."""
+
+    async def forward(
+        self, model: str, rank: int, request: InferRequest, raw: RawRequest | None
+    ) -> InferResponse | RawReply:
+        """The owner's answer: its reply as it came where ``raw`` is given, else a response."""
+        ...
+
+
+def owner_rank(correlation_id: int | str, world_size: int) -> int:
+    """The rank owning sequence ``correlation_id``; ``5`` and ``"5"`` are different sequences.
+
+    Ranks (``0 .. world_size-1``) run over every replica of the model; Serve keeps them stable (a
+    replacement takes the rank it replaces), so every replica computes the owner alone."""
+    key = (b"s" + correlation_id.encode()) if isinstance(correlation_id, str) else b"i%d" % correlation_id
+    return zlib.crc32(key) % world_size
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This replica's place among the replicas of a stateful model (docs/sequence.md)."""
+
+    model: str
+    rank: int
+    world_size: int
+
+    def owner(self, correlation_id: int | str) -> int:
+        return owner_rank(correlation_id, self.world_size)
+
+
+class Where(Enum):
+    LOCAL = "local"
+    OWNER = "owner"
+    REMOTE = "remote"
+
+
+@dataclass(frozen=True)
+class Placement:
+    where: Where
+    rank: int = -1  # OWNER: the rank that holds the sequence
+
+
+_LOCAL = Placement(Where.LOCAL)
+_REMOTE = Placement(Where.REMOTE)
+
+
+class Router:
+    """Runs each inference where :meth:`place` says; a ``ModelExecutor`` for BLS and ensembles too.
+
+    ``local`` maps model names to what runs them here (the mapping itself is kept: an ensemble fills
+    it as its hosted models load); ``remote`` reaches every other model (None: they are unknown
+    here), for an ensemble the router of its replica; ``ranks`` and ``owners`` are given for a
+    stateful model with several replicas.
+    """
+
+    def __init__(
+        self,
+        local: Mapping[str, Runner] | None = None,
+        remote: ModelExecutor | None = None,
+        ranks: Ranks | None = None,
+        owners: OwnerCalls | None = None,
+    ) -> None:
+        self.local: Mapping[str, Runner] = {} if local is None else local  # kept, not copied
+        self.remote = remote
+        self.ranks = ranks
+        self.owners = owners
+        self.answered_here = 0  # a stateful model's sequence requests answered by this replica
+        self.sent_to_owner = 0  # ... and sent on to their owner
+
+    def serve(self, name: str, runner: Runner) -> None:
+        """Run ``name`` here with ``runner`` from now on (a load, or a reload swapping it in)."""
+        self.local = {**self.local, name: runner}
+
+    def place(self, request: InferRequest, raw: RawRequest | None = None) -> Placement:
+        """Where ``request`` runs: the one routing decision of the server."""
+        if request.model_name not in self.local:
+            return _REMOTE
+        ranks = self.ranks
+        if ranks is None or not request.correlation_id or (raw is not None and raw.forwarded):
+            return _LOCAL
+        if request.model_name != ranks.model:
+            return _LOCAL
+        owner = ranks.owner(request.correlation_id)
+        return _LOCAL if owner == ranks.rank else Placement(Where.OWNER, owner)
+
+    async def route(self, request: InferRequest, raw: RawRequest | None = None) -> InferResponse | RawReply:
+        """The answer to ``request`` from where it runs (an owner's raw reply where ``raw`` is given)."""
+        placement = self.place(request, raw)
+        if placement.where is Where.LOCAL:
+            if self.ranks is not None and request.correlation_id:
+                self.answered_here += 1
+            return await self.local[request.model_name].infer(request)
+        if placement.where is Where.OWNER:
+            if self.owners is None:
+                raise self._owner_unreachable(request, placement.rank)
+            answer = await self.owners.forward(request.model_name, placement.rank, request, raw)
+            self.sent_to_owner += 1
+            return answer
+        return await self._remote(request).infer(request)
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        """``ModelExecutor.infer``: the response of ``request``, wherever it runs."""
+        answer = await self.route(request)
+        assert isinstance(answer, InferResponse)  # no raw request, so no raw reply
+        return answer
+
+    def stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
+        """Every response of ``request`` in order (a decoupled model: 0..N, the last ``final``)."""
+        placement = self.place(request)
+        if placement.where is Where.LOCAL:
+            return self.local[request.model_name].infer_stream(request)
+        if placement.where is Where.OWNER:
+            raise self._owner_unreachable(request, placement.rank)
+        remote = self._remote(request)
+        streaming = getattr(remote, "stream", None)
+        if streaming is not None:
+            stream: AsyncGenerator[InferResponse, None] = streaming(request)
+            return stream
+        return _one(remote, request)
+
+    def _remote(self, request: InferRequest) -> ModelExecutor:
+        if self.remote is None:
+            raise NotFound(f"Request for unknown model: '{request.model_name}' is not found")
+        return self.remote
+
+    def _owner_unreachable(self, request: InferRequest, rank: int) -> Unavailable:
+        """A sequence's request that cannot reach its owner: it never runs without its state."""
+        return Unavailable(
+            f"inference request for sequence {request.correlation_id} to model '{request.model_name}': "
+            f"the replica holding the sequence (rank {rank}) cannot be reached this way"
+        )
+
+
+async def _one(executor: ModelExecutor, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
+    yield await executor.infer(request)
+
+
+__all__ = [
+    "FORWARDED",
+    "OwnerCalls",
+    "Placement",
+    "Ranks",
+    "RawReply",
+    "RawRequest",
+    "Router",
+    "Runner",
+    "Where",
+    "owner_rank",
+]

@@ -1,0 +1,143 @@
+"""The calls between model replicas and the server application, typed, in one place.
+
+A replica reaches the server application (``ServerDeployment``) only through :class:`ServerClient`,
+and the server reaches a model's replicas only through :class:`ReplicaClient`: each method names
+the deployment method it calls, with the same parameters. ``tests/serve/test_server_api.py`` checks
+every method here against the deployment classes' signatures, so a renamed or changed deployment
+method fails there, not on the first call in production.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from deployments.inference import InferRequest, InferResponse
+from deployments.serve.names import MODEL_DEPLOYMENT, SERVER_APP, SERVER_DEPLOYMENT
+from repository_loader.errors import ServerError
+from repository_loader.model import ModelDescription
+
+GroupApps = tuple[tuple[str, int], ...]
+"""A model's Serve applications, one per instance group in group order, each with its replica count."""
+Member = tuple[str, str]
+"""Where a rank of a stateful model runs: its application and its replica's actor name."""
+
+
+def server_error(exc: BaseException) -> ServerError | None:
+    """The server's own error that a failed handle call carries (Ray wraps it), if any."""
+    if isinstance(exc, ServerError):
+        return exc
+    cause = getattr(exc, "cause", None) or getattr(exc, "__cause__", None)
+    return cause if isinstance(cause, ServerError) else None
+
+
+class ServerClient:
+    """The server application's methods, as a model replica calls them (``ServerDeployment``)."""
+
+    def __init__(self, handle: Any = None) -> None:
+        self._handle: Any = handle
+
+    @property
+    def handle(self) -> Any:
+        if self._handle is None:
+            from ray import serve
+
+            self._handle = serve.get_deployment_handle(SERVER_DEPLOYMENT, app_name=SERVER_APP)
+        return self._handle
+
+    async def _call(self, method: Any, *args: Any, timeout_s: float | None = None) -> Any:
+        call = method.remote(*args)
+        try:
+            return await (call if timeout_s is None else asyncio.wait_for(call, timeout_s))
+        except Exception as exc:
+            own = server_error(exc)
+            if own is not None:
+                raise own from None
+            raise
+
+    async def model_apps(self, name: str, timeout_s: float | None = None) -> GroupApps:
+        found = await self._call(self.handle.model_apps, name, timeout_s=timeout_s)
+        return tuple((str(app), int(replicas)) for app, replicas in found)
+
+    async def describe(self, name: str, version: str) -> ModelDescription:
+        found: ModelDescription = await self._call(self.handle.describe, name, version)
+        return found
+
+    async def sequence_register(self, model: str, rank: int, member: Member) -> None:
+        await self._call(self.handle.sequence_register, model, rank, member)
+
+    async def sequence_members(self, model: str) -> dict[int, Member]:
+        found: dict[int, Member] = await self._call(self.handle.sequence_members, model)
+        return found
+
+    async def report_stats(self, model: str, replica: str, snapshot: list[dict[str, Any]]) -> None:
+        await self._call(self.handle.report_stats, model, replica, snapshot)
+
+    async def report_metrics(self, model: str, replica: str, snapshot: dict[str, Any]) -> None:
+        await self._call(self.handle.report_metrics, model, replica, snapshot)
+
+    async def cluster_stats(
+        self, model: str, replica: str, snapshot: list[dict[str, Any]], remember: bool = True
+    ) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = await self._call(
+            self.handle.cluster_stats, model, replica, snapshot, remember
+        )
+        return found
+
+    async def reload_order(self, model: str, seen: tuple[int, str], timeout_s: float) -> Any:
+        return await self._call(self.handle.reload_order, model, seen, timeout_s)
+
+    async def reload_report(
+        self, model: str, generation: int, replica: str, phase: str, error: str | None
+    ) -> None:
+        await self._call(self.handle.reload_report, model, generation, replica, phase, error)
+
+    async def control_load(self, name: str, config: str, files: dict[str, bytes]) -> None:
+        await self._call(self.handle.control_load, name, config, files)
+
+    async def control_unload(self, name: str, unload_dependents: bool) -> None:
+        await self._call(self.handle.control_unload, name, unload_dependents)
+
+    async def control_is_ready(self, name: str, version: str) -> bool:
+        return bool(await self._call(self.handle.control_is_ready, name, version))
+
+
+class ReplicaClient:
+    """A model deployment's methods, as the server and other replicas call them (``ModelDeployment``).
+
+    ``handle`` is the deployment handle of one of the model's applications (Serve picks the replica).
+    """
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    async def infer_internal(self, request: InferRequest) -> InferResponse:
+        response: InferResponse = await self.handle.infer_internal.remote(request)
+        return response
+
+    def infer_stream_internal(self, request: InferRequest) -> Any:
+        """The streaming call (``responses``: an async iterator of the model's responses, with
+        ``cancel()``)."""
+        return self.handle.options(stream=True).infer_stream_internal.remote(request)
+
+    async def load_status(self) -> dict[str, Any]:
+        status: dict[str, Any] = await self.handle.load_status.remote()
+        return status
+
+    async def metrics_snapshot(self) -> dict[str, Any]:
+        snapshot: dict[str, Any] = await self.handle.metrics_snapshot.remote()
+        return snapshot
+
+    async def stats_snapshot(self) -> list[dict[str, Any]]:
+        snapshot: list[dict[str, Any]] = await self.handle.stats_snapshot.remote()
+        return snapshot
+
+
+def replica_client(app: str) -> ReplicaClient:
+    """The client of application ``app``'s model deployment."""
+    from ray import serve
+
+    return ReplicaClient(serve.get_deployment_handle(MODEL_DEPLOYMENT, app_name=app))
+
+
+__all__ = ["GroupApps", "Member", "ReplicaClient", "ServerClient", "replica_client", "server_error"]

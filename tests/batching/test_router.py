@@ -1,0 +1,171 @@
+"""The router alone decides where an inference runs: here, at a sequence's owner, or at another
+model's replicas; an HTTP request sent on to an owner travels unchanged (no Ray running)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from deployments.inference import InferRequest, InferResponse
+from deployments.runtime.router import (
+    FORWARDED,
+    Placement,
+    Ranks,
+    RawReply,
+    RawRequest,
+    Router,
+    Where,
+    owner_rank,
+)
+from repository_loader.errors import NotFound, Unavailable
+
+
+class Runner:
+    """A model run here: answers with its own name, and streams two responses."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.calls: list[InferRequest] = []
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        self.calls.append(request)
+        return InferResponse(outputs={"OUT": request.inputs["IN"]}, model_name=self.name, id="here")
+
+    async def infer_stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
+        self.calls.append(request)
+        yield InferResponse(final=False, id="here-1")
+        yield InferResponse(final=True, id="here-2")
+
+
+class Elsewhere:
+    """Another model's replicas (the serving layer's executor), streaming where ``streams``."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        self.calls.append(request.model_name)
+        return InferResponse(model_name=request.model_name, id="elsewhere")
+
+
+class StreamingElsewhere(Elsewhere):
+    async def stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
+        self.calls.append(request.model_name)
+        for i in range(3):
+            yield InferResponse(final=i == 2, id=f"elsewhere-{i}")
+
+
+class Owners:
+    """The replicas holding other ranks: a raw request comes back as a raw reply."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, RawRequest | None]] = []
+
+    async def forward(
+        self, model: str, rank: int, request: InferRequest, raw: RawRequest | None
+    ) -> InferResponse | RawReply:
+        self.sent.append((rank, raw))
+        if raw is not None:
+            return 200, [(b"content-type", b"application/json")], b'{"from": %d}' % rank
+        return InferResponse(model_name=model, id=f"owner-{rank}")
+
+
+def _request(model: str = "m", cid: int | str = 0) -> InferRequest:
+    return InferRequest(model, {"IN": np.zeros((1, 1), np.int32)}, correlation_id=cid)
+
+
+def _sequences(rank: int, world: int) -> tuple[int, int]:
+    """A correlation ID this rank owns and one another rank owns."""
+    mine = next(c for c in range(1, 200) if owner_rank(c, world) == rank)
+    other = next(c for c in range(1, 200) if owner_rank(c, world) != rank)
+    return mine, other
+
+
+async def test_a_model_served_here_runs_here_and_any_other_goes_to_the_executor() -> None:
+    here, elsewhere = Runner("m"), Elsewhere()
+    router = Router({"m": here}, remote=elsewhere)
+    assert router.place(_request("m")) == Placement(Where.LOCAL)
+    assert router.place(_request("n")) == Placement(Where.REMOTE)
+    assert (await router.infer(_request("m"))).id == "here"
+    assert (await router.infer(_request("n"))).id == "elsewhere"
+    assert len(here.calls) == 1 and elsewhere.calls == ["n"]
+
+
+async def test_without_an_executor_another_model_is_unknown() -> None:
+    router = Router({"m": Runner("m")})
+    with pytest.raises(NotFound, match="Request for unknown model: 'n' is not found"):
+        await router.infer(_request("n"))
+    with pytest.raises(NotFound):
+        router.stream(_request("n"))
+
+
+async def test_a_sequence_runs_at_its_owner_and_a_raw_request_travels_unchanged() -> None:
+    here, owners = Runner("m"), Owners()
+    router = Router({"m": here}, ranks=Ranks("m", 0, 3), owners=owners)
+    mine, other = _sequences(0, 3)
+    assert router.place(_request("m", mine)) == Placement(Where.LOCAL)
+    assert router.place(_request("m", other)) == Placement(Where.OWNER, owner_rank(other, 3))
+    assert router.place(_request("m")).where is Where.LOCAL  # not a sequence
+    raw = RawRequest("/v2/models/m/infer", [(b"content-type", b"application/json")], b"{}")
+    reply = await router.route(_request("m", other), raw)
+    assert reply == (200, [(b"content-type", b"application/json")], b'{"from": %d}' % owner_rank(other, 3))
+    assert owners.sent == [(owner_rank(other, 3), raw)]
+    response = await router.infer(_request("m", other))  # a gRPC or BLS call: no raw body
+    assert isinstance(response, InferResponse) and response.id == f"owner-{owner_rank(other, 3)}"
+    assert (await router.infer(_request("m", mine))).id == "here"
+    assert (router.answered_here, router.sent_to_owner) == (1, 2)
+
+
+async def test_a_request_sent_on_to_its_owner_runs_where_it_lands() -> None:
+    here, owners = Runner("m"), Owners()
+    router = Router({"m": here}, ranks=Ranks("m", 1, 2), owners=owners)
+    _, other = _sequences(1, 2)
+    forwarded = RawRequest("/v2/models/m/infer", [(FORWARDED, b"1")], b"{}")
+    assert forwarded.forwarded and router.place(_request("m", other), forwarded).where is Where.LOCAL
+    answer = await router.route(_request("m", other), forwarded)
+    assert isinstance(answer, InferResponse) and answer.id == "here" and owners.sent == []
+
+
+async def test_a_sequence_whose_owner_cannot_be_reached_never_runs_here() -> None:
+    router = Router({"m": Runner("m")}, ranks=Ranks("m", 0, 2))
+    _, other = _sequences(0, 2)
+    with pytest.raises(Unavailable, match=f"sequence {other} to model 'm'.*rank {owner_rank(other, 2)}"):
+        await router.infer(_request("m", other))
+    with pytest.raises(Unavailable, match="cannot be reached"):
+        router.stream(_request("m", other))  # a stream cannot be sent on to one replica
+
+
+async def test_streams_run_where_inference_runs() -> None:
+    here = Runner("m")
+    router = Router({"m": here}, remote=StreamingElsewhere())
+    assert [r.id async for r in router.stream(_request("m"))] == ["here-1", "here-2"]
+    assert [r.id async for r in router.stream(_request("n"))] == [f"elsewhere-{i}" for i in range(3)]
+    plain = Router({}, remote=Elsewhere())  # an executor that cannot stream: its one response
+    assert [r.id async for r in plain.stream(_request("n"))] == ["elsewhere"]
+
+
+async def test_an_ensemble_router_runs_its_hosted_models_here_and_the_rest_through_the_replica() -> None:
+    hosted: dict[str, Any] = {}
+    replica = Router({"ens": Runner("ens")}, remote=Elsewhere())
+    steps = Router(hosted, remote=replica)
+    assert steps.place(_request("a")).where is Where.REMOTE
+    hosted["a"] = Runner("a")  # loaded after the router was made: the mapping is kept
+    assert (await steps.infer(_request("a"))).id == "here"
+    assert (await steps.infer(_request("b"))).id == "elsewhere"
+    assert (await steps.infer(_request("ens"))).id == "here"  # the replica's own model, through it
+
+
+def test_a_replacement_runner_serves_from_then_on() -> None:
+    old, new = Runner("m"), Runner("m")
+    router = Router({"m": old})
+    router.serve("m", new)
+    assert router.local["m"] is new
+
+
+def test_owner_rank_tells_int_and_string_ids_apart_and_spreads_them() -> None:
+    assert owner_rank(5, 7) == owner_rank(5, 7)
+    assert {owner_rank(c, 4) for c in range(1, 100)} == {0, 1, 2, 3}
+    assert any(owner_rank(c, 97) != owner_rank(str(c), 97) for c in range(1, 20))

@@ -1,0 +1,97 @@
+"""Every call between replicas and the server application names a deployment method that exists, with
+arguments its signature takes (no Ray running: the clients are driven over a recording handle)."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import pytest
+
+from deployments.inference import InferRequest
+from deployments.serve.server_api import ReplicaClient, ServerClient
+
+
+class Recorder:
+    """A deployment handle: ``handle.<method>.remote(*args)`` records the call and answers ``answer``."""
+
+    def __init__(self, answer: Any = None) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+        self.answer = answer
+
+    def options(self, **_: Any) -> Recorder:
+        return self
+
+    def __getattr__(self, method: str) -> Any:
+        recorder = self
+
+        class Method:
+            def remote(self, *args: Any) -> Any:
+                recorder.calls.append((method, args))
+
+                async def answer() -> Any:
+                    return recorder.answer
+
+                return answer()
+
+        return Method()
+
+
+def _deployment_class(name: str) -> type:
+    from deployments.serve.app import ServerDeployment
+    from deployments.serve.model_app import ModelDeployment
+
+    deployment = {"server": ServerDeployment, "model": ModelDeployment}[name]
+    return deployment.func_or_class  # type: ignore[attr-defined, no-any-return]
+
+
+def _public(cls: type) -> list[str]:
+    return [n for n, v in vars(cls).items() if inspect.isfunction(v) and not n.startswith("_")]
+
+
+ARGS: dict[str, tuple[Any, ...]] = {
+    "model_apps": ("m",),
+    "describe": ("m", "1"),
+    "sequence_register": ("m", 1, ("model-m", "actor")),
+    "sequence_members": ("m",),
+    "report_stats": ("m", "r", []),
+    "report_metrics": ("m", "r", {"stats": []}),
+    "cluster_stats": ("m", "r", [], True),
+    "reload_order": ("m", (0, ""), 1.0),
+    "reload_report": ("m", 1, "r", "prepare", None),
+    "control_load": ("m", "", {}),
+    "control_unload": ("m", False),
+    "control_is_ready": ("m", ""),
+    "infer_internal": (InferRequest("m", {}),),
+    "infer_stream_internal": (InferRequest("m", {}),),
+    "load_status": (),
+    "metrics_snapshot": (),
+    "stats_snapshot": (),
+}
+
+
+@pytest.mark.parametrize(
+    ("client_cls", "deployment"),
+    [(ServerClient, "server"), (ReplicaClient, "model")],
+    ids=["server", "replica"],
+)
+async def test_each_client_method_calls_the_deployment_method_of_its_name(
+    client_cls: type, deployment: str
+) -> None:
+    cls = _deployment_class(deployment)
+    methods = _public(client_cls)
+    assert methods, "the client has methods"
+    for method in methods:
+        recorder = Recorder(answer=[] if method in ("model_apps",) else {})
+        client = client_cls(recorder)
+        result = getattr(client, method)(*ARGS[method])
+        if inspect.isawaitable(result):
+            await result
+        assert [name for name, _ in recorder.calls] == [method], method
+        target = getattr(cls, method, None)
+        assert target is not None, f"{cls.__name__} has no method {method}"
+        inspect.signature(target).bind(None, *recorder.calls[0][1])  # raises on a mismatch
+
+
+def test_every_method_the_replicas_and_the_server_call_is_covered() -> None:
+    assert set(_public(ServerClient)) | set(_public(ReplicaClient)) == set(ARGS)
