@@ -147,7 +147,10 @@ class ModelController(ModelLoader):
         self._check_explicit()
         config, files = parse_overrides(parameters or {}, self.settings.allow_model_file_upload)
         async with self._lock:
-            await self._load_named(name, config, files)
+            try:
+                await self._load_named(name, config, files)
+            finally:
+                self._release_overlays()
 
     async def _load_named(self, name: str, config: dict[str, Any] | None, files: dict[str, bytes]) -> None:
         self.listing = await asyncio.to_thread(list_repositories, self.settings.model_repositories)
@@ -208,6 +211,7 @@ class ModelController(ModelLoader):
                 targets += [n for n in self._composing(entry.model) if not self._needed_by_others(n, name)]
             for target in targets:
                 await self._unload_one(target)
+            self._release_overlays()
 
     def _composing(self, model: ModelDescription) -> list[str]:
         """The models ``model`` needs, followed through the ensembles the entries describe."""

@@ -68,6 +68,12 @@ class ModelLoader(Registry):
                 failed[name] = exc.message
         return models, failed
 
+    def _release_overlays(self) -> None:
+        """Remove the override repositories no model asked for is described from any more."""
+        self._overlays.retain(
+            e.model.path.parent for e in self.entries.values() if e.requested and e.model is not None
+        )
+
     # --- entries -------------------------------------------------------------------
 
     def _fail(self, name: str, reason: str) -> None:

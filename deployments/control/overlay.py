@@ -4,7 +4,9 @@ A repository API load may carry a ``config`` (a JSON object, or its text) and
 ``file:<version>/<name>`` contents (base64; refused unless
 ``allow_model_file_upload``). :class:`Overlays` writes each such load as a
 one-model repository below one temporary folder, and the model is read and served
-from there; the controller's stop removes them all.
+from there. A folder lives while a loaded model is described from it: the model
+unloaded, or loaded again without the override or with another, its folder is
+removed (:meth:`Overlays.retain`), and the controller's stop removes them all.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import json
 import re
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +65,7 @@ def parse_overrides(
 
 class Overlays:
     """The override repositories, numbered folders below one temporary folder (``root``, made on
-    the first override)."""
+    the first override and removed when no override is left)."""
 
     def __init__(self) -> None:
         self.root: Path | None = None
@@ -77,7 +79,7 @@ class Overlays:
         from repository_loader.config import config_from_json, config_to_text
 
         if self.root is None:
-            self.root = Path(tempfile.mkdtemp(prefix=PREFIX))
+            self.root = Path(tempfile.mkdtemp(prefix=PREFIX)).resolve()
         self._count += 1
         folder = self.root / str(self._count)
         target = folder / name
@@ -96,6 +98,19 @@ class Overlays:
             if child.name not in ("config.pbtxt", "configs", "__pycache__"):
                 (target / child.name).symlink_to(child, target_is_directory=child.is_dir())
         return folder
+
+    def retain(self, used: Iterable[Path]) -> None:
+        """Remove every override repository but those ``used`` names (the temporary folder too when
+        none is left). Links are removed, never what they point to."""
+        if self.root is None or not self.root.is_dir():
+            self.root = None
+            return
+        keep = {path.resolve() for path in used}
+        for folder in list(self.root.iterdir()):
+            if folder.resolve() not in keep:
+                shutil.rmtree(folder, ignore_errors=True)
+        if not any(self.root.iterdir()):
+            self.close()
 
     def close(self) -> None:
         """Remove every override repository."""
