@@ -33,16 +33,12 @@ from types import ModuleType
 from typing import Any
 
 from deployments.backends.base import Backend, BackendContext, timed
-from deployments.backends.python_requests import (
-    BlsBridge,
-    InferenceRequest,
-    InferenceResponse,
-    NeedsWorkerThread,
-    ResponseChannel,
-    reset_bridge,
-    set_bridge,
-)
-from deployments.backends.python_utils import TritonError, to_server_error
+from deployments.backends.python_api.bls import BlsBridge, NeedsWorkerThread
+from deployments.backends.python_api.context import reset_bridge, set_bridge
+from deployments.backends.python_api.errors import TritonError, to_server_error
+from deployments.backends.python_api.request import InferenceRequest
+from deployments.backends.python_api.response import InferenceResponse
+from deployments.backends.python_api.response_sender import ResponseChannel
 from deployments.inference import InferRequest, InferResponse
 from repository_loader import datatypes
 from repository_loader.errors import InternalError, ServerError, Unavailable

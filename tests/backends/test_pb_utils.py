@@ -62,7 +62,7 @@ def test_errors_carry_triton_codes() -> None:
         )
     ]
     assert codes == list(range(8))
-    from deployments.backends.python_utils import to_server_error
+    from deployments.backends.python_api.errors import to_server_error
 
     assert [to_server_error(pb_utils.TritonError("m", c)).code for c in codes] == list(ErrorCode)
 
@@ -101,7 +101,8 @@ def test_config_helpers() -> None:
 
 
 def test_logger(caplog: pytest.LogCaptureFixture) -> None:
-    from deployments.backends.python_requests import BlsBridge, reset_bridge, set_bridge
+    from deployments.backends.python_api.bls import BlsBridge
+    from deployments.backends.python_api.context import reset_bridge, set_bridge
 
     token = set_bridge(BlsBridge(None, model_name="m"), default=False)
     try:

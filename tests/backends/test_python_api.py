@@ -168,7 +168,7 @@ async def test_exec_decoupled_yields_responses_then_an_empty_final_one() -> None
     )
     import asyncio
 
-    from deployments.backends.python_requests import reset_bridge, set_bridge
+    from deployments.backends.python_api.context import reset_bridge, set_bridge
 
     token = set_bridge(bls._bridge, default=False)
     try:
@@ -214,7 +214,8 @@ async def test_bls_timeout_answers_with_an_error() -> None:
             await asyncio.sleep(1)
             return InferResponse()
 
-    from deployments.backends.python_requests import BlsBridge, reset_bridge, set_bridge
+    from deployments.backends.python_api.bls import BlsBridge
+    from deployments.backends.python_api.context import reset_bridge, set_bridge
 
     token = set_bridge(BlsBridge(Slow(), asyncio.get_running_loop()), default=False)
     try:
@@ -253,7 +254,8 @@ async def test_bls_model_control_reaches_the_executor() -> None:
 async def test_model_control_without_the_capability_is_refused() -> None:
     import asyncio
 
-    from deployments.backends.python_requests import BlsBridge, reset_bridge, set_bridge
+    from deployments.backends.python_api.bls import BlsBridge
+    from deployments.backends.python_api.context import reset_bridge, set_bridge
 
     class InferOnly:
         async def infer(self, request: InferRequest) -> InferResponse:

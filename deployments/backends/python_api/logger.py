@@ -1,0 +1,86 @@
+"""``pb_utils.Logger``: a model's log lines, named after the model that writes them.
+
+Lines go to the Python logger ``triton_python_backend``; in a served replica
+:func:`log_to_stderr` writes them to standard error in tritonserver's form.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from enum import IntEnum
+from typing import Any
+
+from deployments.backends.python_api.context import current_model_name
+
+_log = logging.getLogger("triton_python_backend")
+
+
+class _LogLevel(IntEnum):
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+
+
+_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
+
+
+def log_to_stderr() -> None:
+    """Write the models' log lines to this process's standard error, as tritonserver writes its log
+    (a served replica: Ray keeps the worker's stderr in its ``worker-*.err`` file; Serve replaces
+    ``sys.stderr`` with a buffered logger of its own, so the original stream is used). Lines are
+    Triton's form: level letter, date and time, process, the model file's line, the message. INFO and
+    above, as tritonserver without ``--log-verbose``."""
+    if any(getattr(h, "_triton_stderr", False) for h in _log.handlers):
+        return
+    handler = logging.StreamHandler(sys.__stderr__ or sys.stderr)
+    handler.setFormatter(
+        logging.Formatter(
+            "%(levelname).1s%(asctime)s %(process)d %(filename)s:%(lineno)d] %(message)s", "%m%d %H:%M:%S"
+        )
+    )
+    handler._triton_stderr = True  # type: ignore[attr-defined]
+    _log.addHandler(handler)
+    _log.setLevel(logging.INFO)
+    _log.propagate = False  # not again through Serve's redirected stderr
+
+
+def _emit(level: int, message: Any) -> None:
+    """Log ``message`` under the current model's name, attributed to the model's own source line."""
+    model = current_model_name()
+    text = f"model '{model}': {message}" if model else str(message)
+    _log.log(_LEVELS.get(int(level), logging.INFO), text, stacklevel=3)
+
+
+class Logger:
+    """``pb_utils.Logger``: messages go to the replica's Python log (logger ``triton_python_backend``).
+
+    Each line names the model that logs it; VERBOSE is Python's DEBUG level.
+    """
+
+    LogLevel = _LogLevel
+    INFO = _LogLevel.INFO
+    WARNING = _LogLevel.WARNING
+    ERROR = _LogLevel.ERROR
+    VERBOSE = _LogLevel.VERBOSE
+
+    @staticmethod
+    def log(message: Any, level: int = _LogLevel.INFO) -> None:
+        _emit(level, message)
+
+    @staticmethod
+    def log_info(message: Any) -> None:
+        _emit(_LogLevel.INFO, message)
+
+    @staticmethod
+    def log_warn(message: Any) -> None:
+        _emit(_LogLevel.WARNING, message)
+
+    @staticmethod
+    def log_error(message: Any) -> None:
+        _emit(_LogLevel.ERROR, message)
+
+    @staticmethod
+    def log_verbose(message: Any) -> None:
+        _emit(_LogLevel.VERBOSE, message)
