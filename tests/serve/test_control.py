@@ -16,6 +16,7 @@ import pytest
 
 from deployments.control import ModelController
 from deployments.serve.reloads import ReloadBoard, follow
+from deployments.serve.server_api import ServerClient
 from deployments.settings import ServerSettings
 from repository_loader.errors import InvalidArgument, NotFound, ServerError, Unavailable
 from repository_loader.model import ModelDescription
@@ -415,7 +416,15 @@ class FakeReplica:
 
     def run(self) -> asyncio.Task[None]:
         return asyncio.get_running_loop().create_task(
-            follow(self.name, self.replica, self.server, self.prepare, self.commit, self.discard, 0.2)
+            follow(
+                self.name,
+                self.replica,
+                ServerClient(self.server()),
+                self.prepare,
+                self.commit,
+                self.discard,
+                0.2,
+            )
         )
 
 
