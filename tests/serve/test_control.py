@@ -238,6 +238,8 @@ def test_file_upload_is_refused_unless_allowed(repo: Path) -> None:
     spec["output"] = [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}]
     asyncio.run(c.load("up", {**params, "config": json.dumps(spec)}))
     assert states(c)["up"] == "READY" and (d.deployed["up"].path / "1" / "model.py").read_text() == MODEL_PY
+    asyncio.run(c.stop())
+    assert not d.deployed["up"].path.exists()  # the uploaded files go with the controller
 
 
 def test_a_failed_reload_keeps_the_serving_version(repo: Path) -> None:
