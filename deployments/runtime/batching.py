@@ -15,10 +15,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 from deployments.inference import InferRequest, InferResponse
+from deployments.runtime.batch_execute import BatchCallback, ExecuteFn, run_batch
 from deployments.runtime.batch_queue import (
     NEVER,
     Entry,
@@ -27,16 +28,10 @@ from deployments.runtime.batch_queue import (
     grouping_inputs,
     plan_batch,
 )
-from repository_loader.errors import InternalError, ServerError, Unavailable
+from repository_loader.errors import InternalError, Unavailable
 from repository_loader.model import DynamicBatching, ModelDescription, TensorSpec
 
 logger = logging.getLogger(__name__)
-
-ExecuteFn = Callable[[list[InferRequest]], Awaitable[list[InferResponse]]]
-"""A backend's ``execute``: one batch of requests in, one response per request out, in order."""
-
-BatchCallback = Callable[[int, int, list[int]], None]
-"""Called as each batch starts: ``(rows, requests, queue_ns_per_request)``."""
 
 
 class Scheduler(Protocol):
@@ -45,27 +40,6 @@ class Scheduler(Protocol):
     async def submit(self, request: InferRequest) -> InferResponse: ...
 
     async def close(self, drain: bool = True) -> None: ...
-
-
-async def run_batch(execute: ExecuteFn, requests: list[InferRequest], model_name: str) -> list[InferResponse]:
-    """Run ``execute``; if it fails or miscounts, every request of the batch gets the error."""
-    try:
-        responses = list(await execute(requests))
-    except ServerError as exc:
-        return [InferResponse.failed(r, exc) for r in requests]
-    except Exception as exc:  # a backend bug must not take the scheduler down
-        error = InternalError(
-            f"model '{model_name}' failed to execute a batch of {len(requests)} requests: "
-            f"{type(exc).__name__}: {exc}"
-        )
-        return [InferResponse.failed(r, error) for r in requests]
-    if len(responses) != len(requests):
-        error = InternalError(
-            f"model '{model_name}' returned {len(responses)} responses for a batch of "
-            f"{len(requests)} requests; a backend must return exactly one response per request"
-        )
-        return [InferResponse.failed(r, error) for r in requests]
-    return responses
 
 
 def _closed_error(request: InferRequest, model_name: str) -> Unavailable:

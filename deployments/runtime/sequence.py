@@ -31,18 +31,17 @@ import heapq
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from deployments.inference import InferRequest, InferResponse, RequestedOutput
+from deployments.runtime.batch_execute import BatchCallback, ExecuteFn, run_batch
 from deployments.runtime.sequence_config import CORRID, SequenceSettings, backend_model
 from repository_loader.errors import InternalError, InvalidArgument, ServerError, Unavailable
 from repository_loader.model import DynamicBatching, ModelDescription
 
 logger = logging.getLogger(__name__)
 
-ExecuteFn = Callable[[list[InferRequest]], Awaitable[list[InferResponse]]]
-BatchCallback = Callable[[int, int, list[int]], None]
 BatcherClass = Callable[..., Any]
 """``deployments.runtime.batching.DynamicBatcher``, passed in by ``make_scheduler`` (which imports this module)."""
 
@@ -426,7 +425,7 @@ class _DirectInstance:
             if item.request.sequence_end:
                 owner.release(slot)
         owner.record(len(requests), [now - e[1].enqueue_ns for e in taken if e is not None])
-        responses = await _run_batch(owner._execute, requests, owner.model_name)
+        responses = await run_batch(owner._execute, requests, owner.model_name)
         for entry, response in zip(taken, responses, strict=True):
             if entry is not None:
                 owner.finish(entry[0], entry[1], response)
@@ -515,29 +514,6 @@ class _OldestInstance:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         await self.batcher.close()
-
-
-async def _run_batch(
-    execute: ExecuteFn, requests: list[InferRequest], model_name: str
-) -> list[InferResponse]:
-    """Run ``execute``; if it fails or miscounts, every request of the batch gets the error."""
-    try:
-        responses = list(await execute(requests))
-    except ServerError as exc:
-        return [InferResponse.failed(r, exc) for r in requests]
-    except Exception as exc:  # a backend bug must not take the scheduler down
-        error: ServerError = InternalError(
-            f"model '{model_name}' failed to execute a batch of {len(requests)} requests: "
-            f"{type(exc).__name__}: {exc}"
-        )
-        return [InferResponse.failed(r, error) for r in requests]
-    if len(responses) != len(requests):
-        error = InternalError(
-            f"model '{model_name}' returned {len(responses)} responses for a batch of "
-            f"{len(requests)} requests; a backend must return exactly one response per request"
-        )
-        return [InferResponse.failed(r, error) for r in requests]
-    return responses
 
 
 def _resolve(future: asyncio.Future, result: object = None) -> None:
