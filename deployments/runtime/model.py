@@ -289,16 +289,23 @@ class ModelRuntime:
             raise NotFound(f"Request for unknown model: '{self.model.name}' version {number} is not found")
         return runtime
 
-    async def infer(self, request: InferRequest) -> InferResponse:
-        """Run ``request`` on the version it names; every failure comes back in ``response.error``."""
+    def _ready_version(self, request: InferRequest) -> VersionRuntime | InferResponse:
+        """The ready version ``request`` names, or the failed response that says why there is none."""
         try:
             runtime = self.version(request.model_version)
             if not runtime.ready:
                 raise Unavailable(f"model '{self.model.name}' version {runtime.version} is not ready")
         except ServerError as error:
-            response = InferResponse.failed(request, error)
-            response.model_name = self.model.name
-            return response
+            failed = InferResponse.failed(request, error)
+            failed.model_name = self.model.name
+            return failed
+        return runtime
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        """Run ``request`` on the version it names; every failure comes back in ``response.error``."""
+        runtime = self._ready_version(request)
+        if isinstance(runtime, InferResponse):
+            return runtime
         self.ongoing += 1
         try:
             response = await runtime.infer(request)
@@ -312,14 +319,9 @@ class ModelRuntime:
     async def infer_stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
         """Every response of ``request`` (0..N from a decoupled model, the last ``final``); failures
         come back in ``response.error``, as from :meth:`infer`."""
-        try:
-            runtime = self.version(request.model_version)
-            if not runtime.ready:
-                raise Unavailable(f"model '{self.model.name}' version {runtime.version} is not ready")
-        except ServerError as error:
-            failed = InferResponse.failed(request, error)
-            failed.model_name = self.model.name
-            yield failed
+        runtime = self._ready_version(request)
+        if isinstance(runtime, InferResponse):
+            yield runtime
             return
         stream = runtime.infer_stream(request)
         self.ongoing += 1

@@ -184,18 +184,28 @@ class ReplicaCalls:
             path = found
             body, headers = _encoded(request)
         headers[FORWARDED.decode()] = str(rank)
-        address = await self.directory.owner(model, rank)
-        try:
-            reply = await self._post(address, path, headers, body)
-        except ConnectFailed as exc:  # the owner is gone or moved
-            fresh = await self.directory.owner(model, rank, fresh=True)
-            if fresh == address:
-                raise _lost(request, rank, exc) from None
-            try:
-                reply = await self._post(fresh, path, headers, body)
-            except ConnectFailed as again:
-                raise _lost(request, rank, again) from None
+        reply = await self._to_owner(model, rank, request, path, headers, body)
         return reply if raw is not None else _decoded(reply)
+
+    async def _to_owner(
+        self, model: str, rank: int, request: InferRequest, path: str, headers: dict[str, str], body: bytes
+    ) -> RawReply:
+        """Post to the replica holding ``rank``, once more at its address read again where it refused;
+        Unavailable naming the sequence when no replica holding the rank answers."""
+        address: Address | None = None
+        for fresh in (False, True):
+            try:
+                found = await self.directory.owner(model, rank, fresh=fresh)
+            except Unavailable as exc:
+                raise _lost(request, rank, exc.message) from None
+            if found == address:
+                break  # the same address refused already
+            address = found
+            try:
+                return await self._post(address, path, headers, body)
+            except ConnectFailed as exc:  # the owner is gone or moved
+                refused = exc
+        raise _lost(request, rank, refused)
 
     def _least_loaded(self, addresses: list[Address]) -> Address:
         return min(addresses, key=lambda a: self.in_flight.get(a, 0))

@@ -10,6 +10,7 @@ import pytest
 
 from deployments.control import ModelController
 from deployments.protocol.dataplane import DataPlane, ModelDataPlane
+from deployments.runtime.router import Router
 from deployments.serve.cli import add_parser, server_args
 from deployments.settings import DIRECT_ROUTES_ENV, ServerSettings, SettingsError
 from repository_loader.errors import NotFound, Unavailable
@@ -126,7 +127,7 @@ async def test_the_server_data_plane_is_the_one_data_plane_over_the_controller()
     controller.entries = {}
     await controller._load(_model("up"))
     controller.entries["down"] = controller.entries["up"].__class__("down", ModelState.UNAVAILABLE, "broken")
-    plane: DataPlane = ModelDataPlane(controller)
+    plane: DataPlane = ModelDataPlane(controller, Router())
     assert isinstance(plane, DataPlane)
     assert await plane.model_ready("up") and not await plane.model_ready("down")
     assert await plane.model_metadata("up") == {"name": "up"}
@@ -137,4 +138,6 @@ async def test_the_server_data_plane_is_the_one_data_plane_over_the_controller()
         await plane.model_ready("gone")
     assert not await plane.ready()
     with pytest.raises(Unavailable, match="not allowed if polling is enabled"):
-        await ModelDataPlane(ModelController(ServerSettings("/r"), _Deployer())).load_model("up", {})
+        await ModelDataPlane(ModelController(ServerSettings("/r"), _Deployer()), Router()).load_model(
+            "up", {}
+        )
