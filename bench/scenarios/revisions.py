@@ -2,9 +2,10 @@
 
 The ``overhead`` scenario's model (``identity_py``) is served by the working tree and by a base
 revision (``BENCH_BASE_REV``, a git revision; default ``HEAD~1``), checked out in a worktree under
-``bench/.work/``. The two alternate for ``BENCH_ROUNDS`` rounds (default 2), each measured with
-perf_analyzer and this tool, after one tritonserver run for scale; the notes hold head / base per
-round and tool, and their median.
+``bench/.work/``. The two alternate for ``BENCH_ROUNDS`` rounds (default 2), each measured over HTTP
+with perf_analyzer and this tool and over gRPC (``ModelInfer``) with perf_analyzer ``-i grpc``, after
+one tritonserver run for scale; the notes hold head / base per round and tool (``grpc`` for the gRPC
+sweep), and their median.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.pa_runner import run_perf_analyzer
 from bench.peers import PeerSetupError, ServerHandle, start_tritonserver
 from bench.results import Report, Run
 from bench.scenarios.common import (
@@ -36,6 +38,7 @@ LEVELS = [1.0, 8, 32]
 QUICK_LEVELS = [1.0, 32]
 PEER = "tritonserver"
 HEAD = "head"
+TOOLS = ("perf_analyzer", "bench", "grpc")  # the label suffix of each sweep
 PROJECT = Path(__file__).resolve().parents[2]
 
 
@@ -57,7 +60,7 @@ def base_worktree(revision: str, work: Path) -> tuple[str, Path]:
 
 def _start_base(tree: Path, repo: Path, logs: Path) -> ServerHandle:
     """The base revision's server: its own packages first on the path of every process it starts."""
-    return start_this_server(repo, free_port(), log_path=logs / "base.log", tree=tree)
+    return start_this_server(repo, free_port(), grpc_port=free_port(), log_path=logs / "base.log", tree=tree)
 
 
 def run(quick: bool = False) -> Report:
@@ -79,7 +82,12 @@ def run(quick: bool = False) -> Report:
     for n in range(1, rounds + 1):
         starts.append((f"{base} #{n}", lambda: _start_base(tree, repo, work)))
         starts.append(
-            (f"{HEAD} #{n}", lambda: start_this_server(repo, free_port(), log_path=work / "head.log"))
+            (
+                f"{HEAD} #{n}",
+                lambda: start_this_server(
+                    repo, free_port(), grpc_port=free_port(), log_path=work / "head.log"
+                ),
+            )
         )
     for label, start in starts:
         log(f"{NAME}: starting {label}")
@@ -90,6 +98,10 @@ def run(quick: bool = False) -> Report:
             continue
         with handle:
             report.runs += measure(handle.url, MODEL, levels, label, tools=("perf_analyzer", "bench"))
+            grpc_url = f"localhost:{handle.grpc_port}"
+            report.runs.append(
+                run_perf_analyzer(grpc_url, MODEL, levels, label=f"{label} (grpc)", protocol="grpc")
+            )
     report.notes |= summarize(report.runs, base, rounds)
     log(f"{NAME}: results in {save_report(report, 'This server at two revisions, identity Python model')}")
     return report
@@ -98,7 +110,7 @@ def run(quick: bool = False) -> Report:
 def summarize(runs: list[Run], base: str, rounds: int) -> dict[str, Any]:
     """head / base throughput per round, tool and level, and the median over rounds."""
     out: dict[str, Any] = {}
-    for tool in ("perf_analyzer", "bench"):
+    for tool in TOOLS:
         per_round: list[dict[str, float]] = []
         for n in range(1, rounds + 1):
             head = _by_level(runs, f"{HEAD} #{n}", tool)
@@ -113,5 +125,5 @@ def summarize(runs: list[Run], base: str, rounds: int) -> dict[str, Any]:
 
 
 def _by_level(runs: list[Run], label: str, tool: str) -> dict[float, float]:
-    run = next((r for r in runs if r.label.startswith(label) and r.tool == tool), None)
+    run = next((r for r in runs if r.label == f"{label} ({tool})"), None)
     return {} if run is None else run.throughput_by_level()
