@@ -2,8 +2,14 @@
 
 Framework-free: the serving layer provides a ``ModelExecutor`` that reaches the
 composing models (deployment handles, or backends loaded in the same replica).
+
+Importing the package registers the ensemble backend (platform ``ensemble``) with
+``deployments.backends.registry``; its module, which runs hosted models through the
+runtime, is imported only when an ensemble loads.
 """
 
+from deployments.backends.base import Backend
+from deployments.backends.registry import register_backend
 from ensembles.graph import EnsembleGraph, StepNode, build_graph
 from ensembles.handoff import Route
 from ensembles.placement import EnsemblePlacement, choose_placement, describe_placement
@@ -20,3 +26,12 @@ __all__ = [
     "choose_placement",
     "describe_placement",
 ]
+
+
+def _ensemble_backend() -> type[Backend]:
+    from ensembles.backend import EnsembleBackend
+
+    return EnsembleBackend
+
+
+register_backend("ensemble", _ensemble_backend, platforms=("ensemble",))

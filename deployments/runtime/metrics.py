@@ -1,13 +1,15 @@
-"""Triton's metric names through Ray's metrics API.
+"""Triton's metric names, summed per replica and handed to exported counters.
 
-They are exported by Ray next to Serve's own metrics (Prometheus and the Ray
+The counters come from the serving layer: a model replica on Ray exports them
+through Ray's metrics API (``deployments.serve.ray_metrics``, registered with
+:func:`use_counters`), next to Serve's own metrics (Prometheus and the Ray
 dashboard; Ray prefixes exported names with ``ray_``), labelled by model and
-version as Triton labels them.
+version as Triton labels them. Where none are registered, metrics are off.
 
 Each Ray metric update costs about as much as a trivial model's whole request
 (it crosses into Ray's core worker), so a replica sums its updates in plain
-Python and hands the sums to Ray at most once per ``FLUSH_INTERVAL_S``: one
-increment per counter and label set per second, whatever the request rate.
+Python and hands the sums to the counters at most once per ``FLUSH_INTERVAL_S``:
+one increment per counter and label set per second, whatever the request rate.
 Like Triton's defaults, durations are cumulative counters (no histograms).
 """
 
@@ -63,35 +65,36 @@ class Counter(Protocol):
 
 CounterFactory = Callable[[str, str, tuple[str, ...]], Counter]
 Tags = tuple[tuple[str, str], ...]
+CounterSource = Callable[[], CounterFactory | None]
+"""Gives the exported counters' constructor, or None where nothing exports them now."""
 
 
-def ray_counters() -> CounterFactory | None:
-    """Ray's counter constructor, or None where Ray is not running (then metrics are off)."""
-    try:
-        import ray
-        from ray.util import metrics
-    except ImportError:
-        return None
-    if not ray.is_initialized():
-        return None
+def no_counters() -> CounterFactory | None:
+    """The source where the serving layer registered none: metrics are off."""
+    return None
 
-    def make(name: str, description: str, tag_keys: tuple[str, ...]) -> Counter:
-        return metrics.Counter(name, description, tag_keys)
 
-    return make
+default_counters: CounterSource = no_counters
+
+
+def use_counters(source: CounterSource | None) -> None:
+    """Where each ``TritonMetrics`` built without ``counters`` gets them in this process, from now on
+    (the serving layer registers Ray's as a replica starts); None: nowhere, metrics off."""
+    global default_counters
+    default_counters = source or no_counters
 
 
 class TritonMetrics:
-    """Triton's counters of one replica, summed locally and flushed to Ray periodically.
+    """Triton's counters of one replica, summed locally and flushed to the exported counters periodically.
 
-    ``counters`` builds the exported counters (Ray's by default); without one,
-    and where Ray is not running, every call is a no-op.
+    ``counters`` builds the exported counters (by default, those :func:`use_counters` registered);
+    without any, every call is a no-op.
     """
 
     def __init__(
         self, counters: CounterFactory | None = None, flush_interval_s: float = FLUSH_INTERVAL_S
     ) -> None:
-        factory = counters if counters is not None else ray_counters()
+        factory = counters if counters is not None else default_counters()
         self._counters: dict[str, Counter] = {}
         self._pending: defaultdict[tuple[str, Tags], float] = defaultdict(float)
         self._flush_interval_s = flush_interval_s
@@ -155,7 +158,7 @@ class TritonMetrics:
         self._flush_scheduled = False
         pending, self._pending = self._pending, defaultdict(float)
         for (name, tags), value in pending.items():
-            if value > 0:  # Ray counters take positive increments only
+            if value > 0:  # Ray's counters take positive increments only
                 try:
                     self._counters[name].inc(value, dict(tags))
                 except Exception as exc:  # a failed export must not fail requests

@@ -11,13 +11,14 @@ from typing import Any
 
 from ray import serve
 
+import ensembles  # noqa: F401  # registers the ensemble backend (platform "ensemble")
 from deployments.backends.python_api.logger import log_to_stderr
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.http import ModelHTTPApp
 from deployments.replica import replica_dataplane
 from deployments.runtime.model import ModelRuntime
 from deployments.runtime.router import Ranks, Router
-from deployments.serve import grpc_ingress, hooks, ingress, reloads
+from deployments.serve import grpc_ingress, hooks, ingress, ray_metrics, reloads
 from deployments.serve.devices import pin_replica_gpu
 from deployments.serve.names import hosted_key, model_app_name, model_route
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory
@@ -59,6 +60,7 @@ class ModelDeployment:
     ) -> None:
         coalesce_response_writes()
         log_to_stderr()  # pb_utils.Logger lines into the replica's worker log
+        ray_metrics.export_to_ray()  # Triton's counters of this process's models, through Ray
         self.model = model
         self.settings = settings
         self._route = model_route(model.name)

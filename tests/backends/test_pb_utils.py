@@ -134,7 +134,9 @@ def test_registry_errors(tmp_path) -> None:
         backend_class("caffe2", "m")
     ensemble = describe("ens", tmp_path, "", [], [])
     ensemble = type(ensemble)(**{**ensemble.__dict__, "platform": "ensemble"})
-    # ensembles are registered like any other backend
+    # ensembles are registered like any other backend, by the ensembles package as it is imported
+    import ensembles  # noqa: F401
+
     assert type(create_backend(context(ensemble))).__name__ == "EnsembleBackend"
     assert backend_class("onnxruntime_onnx").__name__ == "OnnxRuntimeBackend"
     assert backend_class("pytorch_libtorch").__name__ == "PyTorchBackend"

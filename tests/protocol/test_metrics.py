@@ -72,7 +72,7 @@ def test_without_a_loop_each_update_is_exported_at_once() -> None:
 
 
 def test_without_ray_metrics_are_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(metrics_module, "ray_counters", lambda: None)  # as where Ray is not running
+    monkeypatch.setattr(metrics_module, "default_counters", lambda: None)  # as where Ray is not running
     metrics = TritonMetrics()
     assert not metrics.enabled
     metrics.request(tags_for("m", 1), True, 1)  # a no-op, no error
