@@ -48,7 +48,7 @@ def this_server_cmd(
     repo: Path, http_port: int, grpc_port: int | None = None, extra_args: Sequence[str] = ()
 ) -> list[str]:
     """The command that serves ``repo`` with this project's server (``extra_args``: more serve options)."""
-    cmd = [sys.executable, "-m", "repository_loader", "serve", str(repo), "--http-port", str(http_port)]
+    cmd = [sys.executable, "-m", "deployments", "serve", str(repo), "--http-port", str(http_port)]
     if grpc_port is not None:
         cmd += ["--grpc-port", str(grpc_port)]
     return cmd + list(extra_args)

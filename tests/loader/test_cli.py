@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from repository_loader.cli import build_parser, main
+from deployments.cli import build_parser, main
 
 from .conftest import TORCH_IO
 
@@ -101,9 +101,19 @@ def test_parser_has_room_for_more_commands() -> None:
         parser.parse_args([])
 
 
+def test_one_command_validates_and_serves() -> None:
+    """``triton-serve`` (the script pyproject installs) is deployments.cli, with serve's subcommands."""
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    assert '\ntriton-serve = "deployments.cli:main"\n' in pyproject
+    parser = build_parser()
+    assert parser.parse_args(["validate", "repo"]).func.__name__ == "run_validate"
+    assert parser.parse_args(["serve", "repo"]).func.__module__ == "deployments.serve.cli"
+    assert parser.parse_args(["ray-start"]).func.__module__ == "deployments.serve.cli"
+
+
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "repository_loader", *args],
+        [sys.executable, "-m", "deployments", *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -198,7 +198,7 @@ def _validate(repository: str, env: dict[str, str]) -> dict[str, object]:
         [
             sys.executable,
             "-m",
-            "repository_loader",
+            "deployments",
             "validate",
             repository,
             "--json",

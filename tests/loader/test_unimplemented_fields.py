@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from repository_loader.cli import main
+from deployments.cli import main
 from repository_loader.repository import load_model, load_repository
 from repository_loader.unimplemented import UNIMPLEMENTED, Policy, unimplemented_fields
 

@@ -6,33 +6,33 @@ each config field the server accepts without acting on it; for an
 ensemble, also its placement (which steps its replica hosts in process and how
 each tensor travels), bad placement parameters failing that ensemble alone. The
 exit status is non-zero when any model fails. ``--print-config`` prints instead each
-model's completed config as ``GET /v2/models/<m>/config`` returns it. Other subcommands (``serve``) register
-themselves through ``add_parser(subparsers)`` in their own modules.
+model's completed config as ``GET /v2/models/<m>/config`` returns it. ``serve`` and ``ray-start``
+come from :mod:`deployments.serve.cli`. ``python -m deployments`` runs the same command.
+
+The command sits above every layer it reports on (the repository, ensembles' placement, the
+server), so that none of them imports it.
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
-import importlib
 import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
+from typing import Any, NamedTuple, TextIO
 
+from deployments.serve import cli as serve_cli
+from ensembles.graph import build_graph
+from ensembles.placement import EnsemblePlacement, choose_placement, describe_placement
 from repository_loader.errors import ServerError
 from repository_loader.plan import ClusterResources, DeploymentPlan, plan_deployments
 from repository_loader.repository import RepositoryState, load_repository
 
-if TYPE_CHECKING:
-    from ensembles.placement import EnsemblePlacement
-
 EXIT_OK = 0
 EXIT_MODEL_ERRORS = 1
 EXIT_USAGE = 2
-# Modules that add subcommands; each exposes add_parser(subparsers).
-EXTRA_COMMANDS = ("deployments.serve.cli",)
 
 
 def detected_gpus() -> int:
@@ -75,12 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         "keyed by model name); warnings and errors go to stderr",
     )
     validate.set_defaults(func=run_validate)
-    for module_name in EXTRA_COMMANDS:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        module.add_parser(subparsers)
+    serve_cli.add_parser(subparsers)
     return parser
 
 
@@ -146,9 +141,6 @@ class Placements(NamedTuple):
 
 def place_ensembles(state: RepositoryState, plan: DeploymentPlan) -> Placements:
     """Place each ensemble as its replica will: a GPU group is hosted only where the plan gives it a GPU."""
-    from ensembles.graph import build_graph
-    from ensembles.placement import choose_placement
-
     result = Placements({}, {})
     for name, model in sorted(state.models.items()):
         if not model.is_ensemble or name in plan.problems:
@@ -197,8 +189,6 @@ def validation_report(
 
 def format_report(state: RepositoryState, plan: DeploymentPlan, placements: Placements | None = None) -> str:
     """The human-readable form of a validation."""
-    from ensembles.placement import describe_placement
-
     placements = placements or place_ensembles(state, plan)
     res = plan.resources
     lines = [f"repository {state.root}  (cluster: {res.num_cpus:g} CPUs, {res.num_gpus} GPUs)"]
