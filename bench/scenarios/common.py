@@ -45,10 +45,18 @@ def free_port() -> int:
 
 
 def this_server_cmd(
-    repo: Path, http_port: int, grpc_port: int | None = None, extra_args: Sequence[str] = ()
+    repo: Path,
+    http_port: int,
+    grpc_port: int | None = None,
+    extra_args: Sequence[str] = (),
+    tree: Path | None = None,
 ) -> list[str]:
-    """The command that serves ``repo`` with this project's server (``extra_args``: more serve options)."""
-    cmd = [sys.executable, "-m", "deployments", "serve", str(repo), "--http-port", str(http_port)]
+    """The command that serves ``repo`` with this project's server (``extra_args``: more serve options);
+    ``tree``: an earlier checkout, whose command line lived in ``repository_loader`` before it moved."""
+    module = "deployments"
+    if tree is not None and not (tree / "deployments" / "__main__.py").exists():
+        module = "repository_loader"
+    cmd = [sys.executable, "-m", module, "serve", str(repo), "--http-port", str(http_port)]
     if grpc_port is not None:
         cmd += ["--grpc-port", str(grpc_port)]
     return cmd + list(extra_args)
@@ -91,7 +99,7 @@ def start_this_server(
     if tree is not None:
         full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tree), full_env.get("PYTHONPATH", "")) if p)
     handle = launch(
-        this_server_cmd(repo, http_port, grpc_port, extra_args),
+        this_server_cmd(repo, http_port, grpc_port, extra_args, tree),
         http_port,
         name="this server",
         log_path=log_path,
