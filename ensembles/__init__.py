@@ -25,6 +25,7 @@ __all__ = [
     "build_graph",
     "choose_placement",
     "describe_placement",
+    "register",
 ]
 
 
@@ -34,4 +35,11 @@ def _ensemble_backend() -> type[Backend]:
     return EnsembleBackend
 
 
-register_backend("ensemble", _ensemble_backend, platforms=("ensemble",))
+def register() -> None:
+    """Make the ensemble backend (platform ``ensemble``) known to ``deployments.backends.registry``;
+    done on import, and called by a process that must be sure of it (a model replica, whose class
+    may arrive pickled by value, without its module's imports)."""
+    register_backend("ensemble", _ensemble_backend, platforms=("ensemble",))
+
+
+register()

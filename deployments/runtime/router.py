@@ -23,10 +23,10 @@ import zlib
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol
+from typing import Any, Protocol
 
 from deployments.inference import InferRequest, InferResponse, ModelExecutor
-from repository_loader.errors import NotFound, Unavailable
+from repository_loader.errors import NotFound, Unavailable, Unsupported
 
 Headers = list[tuple[bytes, bytes]]
 RawReply = tuple[int, Headers, bytes]
@@ -178,6 +178,23 @@ class Router:
             stream: AsyncGenerator[InferResponse, None] = streaming(request)
             return stream
         return _one(remote, request)
+
+    # --- BLS model control (``ModelControlExecutor``): the server's, through the remote executor ---
+
+    async def load_model(self, name: str, config: str, files: Mapping[str, bytes]) -> None:
+        await self._control("load_model")(name, config, files)
+
+    async def unload_model(self, name: str, unload_dependents: bool) -> None:
+        await self._control("unload_model")(name, unload_dependents)
+
+    async def is_model_ready(self, name: str, version: str) -> bool:
+        return bool(await self._control("is_model_ready")(name, version))
+
+    def _control(self, method: str) -> Any:
+        call = getattr(self.remote, method, None)
+        if call is None:
+            raise Unsupported(f"{method} is not supported: this server gives models no model control")
+        return call
 
     def _remote(self, request: InferRequest) -> ModelExecutor:
         if self.remote is None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from ray import serve
 
-import ensembles  # noqa: F401  # registers the ensemble backend (platform "ensemble")
+import ensembles
 from deployments.backends.python_api.logger import log_to_stderr
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.http import ModelHTTPApp
@@ -60,6 +60,7 @@ class ModelDeployment:
     ) -> None:
         coalesce_response_writes()
         log_to_stderr()  # pb_utils.Logger lines into the replica's worker log
+        ensembles.register()  # an ensemble's replica runs the ensemble backend
         ray_metrics.export_to_ray()  # Triton's counters of this process's models, through Ray
         self.model = model
         self.settings = settings

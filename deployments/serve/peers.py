@@ -129,16 +129,18 @@ class ReplicaDirectory:
         await self._server.sequence_register(model, rank, member)
 
     async def owner(self, model: str, rank: int, fresh: bool = False) -> Address:
-        """The address of the replica holding ``rank`` of ``model`` (Unavailable while none does)."""
-        members = self._ranks.get(model)
-        if fresh or members is None or rank not in members:
-            members = self._ranks[model] = await self._server.sequence_members(model)
-        member = members.get(rank)
-        if member is not None:
-            app, actor = member
-            address = (await self.targets(app, fresh)).get(actor)
-            if address is not None:
-                return address
+        """The address of the replica holding ``rank`` of ``model`` (Unavailable while none does).
+        What is known is used first; where it names no live replica, it is read again once."""
+        for again in (False, True) if not fresh else (True,):
+            members = self._ranks.get(model)
+            if again or members is None or rank not in members:
+                members = self._ranks[model] = await self._server.sequence_members(model)
+            member = members.get(rank)
+            if member is not None:
+                app, actor = member
+                address = (await self.targets(app, again)).get(actor)
+                if address is not None:
+                    return address
         raise Unavailable(f"model '{model}': no replica holds rank {rank} of its sequences now")
 
 

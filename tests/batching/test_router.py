@@ -20,7 +20,7 @@ from deployments.runtime.router import (
     Where,
     owner_rank,
 )
-from repository_loader.errors import NotFound, Unavailable
+from repository_loader.errors import NotFound, Unavailable, Unsupported
 
 
 class Runner:
@@ -169,3 +169,36 @@ def test_owner_rank_tells_int_and_string_ids_apart_and_spreads_them() -> None:
     assert owner_rank(5, 7) == owner_rank(5, 7)
     assert {owner_rank(c, 4) for c in range(1, 100)} == {0, 1, 2, 3}
     assert any(owner_rank(c, 97) != owner_rank(str(c), 97) for c in range(1, 20))
+
+
+class Control(Elsewhere):
+    """An executor that also carries BLS model control to the server."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.control: list[tuple[Any, ...]] = []
+
+    async def load_model(self, name: str, config: str, files: Any) -> None:
+        self.control.append(("load", name, config, dict(files)))
+
+    async def unload_model(self, name: str, unload_dependents: bool) -> None:
+        self.control.append(("unload", name, unload_dependents))
+
+    async def is_model_ready(self, name: str, version: str) -> bool:
+        self.control.append(("ready", name, version))
+        return True
+
+
+async def test_bls_model_control_goes_through_the_remote_executor_or_is_refused() -> None:
+    control = Control()
+    router = Router({"m": Runner("m")}, remote=control)
+    await router.load_model("t", "{}", {"file:1/model.py": b""})
+    await router.unload_model("t", True)
+    assert await router.is_model_ready("t", "")
+    assert control.control == [
+        ("load", "t", "{}", {"file:1/model.py": b""}),
+        ("unload", "t", True),
+        ("ready", "t", ""),
+    ]
+    with pytest.raises(Unsupported, match="load_model is not supported"):
+        await Router({"m": Runner("m")}, remote=Elsewhere()).load_model("t", "", {})
