@@ -163,6 +163,8 @@ class ModelDataPlane:
 
     ``describe_elsewhere`` (a model replica) gives the description of a model its registry does
     not hold (a gRPC stream's later request for another model), from the server application.
+    ``front_ends_ready`` (the server application) holds readiness back until every front end
+    answers, so that a client told "ready" over HTTP is answered over gRPC too.
     """
 
     def __init__(
@@ -171,12 +173,14 @@ class ModelDataPlane:
         router: Router,
         notices: Mapping[str, Any] | None = None,
         describe_elsewhere: Describe | None = None,
+        front_ends_ready: Callable[[], bool] | None = None,
     ) -> None:
         self.registry = registry
         self.router = router
         # extra fields of the server metadata: what the operator must know (e.g. a slow request path)
         self.notices = dict(notices or {})
         self._describe_elsewhere = describe_elsewhere
+        self._front_ends_ready = front_ends_ready
 
     async def server_metadata(self) -> dict[str, Any]:
         return {**server_metadata_document(), **self.notices}
@@ -185,6 +189,8 @@ class ModelDataPlane:
         return True
 
     async def ready(self) -> bool:
+        if self._front_ends_ready is not None and not self._front_ends_ready():
+            return False
         return self.registry.ready()
 
     async def model_ready(self, name: str, version: str = "") -> bool:

@@ -274,12 +274,29 @@ class ServerDeployment:
         self._metrics: dict[str, dict[str, dict[str, Any]]] = {}  # pushed metrics snapshots: model, replica
         self._host_gauges = HostGauges()
         self._metrics_server = start_metrics(settings, self.render_metrics)
+        self._grpc_answers = not settings.allow_grpc  # until its port answers through HAProxy
         self.dataplane = ModelDataPlane(
-            self.controller, Router(remote=self._models), notices=request_path.request_path_notice(logger)
+            self.controller,
+            Router(remote=self._models),
+            notices=request_path.request_path_notice(logger),
+            front_ends_ready=lambda: self._grpc_answers,
         )
         self._start = asyncio.get_running_loop().create_task(self._startup())
         await asyncio.shield(self._start)  # live only once the initial models settled
-        await start_grpc(self.dataplane, settings)
+        self._grpc_watch: asyncio.Task[None] | None = None
+        if await start_grpc(self.dataplane, settings):
+            self._grpc_watch = asyncio.get_running_loop().create_task(self._watch_grpc(settings))
+        else:
+            self._grpc_answers = True  # no gRPC to wait for
+
+    async def _watch_grpc(self, settings: ServerSettings) -> None:
+        """Ready only once gRPC answers too: HAProxy takes up this replica's gRPC port a moment after
+        its HTTP routes answer, and a client told "ready" must be answered on either protocol."""
+        from deployments.serve.grpc_ingress import wait_until_answering
+
+        while not await asyncio.to_thread(wait_until_answering, settings.grpc_host, settings.grpc_port, 5.0):
+            logger.info("waiting for the gRPC port %d to answer before reporting ready", settings.grpc_port)
+        self._grpc_answers = True
 
     async def _group_apps(self, name: str) -> GroupApps:
         return self.deployer.group_apps(name)
@@ -405,20 +422,23 @@ class ServerDeployment:
         return self._start.done()
 
     async def __del__(self) -> None:
+        watch = getattr(self, "_grpc_watch", None)
+        if watch is not None:
+            watch.cancel()
         calls = getattr(self, "_calls", None)  # None too where the constructor failed before it
         if calls is not None:
             await calls.close()
 
 
-async def start_grpc(dataplane: ModelDataPlane, settings: ServerSettings) -> None:
+async def start_grpc(dataplane: ModelDataPlane, settings: ServerSettings) -> bool:
     """Answer the KServe v2 gRPC service over the server's data plane where ``allow_grpc`` is on.
 
     Serve serves gRPC with this server's servicer function (``grpc_options``): HAProxy binds the port,
     sends each ``ModelInfer`` and stream to the replicas of the model it names, and everything else
     here (``deployments.serve.grpc_ingress``). Without those ``grpc_options`` there is no gRPC: an
-    error in the log says how to turn it on."""
+    error in the log says how to turn it on. Returns whether gRPC is served."""
     if not settings.allow_grpc:
-        return
+        return False
     from deployments.serve import grpc_ingress
 
     port, servicers = await hooks.serve_grpc_servicers()
@@ -427,13 +447,14 @@ async def start_grpc(dataplane: ModelDataPlane, settings: ServerSettings) -> Non
         logger.info(
             "gRPC service on Serve's gRPC port %d (inference answered by each model's replicas)", port
         )
-        return
+        return True
     logger.error(
         "gRPC is off: Serve's grpc_options do not name %s; set grpc_options as serve_config.yaml "
         "does (port %d) to serve gRPC",
         grpc_ingress.SERVICER_FUNCTION,
         settings.grpc_port,
     )
+    return False
 
 
 METRICS_ASK_TIMEOUT_S = 2.0  # how long a scrape waits for the replica it asks

@@ -166,8 +166,13 @@ def _start(tmp_path: Path, **kwargs: object) -> Server:
 @pytest.mark.serve
 @pytest.mark.slow
 def test_make_serve_is_fast_binds_one_host_and_stops_clean(tmp_path: Path) -> None:
-    server = _start(tmp_path)
+    repo = recovery_models.build(tmp_path)
+    server = Server(repo, args={"model_control_mode": "explicit", "load_model": ["add_one"]})
     try:
+        _wait_server_ready(server)
+        # ready is ready on every protocol: gRPC answers at once (before: UNAVAILABLE for a while,
+        # HAProxy taking up the server's gRPC port after its HTTP routes answered)
+        _grpc_ready_and_add_one(server)
         status, _, body = http(f"{server.url}/v2")
         assert status == 200 and "request_path" not in json.loads(body), body
         assert one_request(server.url, "add_one", 1.0).correct
@@ -222,6 +227,35 @@ def test_plain_serve_run_on_the_config_is_on_the_fast_path_too(tmp_path: Path) -
         left = server.stop(signal.SIGINT)
     assert not left, [processes.command(p) for p in left]
     assert not port_is_bound(server.port)
+
+
+def _wait_server_ready(server: Server, timeout_s: float = 300.0) -> None:
+    """Poll ``/v2/health/ready`` (Triton's server readiness) until it answers 200."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        server.track()
+        try:
+            if http(f"{server.url}/v2/health/ready", timeout=2)[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"not ready: {server.log.read_text()[-3000:]}")
+
+
+def _grpc_ready_and_add_one(server: Server) -> None:
+    """The first gRPC calls after HTTP said ready: server and model readiness, metadata, an inference."""
+    import tritonclient.grpc as grpcclient
+
+    port = yaml.safe_load(server.config.read_text())["grpc_options"]["port"]
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    try:
+        assert client.is_server_ready()
+        assert client.is_model_ready("add_one")
+        assert client.get_model_metadata("add_one").name == "add_one"
+    finally:
+        client.close()
+    _grpc_add_one(server)
 
 
 def _grpc_add_one(server: Server) -> None:
