@@ -1,5 +1,6 @@
 # Set-up and everyday commands. `make serve` and `make test` are the two the README documents;
-# `make test` (what .ci/run runs) runs `make lint` first.
+# `make test` (what .ci/run runs) runs `make lint` first and installs the tritonserver / perf_analyzer
+# peers (from the package registry), so the tests that compare with tritonserver run instead of skipping.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -20,8 +21,8 @@ serve: install
 validate: install
 	$(BIN)/triton-serve validate examples/model_repository
 
-test: install lint
-	$(BIN)/python -m pytest -q
+test: install lint bench-peers
+	TRITON_SERVE_REQUIRE_PEERS=1 $(BIN)/python -m pytest -q
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not serve"

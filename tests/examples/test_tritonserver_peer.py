@@ -16,6 +16,7 @@ import pytest
 
 from bench import peers
 from tests.examples.conftest import REPOSITORY
+from tests.peer import require_tritonserver
 
 pytestmark = pytest.mark.slow
 PYTHON_MODELS = (
@@ -41,11 +42,7 @@ def _free_ports(count: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def triton_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if not peers.tritonserver_path().exists():
-        pytest.skip("the tritonserver peer is not installed (python -m bench.peers)")
-    if not peers.stub_environment_ready():
-        # The 2.51 stub reads numpy 1's array layout: it needs its own environment (numpy < 2)
-        pytest.skip("the peer's Python-stub environment is missing (python -m bench.peers)")
+    require_tritonserver()
     repository = tmp_path_factory.mktemp("python_models")
     for name in PYTHON_MODELS:
         shutil.copytree(REPOSITORY / name, repository / name, ignore=shutil.ignore_patterns("__pycache__"))

@@ -16,6 +16,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from bench import peers
+from tests.peer import require_tritonserver
 from tests.serve.python_api_models import PEER_METRICS_MODEL, add_model_copy
 
 pytestmark = [pytest.mark.serve, pytest.mark.slow]
@@ -37,8 +38,7 @@ def _free_ports(count: int) -> list[int]:
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """``(http url, metrics url)`` of a tritonserver serving the custom-metrics model alone."""
-    if not peers.tritonserver_path().exists() or not peers.stub_environment_ready():
-        pytest.skip("the tritonserver peer is not installed (python -m bench.peers)")
+    require_tritonserver()
     root = tmp_path_factory.mktemp("triton_peer")
     repository = root / "models"
     repository.mkdir()
