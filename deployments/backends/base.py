@@ -15,7 +15,27 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from deployments.inference import InferRequest, InferResponse, ModelExecutor
+from repository_loader.errors import InvalidArgument
 from repository_loader.model import InstanceKind, ModelDescription, TensorSpec
+
+EXECUTION_TIMEOUT_PARAMETER = "execution_timeout_ms"
+
+
+def execution_timeout_s(model: ModelDescription) -> float | None:
+    """The model's execution time limit (its config ``parameters`` key ``execution_timeout_ms``), if any."""
+    raw = (model.parameters or {}).get(EXECUTION_TIMEOUT_PARAMETER)
+    if raw is None or str(raw).strip() in ("", "0"):
+        return None
+    try:
+        value = float(str(raw).strip())
+    except ValueError:
+        raise InvalidArgument(
+            f"model '{model.name}': parameter {EXECUTION_TIMEOUT_PARAMETER} must be a number of "
+            f"milliseconds, got '{raw}'"
+        ) from None
+    if value < 0:
+        raise InvalidArgument(f"model '{model.name}': parameter {EXECUTION_TIMEOUT_PARAMETER} must be >= 0")
+    return value / 1000.0
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from deployments.backends.base import Backend, BackendContext, timed
+from deployments.backends.base import Backend, BackendContext, execution_timeout_s, timed
 from deployments.backends.python_api.bls import BlsBridge, NeedsWorkerThread
 from deployments.backends.python_api.context import reset_bridge, set_bridge
 from deployments.backends.python_api.errors import TritonError, to_server_error
@@ -220,8 +220,11 @@ class PythonBackend(Backend):
         try:
             self._instance = model_class()
             self._async = inspect.iscoroutinefunction(self._instance.execute)
+            mode = self.model.parameters.get(EXECUTE_MODE_PARAMETER, "auto").strip().lower()
+            if execution_timeout_s(self.model) is not None and mode in ("auto", "inline"):
+                mode = "thread"  # code on the event loop cannot be timed out: its timer would never fire
             self.placement = ExecutePlacement(
-                self.model.parameters.get(EXECUTE_MODE_PARAMETER, "auto").strip().lower(),
+                mode,
                 eligible=not self._async and not self.model.decoupled and not _may_block_inline(module),
             )
             self._lifecycle("initialize", self.initialize_args())

@@ -21,7 +21,13 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequen
 from typing import Any
 
 from deployments import custom_metrics
-from deployments.backends.base import Backend, BackendContext, begin_compute_times, end_compute_times
+from deployments.backends.base import (
+    Backend,
+    BackendContext,
+    begin_compute_times,
+    end_compute_times,
+    execution_timeout_s,
+)
 from deployments.inference import InferRequest, InferResponse, ModelExecutor
 from deployments.runtime.checks import ModelSchema
 from deployments.runtime.metrics import TritonMetrics, tags_for
@@ -33,26 +39,6 @@ from repository_loader.model import InstanceKind, ModelDescription
 logger = logging.getLogger(__name__)
 
 ExecuteFn = Callable[[Sequence[InferRequest]], Awaitable[list[InferResponse]]]
-
-
-EXECUTION_TIMEOUT_PARAMETER = "execution_timeout_ms"
-
-
-def execution_timeout_s(model: ModelDescription) -> float | None:
-    """The model's execution time limit (its config ``parameters`` key ``execution_timeout_ms``), if any."""
-    raw = (model.parameters or {}).get(EXECUTION_TIMEOUT_PARAMETER)
-    if raw is None or str(raw).strip() in ("", "0"):
-        return None
-    try:
-        value = float(str(raw).strip())
-    except ValueError:
-        raise InvalidArgument(
-            f"model '{model.name}': parameter {EXECUTION_TIMEOUT_PARAMETER} must be a number of "
-            f"milliseconds, got '{raw}'"
-        ) from None
-    if value < 0:
-        raise InvalidArgument(f"model '{model.name}': parameter {EXECUTION_TIMEOUT_PARAMETER} must be >= 0")
-    return value / 1000.0
 
 
 async def release_backend(backend: Backend) -> None:
