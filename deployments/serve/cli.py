@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     try:
         launch.start(settings)
-        for row in launch.call_server("index"):
+        for row in launch.call_server(lambda server: server.index()):
             reason = f" ({row['reason']})" if row.get("reason") else ""
             print(
                 f"{row['name']:<24} {row.get('version', '-'):>4}  {row.get('state', '-')}{reason}", flush=True

@@ -13,12 +13,16 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from deployments.serve.haproxy_shim import die_with_parent
 from deployments.serve.request_path import REQUEST_PATH_ENV, request_path_env
+from deployments.serve.server_api import ServerClient
 from deployments.settings import ServerSettings
+
+T = TypeVar("T")
 
 
 def configure_environment(direct_ingress: bool = True) -> None:
@@ -51,7 +55,7 @@ def start(settings: ServerSettings, ray_init: dict[str, Any] | None = None) -> N
     )
     serve.run(bind_server(settings), name=SERVER_APP, route_prefix=SERVER_ROUTE)
     deadline = time.monotonic() + settings.deploy_timeout_s
-    while not call_server("is_started"):
+    while not call_server(lambda server: server.is_started()):
         if time.monotonic() > deadline:
             raise TimeoutError("the model repository did not finish loading")
         time.sleep(0.5)
@@ -80,17 +84,14 @@ def _driver_loop() -> asyncio.AbstractEventLoop:
     return _LOOP
 
 
-def call_server(method: str, *args: Any, timeout_s: float = 60.0) -> Any:
-    """Call a method of the server deployment from a plain (non-async) driver."""
-    from ray import serve
+def call_server(call: Callable[[ServerClient], Awaitable[T]], timeout_s: float = 60.0) -> T:
+    """Call the server deployment from a plain (non-async) driver: ``call`` gets its typed client,
+    e.g. ``call_server(lambda server: server.index())``."""
 
-    from deployments.serve.names import SERVER_APP, SERVER_DEPLOYMENT
+    async def run() -> T:
+        return await call(ServerClient())
 
-    async def call() -> Any:
-        handle = serve.get_deployment_handle(SERVER_DEPLOYMENT, app_name=SERVER_APP)
-        return await getattr(handle, method).remote(*args)
-
-    return asyncio.run_coroutine_threadsafe(call(), _driver_loop()).result(timeout_s)
+    return asyncio.run_coroutine_threadsafe(run(), _driver_loop()).result(timeout_s)
 
 
 def stop() -> None:

@@ -101,6 +101,17 @@ class ServerClient:
     async def control_is_ready(self, name: str, version: str) -> bool:
         return bool(await self._call(self.handle.control_is_ready, name, version))
 
+    async def index(self) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = await self._call(self.handle.index)
+        return found
+
+    async def deployed_plan(self) -> dict[str, list[dict[str, Any]]]:
+        found: dict[str, list[dict[str, Any]]] = await self._call(self.handle.deployed_plan)
+        return found
+
+    async def is_started(self) -> bool:
+        return bool(await self._call(self.handle.is_started))
+
 
 class ReplicaClient:
     """A model deployment's methods, as the server and other replicas call them (``ModelDeployment``).

@@ -16,7 +16,7 @@ def test_deployed_serve_options_equal_the_plan(server_url: str, tmp_path: Path) 
     from deployments.serve import hooks, launch
     from tests.serve.conftest import build_test_repository
 
-    deployed = launch.call_server("deployed_plan")
+    deployed = launch.call_server(lambda server: server.deployed_plan())
     assert {"add_sub", "batched", "multi_version"} <= set(deployed)
     # the models deployed at start have the entries of the plan of the repository the server started
     # with, on this cluster (other tests add models to the shared repository later): every entry of
