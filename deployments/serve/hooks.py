@@ -42,6 +42,9 @@ versions without starting Ray, so an upgrade that moves one fails there, by name
   as it was added, without its per-request wrapper (``deployments.serve.grpc_ingress``).
 * ``serve_grpc_config``: the controller's ``get_grpc_config()`` (Serve's ``grpc_options``): whether
   Serve's HAProxy and replicas serve gRPC with this server's servicer function.
+* ``grpc_max_message_env``: ``RAY_SERVE_GRPC_MAX_MESSAGE_SIZE`` (``constants.py``) is the
+  ``grpc.max_receive_message_length`` / ``max_send_message_length`` of Serve's per-replica gRPC
+  servers (``grpc_util.DEFAULT_GRPC_SERVER_OPTIONS``), read from the environment when a replica starts.
 * ``haproxy_grpc_frontend``: Serve's HAProxy template writes ``frontend grpc_frontend`` and one
   backend ``grpc-<application>`` per application (``haproxy.py``, ``haproxy_templates.py``), which
   ``deployments.serve.haproxy_shim`` routes by model name.
@@ -59,6 +62,7 @@ DISCONNECT_DISABLED = (b"x-request-disconnect-disabled", b"?1")
 BUILD_ASGI_APP = "__serve_build_asgi_app__"
 HAPROXY_BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"
 RUNNING_REQUESTS_KEY = "running_requests"
+GRPC_MAX_MESSAGE_ENV = "RAY_SERVE_GRPC_MAX_MESSAGE_SIZE"
 
 HOOKS = (
     "proxy_callback_env",
@@ -75,6 +79,7 @@ HOOKS = (
     "grpc_passthrough",
     "serve_grpc_config",
     "haproxy_grpc_frontend",
+    "grpc_max_message_env",
 )
 
 GRPC_FRONTEND = "grpc_frontend"

@@ -35,6 +35,10 @@ REQUEST_PATH_ENV = {
     # inference runs to completion when a client disconnects, as in Triton
     # (deployments/serve/ingress.py).
     hooks.PROXY_CALLBACK_ENV: "deployments.serve.ingress:middlewares",
+    # Serve's per-replica gRPC servers (streams, and every call the server application answers) take
+    # messages up to this size, compressed ones checked as they inflate: the default gRPC limits
+    # (``grpc_max_receive_message_bytes`` / ``grpc_max_send_message_bytes``, 64 MiB), not Serve's 2 GiB
+    hooks.GRPC_MAX_MESSAGE_ENV: str(64 * 1024 * 1024),
 }
 
 

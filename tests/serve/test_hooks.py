@@ -175,7 +175,18 @@ def _check_haproxy_grpc_frontend() -> None:
     assert "server {{ server.name }} {{ server.host }}:{{ server.port }} check" in template
 
 
+def _check_grpc_max_message_env() -> None:
+    from ray.serve._private import constants, grpc_util
+
+    assert hasattr(constants, hooks.GRPC_MAX_MESSAGE_ENV)
+    assert hooks.GRPC_MAX_MESSAGE_ENV in inspect.getsource(constants)
+    options = dict(constants.DEFAULT_GRPC_SERVER_OPTIONS)
+    assert options["grpc.max_receive_message_length"] == constants.RAY_SERVE_GRPC_MAX_MESSAGE_SIZE
+    assert "DEFAULT_GRPC_SERVER_OPTIONS" in inspect.getsource(grpc_util)
+
+
 CHECKS = {
+    "grpc_max_message_env": _check_grpc_max_message_env,
     "grpc_passthrough": _check_grpc_passthrough,
     "serve_grpc_config": _check_serve_grpc_config,
     "haproxy_grpc_frontend": _check_haproxy_grpc_frontend,
