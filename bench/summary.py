@@ -5,9 +5,13 @@ has run, writes ``bench/results/SUMMARY.md`` and replaces the block between the 
 ``<!-- bench:start -->`` and ``<!-- bench:end -->`` markers with the same tables and the plots.
 Every table names the commit, the date and the command that produced its numbers.
 
+The same block is refreshed in every page of ``docs/`` that holds the markers
+(``docs/measurements.md``).
+
 ``python -m bench summary --check`` writes nothing: it fails when those tables differ from what
-``summary`` would write now, or when a figure in the prose of ``README.md`` or ``bench/README.md``
-differs from the result it cites. A figure cites its result with an HTML comment right after it,
+``summary`` would write now, or when a figure in ``README.md``, a page of ``docs/`` or
+``bench/README.md`` differs from the result it cites, or stands there without citing one. A figure
+cites its result with an HTML comment right after it,
 ``0.40–0.50<!-- fig limit:1 instance:*:fraction -->`` (see ``bench/README.md``, "Figures in prose").
 """
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -28,6 +33,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = RESULTS.parent.parent
 README = ROOT / "README.md"
 BENCH_README = RESULTS.parent / "README.md"
+DOCS = ROOT / "docs"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 SCENARIOS = ("overhead", "agreement", "batching", "limit", "ensemble")
 
@@ -265,23 +271,31 @@ def summary_text(results: Path = RESULTS) -> str:
 
 
 def readme_block(results: Path, readme: Path) -> str:
-    """The README's block between the markers, markers included, image paths relative to the README."""
-    prefix = results.relative_to(readme.parent).as_posix() + "/"
+    """A page's block between the markers, markers included, image paths relative to the page."""
+    prefix = Path(os.path.relpath(results, readme.parent)).as_posix() + "/"
     return "\n".join([START, *summary_lines(results, image_prefix=prefix), END])
 
 
 BLOCK = re.compile(re.escape(START) + r".*?" + re.escape(END), flags=re.S)
 
 
-def write_summary(results: Path = RESULTS, readme: Path | None = README) -> Path:
-    """Write ``SUMMARY.md`` beside the results and refresh the README's bench block (if it has one)."""
+def doc_pages(docs: Path | None) -> list[Path]:
+    """The markdown pages of ``docs/``, in name order (none when there is no such folder)."""
+    return sorted(docs.glob("*.md")) if docs is not None and docs.is_dir() else []
+
+
+def write_summary(results: Path = RESULTS, readme: Path | None = README, docs: Path | None = None) -> Path:
+    """Write ``SUMMARY.md`` beside the results and refresh the bench block of the README and of
+    every page of ``docs`` that has one."""
     out = results / "SUMMARY.md"
     out.write_text(summary_text(results))
-    if readme is not None and readme.exists():
-        text = readme.read_text()
-        if START in text and END in text:
-            block = readme_block(results, readme)
-            readme.write_text(BLOCK.sub(lambda _: block, text))
+    for page in [*([readme] if readme is not None else []), *doc_pages(docs)]:
+        if not page.exists():
+            continue
+        text = page.read_text()
+        found = BLOCK.search(text)
+        if found is not None:
+            page.write_text(text[: found.start()] + readme_block(results, page) + text[found.end() :])
     return out
 
 
@@ -301,7 +315,7 @@ def _run_figures(report: Report) -> dict[str, float]:
 
 
 def _overhead_figures(report: Report, data: dict[str, Any]) -> dict[str, float]:
-    out = {}
+    out: dict[str, float] = {}
     for tool in ("perf_analyzer", "bench"):
         peer = _by_level(_run(report, f"tritonserver ({tool})"))
         this = _by_level(_run(report, f"this server ({tool})"))
@@ -310,7 +324,7 @@ def _overhead_figures(report: Report, data: dict[str, Any]) -> dict[str, float]:
 
 
 def _agreement_figures(report: Report, data: dict[str, Any]) -> dict[str, float]:
-    out = {}
+    out: dict[str, float] = {}
     counted = report.notes.get("server_counted_over_client_counted", {})
     for server in ("tritonserver", "this server"):
         bench = _by_level(_run(report, f"{server} (bench)"))
@@ -383,17 +397,44 @@ def _http_floor_figures(data: dict[str, Any]) -> dict[str, float]:
     return {key: float(result[field]) for key, field in names.items() if field in result}
 
 
-def _grpc_figures(report: Report, data: dict[str, Any]) -> dict[str, float]:
-    """The scenario's ratios by level (``ratio_this_over_peer_grpc_sync:1``, ...)."""
-    out = {}
-    for name, by_level in report.notes.items():
-        if name.startswith("ratio_") and isinstance(by_level, dict):
-            out |= {f"{name}:{float(level):g}": float(value) for level, value in by_level.items()}
+def _item_name(index: int, item: Any) -> str:
+    """A list item's part of a figure name: its text fields joined (``add_one``, ``(b) one hop sync``),
+    else its position."""
+    if isinstance(item, dict):
+        words = [v for k, v in item.items() if isinstance(v, str) and k not in ("command",)]
+        if words:
+            return " ".join(words)
+    return str(index)
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, float]:
+    """Every number of a JSON value by its path, parts joined by ``:`` (``load:sent``,
+    ``add_one:first_answer_after_kill_s``, ``ratio_this_over_peer_grpc_sync:1``)."""
+    out: dict[str, float] = {}
+    if isinstance(data, bool):
+        return out
+    if isinstance(data, int | float):
+        return {prefix: float(data)} if prefix else out
+    if isinstance(data, dict):
+        for key, value in data.items():
+            part = f"{float(key):g}" if _is_number(key) else str(key)
+            out |= flatten(value, f"{prefix}:{part}" if prefix else part)
+    elif isinstance(data, list):
+        for index, value in enumerate(data):
+            part = _item_name(index, value)
+            out |= flatten(value, f"{prefix}:{part}" if prefix else part)
     return out
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 FIGURES: dict[str, Callable[[Report, dict[str, Any]], dict[str, float]]] = {
-    "grpc": _grpc_figures,
     "overhead": _overhead_figures,
     "agreement": _agreement_figures,
     "batching": _batching_figures,
@@ -403,23 +444,39 @@ FIGURES: dict[str, Callable[[Report, dict[str, Any]], dict[str, float]]] = {
 
 
 def figures(data: dict[str, Any], scenario: str) -> dict[str, float]:
-    """Every figure of one saved result that prose may cite, by name (without the scenario)."""
+    """Every figure of one saved result that prose may cite, by name (without the scenario).
+
+    A scenario's report gives its runs' figures, the numbers of its ``notes`` by path (the ratios
+    by level of ``grpc``, ``sequence``, ``cluster_scaling``...) and the scenario's own figures; any
+    other saved JSON (``recovery/after``, ``cluster/node_loss``...) gives every number by path."""
     if scenario == "http_floor":
         return _http_floor_figures(data)
+    if "runs" not in data:
+        return flatten({k: v for k, v in data.items() if k != "environment"})
     report = report_from_dict(data)
-    return {**_run_figures(report), **FIGURES.get(scenario, lambda r, d: {})(report, data)}
+    return {
+        **_run_figures(report),
+        **flatten(report.notes),
+        **FIGURES.get(scenario, lambda r, d: {})(report, data),
+    }
 
 
 class Sources:
-    """The saved results a citation names: ``limit`` (the file now) or ``limit@4143317`` (in git)."""
+    """The saved results a citation names: ``limit`` (the file now), ``limit@4143317`` (in git),
+    ``recovery/after`` (another file of the scenario's folder, here ``after.json``)."""
 
     def __init__(self, results: Path = RESULTS, repo: Path = ROOT):
         self.results, self.repo = results, repo
         self.cache: dict[str, dict[str, float] | str] = {}
 
+    @staticmethod
+    def _relative(name: str) -> str:
+        """``limit`` → ``limit/results.json``, ``recovery/after`` → ``recovery/after.json``."""
+        return f"{name}.json" if "/" in name else f"{name}/results.json"
+
     def file(self, source: str) -> str:
-        scenario, _, ref = source.partition("@")
-        path = f"bench/results/{scenario}/results.json"
+        name, _, ref = source.partition("@")
+        path = f"bench/results/{self._relative(name)}"
         return f"{path} at commit {ref}" if ref else path
 
     def get(self, source: str) -> dict[str, float] | str:
@@ -429,18 +486,19 @@ class Sources:
         return self.cache[source]
 
     def _load(self, source: str) -> dict[str, float] | str:
-        scenario, _, ref = source.partition("@")
+        name, _, ref = source.partition("@")
+        relative = self._relative(name)
         try:
             if ref:
                 text = subprocess.run(
-                    ["git", "-C", str(self.repo), "show", f"{ref}:bench/results/{scenario}/results.json"],
+                    ["git", "-C", str(self.repo), "show", f"{ref}:bench/results/{relative}"],
                     capture_output=True,
                     text=True,
                     check=True,
                 ).stdout
             else:
-                text = (self.results / scenario / "results.json").read_text()
-            return figures(json.loads(text), scenario)
+                text = (self.results / relative).read_text()
+            return figures(json.loads(text), name.partition("/")[0])
         except (OSError, subprocess.CalledProcessError, ValueError) as exc:
             return f"cannot read {self.file(source)}: {str(exc).strip() or type(exc).__name__}"
 
@@ -450,12 +508,26 @@ CITED = re.compile(
     rf"(?P<low>{_NUMBER})(?:\s*[–-]\s*(?P<high>{_NUMBER}))?\s*<!--\s*fig\s+(?P<cite>.*?)\s*-->"
 )
 MARK = re.compile(r"<!--\s*fig\s.*?-->")
-UNCITED = re.compile(rf"(?:{_NUMBER})\s*(?:[–-]\s*(?:{_NUMBER})\s*)?(?:%|×)|\d+\.\d+(?:\s*[–-]\s*[\d.]+)?")
+# A figure that must cite its result: a decimal, a percentage or a factor, a number with thousands
+# separators, or a count of inferences per second.
+UNCITED = re.compile(
+    rf"(?:{_NUMBER})\s*(?:[–-]\s*(?:{_NUMBER})\s*)?(?:%|×)"
+    r"|\d+\.\d+(?:\s*[–-]\s*[\d.]+)?"
+    r"|\d{1,3}(?:,\d{3})+"
+    r"|\d+(?:\s*[–-]\s*\d+)?(?=\s*infer/s)"
+)
 CODE = re.compile(r"`[^`]*`")
 FENCE = re.compile(r"^```.*?^```", flags=re.S | re.M)
-# Where every measured figure must cite its result: the README's "Measured" prose (above the tables)
-# and bench/README.md's "Reading the numbers". A citation is checked wherever it stands.
-PROSE = {"README.md": ("## Measured", START), "bench/README.md": ("## Reading the numbers", "\n## ")}
+# Not figures: versions (HTTP/1.1, Ray 2.60, tritonserver 2.51, Python 3.11) and addresses.
+NOT_FIGURES = re.compile(
+    r"(?:HTTP/|\b(?:Ray|Serve|tritonserver|Triton|Python|numpy|grpcio|uvicorn|HAProxy) )\d+(?:\.\d+)+\b"
+    r"|\b\d+(?:\.\d+){2,}\b"
+)
+# Where every measured figure must cite its result: the whole README, every page of docs/ (each but
+# its bench block, whose tables are checked against what ``summary`` writes), and bench/README.md's
+# "Reading the numbers". A citation is checked wherever it stands.
+PROSE = {"bench/README.md": ("## Reading the numbers", "\n## ")}
+WHOLE = ("", "")
 
 
 def _pattern(text: str) -> re.Pattern[str]:
@@ -512,10 +584,20 @@ def _line(text: str, pos: int) -> int:
     return text.count("\n", 0, pos) + 1
 
 
-def check_prose(path: Path, name: str, sources: Sources) -> tuple[list[str], list[str]]:
-    """The stale and the unverifiable figures of one file, each as ``file:line: what``."""
-    text = FENCE.sub(lambda m: re.sub(r"[^\n]", " ", m.group()), path.read_text())  # examples
-    stale, unverified = [], []
+def _blank(m: re.Match[str]) -> str:
+    """The match as spaces, its line breaks kept (so offsets and line numbers hold)."""
+    return re.sub(r"[^\n]", " ", m.group())
+
+
+def check_prose(
+    path: Path, name: str, sources: Sources, region: tuple[str, str] | None = None
+) -> tuple[list[str], list[str]]:
+    """The stale and the unverifiable figures of one file, each as ``file:line: what``. Within
+    ``region`` (the text from its first heading to its end marker; ``WHOLE``: all of it) a figure
+    that cites no result is stale too."""
+    text = BLOCK.sub(_blank, FENCE.sub(_blank, path.read_text()))  # examples, generated tables
+    stale: list[str] = []
+    unverified: list[str] = []
     cited = list(CITED.finditer(text))
     for m in cited:
         found = check_figure(m["low"], m["high"], m["cite"], sources)
@@ -527,15 +609,15 @@ def check_prose(path: Path, name: str, sources: Sources) -> tuple[list[str], lis
     for m in MARK.finditer(text):
         if m.start() not in spans:
             stale.append(f"{name}:{_line(text, m.start())}: citation {m.group()} follows no figure")
-    start, end = PROSE.get(name, ("", ""))
-    if start and start in text:
-        a = text.index(start) + len(start)
-        b = text.find(end, a)
+    start, end = region if region is not None else PROSE.get(name, ("", ""))
+    if region == WHOLE or (start and start in text):
+        a = text.index(start) + len(start) if start else 0
+        b = text.find(end, a) if end else -1
         b = len(text) if b < 0 else b
-        region = text[a:b]
-        blank = lambda m: " " * len(m.group())  # noqa: E731 (keeps offsets)
-        region = MARK.sub(blank, CITED.sub(blank, CODE.sub(blank, region)))
-        for m in UNCITED.finditer(region):
+        prose = text[a:b]
+        for pattern in (CODE, CITED, MARK, NOT_FIGURES):
+            prose = pattern.sub(_blank, prose)
+        for m in UNCITED.finditer(prose):
             stale.append(f"{name}:{_line(text, a + m.start())}: {m.group().strip()} cites no result")
     return stale, unverified
 
@@ -545,23 +627,27 @@ def check(
     readme: Path = README,
     bench_readme: Path | None = BENCH_README,
     repo: Path = ROOT,
+    docs: Path | None = DOCS,
 ) -> tuple[list[str], list[str]]:
-    """Everything stale in the README, ``bench/README.md`` and ``SUMMARY.md``, and what could not be
-    verified here (citations of a commit this clone lacks)."""
+    """Everything stale in the README, the pages of ``docs``, ``bench/README.md`` and ``SUMMARY.md``,
+    and what could not be verified here (citations of a commit this clone lacks)."""
     sources = Sources(results, repo)
     stale, unverified = [], []
     summary = results / "SUMMARY.md"
     if not summary.exists() or summary.read_text() != summary_text(results):
         stale.append(f"{summary.name}: differs from the saved results (run python -m bench summary)")
-    text = readme.read_text()
-    block = BLOCK.search(text)
-    if block is not None and block.group() != readme_block(results, readme):
-        stale.append(f"{readme.name}: the tables differ from the saved results (run python -m bench summary)")
-    for path, name in ((readme, "README.md"), (bench_readme, "bench/README.md")):
-        if path is not None and path.exists():
-            s, u = check_prose(path, name, sources)
-            stale += s
-            unverified += u
+    pages: list[tuple[Path | None, str, tuple[str, str] | None]] = [(readme, "README.md", WHOLE)]
+    pages += [(page, f"docs/{page.name}", WHOLE) for page in doc_pages(docs)]
+    pages.append((bench_readme, "bench/README.md", None))
+    for path, name, region in pages:
+        if path is None or not path.exists():
+            continue
+        block = BLOCK.search(path.read_text())
+        if block is not None and block.group() != readme_block(results, path):
+            stale.append(f"{name}: the tables differ from the saved results (run python -m bench summary)")
+        s, u = check_prose(path, name, sources, region)
+        stale += s
+        unverified += u
     return stale, unverified
 
 
@@ -570,7 +656,7 @@ def main(argv: Any = None) -> int:
     parser.add_argument("--check", action="store_true", help="write nothing; fail on a stale table or figure")
     args = parser.parse_args(argv)
     if not args.check:
-        print(write_summary())
+        print(write_summary(RESULTS, README, DOCS))
         return 0
     stale, unverified = check()
     for line in unverified:
@@ -582,4 +668,4 @@ def main(argv: Any = None) -> int:
     return 1 if stale else 0
 
 
-__all__ = ["SECTIONS", "check", "figures", "provenance", "summary_lines", "write_summary"]
+__all__ = ["SECTIONS", "check", "figures", "flatten", "provenance", "summary_lines", "write_summary"]

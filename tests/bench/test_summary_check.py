@@ -1,4 +1,5 @@
-"""``python -m bench summary --check``: every figure the READMEs cite is the one its saved result holds."""
+"""``python -m bench summary --check``: every figure the README, the pages of docs/ and bench/README.md
+cite is the one its saved result holds, and none of them states a figure without citing one."""
 
 import shutil
 from pathlib import Path
@@ -6,7 +7,22 @@ from pathlib import Path
 import pytest
 
 from bench.__main__ import main as bench_main
-from bench.summary import BENCH_README, README, RESULTS, ROOT, Sources, check, check_figure
+from bench.summary import (
+    BENCH_README,
+    DOCS,
+    END,
+    README,
+    RESULTS,
+    ROOT,
+    START,
+    Sources,
+    check,
+    check_figure,
+    figures,
+    write_summary,
+)
+
+MEASUREMENTS = "docs/measurements.md"
 
 
 def test_the_repository_figures_and_tables_match_the_saved_results():
@@ -15,22 +31,33 @@ def test_the_repository_figures_and_tables_match_the_saved_results():
 
 
 def test_the_command_passes_on_the_repository_and_writes_nothing():
-    before = (README.read_text(), (RESULTS / "SUMMARY.md").read_text())
+    pages = [README, RESULTS / "SUMMARY.md", *sorted(DOCS.glob("*.md"))]
+    before = [page.read_text() for page in pages]
     assert bench_main(["summary", "--check"]) == 0
-    assert (README.read_text(), (RESULTS / "SUMMARY.md").read_text()) == before
+    assert [page.read_text() for page in pages] == before
+
+
+def test_the_tables_live_in_docs_measurements_and_every_docs_page_is_read():
+    text = (ROOT / MEASUREMENTS).read_text()
+    assert START in text and END in text
+    assert "](../bench/results/overhead/throughput.png)" in text  # image paths relative to docs/
+    assert START not in README.read_text()
 
 
 @pytest.fixture
 def copy(tmp_path: Path) -> Path:
-    """The README, bench/README.md and the saved results (without plots) in a temporary folder."""
+    """The README, docs/, bench/README.md and the saved results (without plots) in a temporary folder."""
     shutil.copy(README, tmp_path / "README.md")
+    shutil.copytree(DOCS, tmp_path / "docs", ignore=shutil.ignore_patterns("*.png"))
     shutil.copytree(RESULTS, tmp_path / "bench" / "results", ignore=shutil.ignore_patterns("*.png", "*.csv"))
     shutil.copy(BENCH_README, tmp_path / "bench" / "README.md")
     return tmp_path
 
 
 def _check(copy: Path) -> list[str]:
-    stale, _ = check(copy / "bench" / "results", copy / "README.md", copy / "bench" / "README.md", ROOT)
+    stale, _ = check(
+        copy / "bench" / "results", copy / "README.md", copy / "bench" / "README.md", ROOT, copy / "docs"
+    )
     return stale
 
 
@@ -45,23 +72,41 @@ def test_the_copy_passes_as_it_is(copy):
 
 
 def test_a_stale_figure_is_named_with_the_file_it_should_match(copy):
-    _edit(copy / "README.md", "0.77<!-- fig", "0.78<!-- fig")
+    _edit(copy / "README.md", "0.40–0.58<!-- fig", "0.40–0.59<!-- fig")
+    _edit(copy / MEASUREMENTS, "0.77<!-- fig", "0.78<!-- fig")
     _edit(copy / "bench" / "README.md", "1.05–1.10<!--", "1.05–1.09<!--")
     stale = _check(copy)
-    assert len(stale) == 2
-    assert "0.78 should read 0.77 (bench/results/overhead/results.json: perf_analyzer:1:ratio)" in stale[0]
-    assert stale[0].startswith("README.md:")
-    assert stale[1].startswith("bench/README.md:") and "1.05–1.09 should read 1.05–1.10" in stale[1]
+    assert len(stale) == 3
+    assert stale[0].startswith("README.md:") and "0.40–0.59 should read 0.40–0.58" in stale[0]
+    assert stale[1].startswith(f"{MEASUREMENTS}:")
+    assert "0.78 should read 0.77 (bench/results/overhead/results.json: perf_analyzer:1:ratio)" in stale[1]
+    assert stale[2].startswith("bench/README.md:") and "1.05–1.09 should read 1.05–1.10" in stale[2]
 
 
-def test_a_figure_without_a_citation_is_caught(copy):
-    _edit(
-        copy / "README.md",
-        "- On a trivial Python model",
-        "- Half a claim, 0.99 of it. On a trivial Python model",
-    )
+@pytest.mark.parametrize(
+    ("page", "claim", "caught"),
+    [
+        ("README.md", "Half a claim, 0.99 of it.", "0.99"),
+        (MEASUREMENTS, "It once read 1,868 requests.", "1,868"),
+        ("docs/grpc.md", "It answers 202 infer/s that way.", "202"),
+        ("docs/batching.md", "Twice as fast, 2× even.", "2×"),
+        ("docs/sequence.md", "A 15% spread.", "15%"),
+    ],
+)
+def test_a_figure_without_a_citation_is_caught_on_every_page(copy, page, claim, caught):
+    path = copy / page
+    path.write_text(path.read_text() + f"\n{claim}\n")
     stale = _check(copy)
-    assert len(stale) == 1 and "0.99 cites no result" in stale[0]
+    assert len(stale) == 1 and stale[0].startswith(f"{page}:") and f"{caught} cites no result" in stale[0]
+
+
+def test_versions_addresses_and_code_are_not_figures(copy):
+    path = copy / "docs" / "operations.md"
+    path.write_text(
+        path.read_text()
+        + "\nHAProxy speaks HTTP/1.1 to Ray 2.60 and tritonserver 2.51 on 10.213.0.10; `0.5` CPU.\n"
+    )
+    assert _check(copy) == []
 
 
 def test_a_citation_moved_off_its_figure_is_caught(copy):
@@ -79,11 +124,19 @@ def test_a_figure_that_changed_in_the_results_is_caught(copy):
 
 
 def test_tables_that_differ_from_the_saved_results_are_caught(copy):
-    _edit(copy / "README.md", "| 1 | 4,003 | 3,073 | 0.77 |", "| 1 | 4,003 | 3,073 | 0.78 |")
+    _edit(copy / MEASUREMENTS, "| 1 | 4,003 | 3,073 | 0.77 |", "| 1 | 4,003 | 3,073 | 0.78 |")
     _edit(copy / "bench" / "results" / "SUMMARY.md", "| 1 | 4,003 |", "| 1 | 4,004 |")
     stale = _check(copy)
-    assert any("README.md: the tables differ" in line for line in stale)
+    assert any(f"{MEASUREMENTS}: the tables differ" in line for line in stale)
     assert any("SUMMARY.md: differs" in line for line in stale)
+
+
+def test_summary_refreshes_the_block_of_a_docs_page(copy):
+    page = copy / MEASUREMENTS
+    _edit(page, "| 1 | 4,003 | 3,073 | 0.77 |", "| 1 | 4,003 | 3,073 | 0.78 |")
+    write_summary(copy / "bench" / "results", copy / "README.md", copy / "docs")
+    assert "| 1 | 4,003 | 3,073 | 0.77 |" in page.read_text()
+    assert _check(copy) == []
 
 
 def test_ranges_globs_and_max_against_the_saved_limit_and_agreement():
@@ -102,3 +155,23 @@ def test_a_commit_this_clone_lacks_is_unverified_not_stale(tmp_path):
         "0.70", None, "overhead@0000000:perf_analyzer:1:ratio", Sources(RESULTS, tmp_path)
     )
     assert kind == "unverified" and "at commit 0000000" in problem
+
+
+def test_other_saved_files_are_cited_by_their_path_and_numbers_by_their_keys():
+    sources = Sources()
+    assert (
+        check_figure("2.5", None, "recovery/after:results:add_one:first_answer_after_kill_s", sources) is None
+    )
+    assert check_figure("32,200", None, "cluster/node_loss:bystander:sent", sources) is None
+    assert check_figure("0.66", "0.76", "sequence:this_server_x2_over_x1:*", sources) is None
+    problem, kind = check_figure("1", None, "recovery/nothing:x", sources)
+    assert kind == "stale" and "bench/results/recovery/nothing.json" in problem
+
+
+def test_figures_of_a_plain_json_file_are_its_numbers_by_path():
+    data = {
+        "environment": {"cpu_count": 2},
+        "load": {"sent": 10, "ok": True},
+        "points": [{"path": "a", "v": 1.5}],
+    }
+    assert figures(data, "anything") == {"load:sent": 10.0, "points:a:v": 1.5}
