@@ -1,7 +1,7 @@
 """Start Ray Serve with this server's request path settings, in this process.
 
 Used by ``triton-serve serve`` and by the test suite. The settings of the
-request path (DESIGN.md) are environment variables that Ray reads when it
+request path (docs/operations.md) are environment variables that Ray reads when it
 starts, so :func:`configure_environment` runs before Ray is imported.
 """
 
