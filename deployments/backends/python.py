@@ -10,10 +10,14 @@ least (:class:`ExecutePlacement`): on the loop thread itself while its calls
 stay short, in one worker thread per instance otherwise, so a slow model
 never stalls the replica's HTTP serving and BLS calls keep being served. Decoupled models
 answer through ``request.get_response_sender()``; :meth:`PythonBackend.stream`
-yields those responses as they are sent.
+yields those responses as they are sent. A non-decoupled model may answer
+through the sender too: its first response is the answer.
 
-Anything a model raises becomes an error response with the matching code:
-``TritonError`` keeps its code, other exceptions are INTERNAL.
+When ``execute`` raises, or returns what Triton refuses (a decoupled model
+returning anything but None, a wrong list), every request of the call that has
+no answer yet gets Triton's error, "Failed to process the request(s) for model
+'<instance>', message: ...", which is also logged. A raised ``TritonError``
+keeps its code instead.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import importlib.util
 import inspect
 import itertools
 import json
+import logging
 import sys
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -35,8 +40,8 @@ from typing import Any
 from deployments.backends.base import Backend, BackendContext, execution_timeout_s, timed
 from deployments.backends.python_api.bls import BlsBridge, NeedsWorkerThread
 from deployments.backends.python_api.context import reset_bridge, set_bridge
-from deployments.backends.python_api.errors import TritonError, to_server_error
-from deployments.backends.python_api.request import InferenceRequest
+from deployments.backends.python_api.errors import TritonError, TritonModelException, to_server_error
+from deployments.backends.python_api.request import TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, InferenceRequest
 from deployments.backends.python_api.response import InferenceResponse
 from deployments.backends.python_api.response_sender import ResponseChannel
 from deployments.inference import InferRequest, InferResponse
@@ -44,6 +49,7 @@ from repository_loader import datatypes
 from repository_loader.errors import InternalError, ServerError, Unavailable
 from repository_loader.model import ModelDescription
 
+logger = logging.getLogger(__name__)
 _counter = itertools.count()
 
 
@@ -175,16 +181,6 @@ def _may_block_inline(module: ModuleType) -> bool:
     return "InferenceRequest" in source or "asyncio" in source
 
 
-def _execute_error(model: str, error: BaseException) -> ServerError:
-    if isinstance(error, TritonError):
-        return to_server_error(error)
-    if isinstance(error, ServerError):
-        return error
-    return InternalError(
-        f"Failed to process the request(s) for model '{model}', message: {type(error).__name__}: {error}"
-    )
-
-
 class PythonBackend(Backend):
     """One ``TritonPythonModel`` instance."""
 
@@ -197,13 +193,25 @@ class PythonBackend(Backend):
 
     # --- lifecycle ---------------------------------------------------------------
 
+    @property
+    def instance_name(self) -> str:
+        """Triton's name for this instance, ``<group name>_<index>`` (``add_sub_0_0``).
+
+        Models see it in ``args`` and error messages name it. A name the caller
+        gives in that form is kept; any other (a replica's id) becomes index 0.
+        """
+        groups = self.model.instance_groups
+        group = groups[0].name if groups and groups[0].name else f"{self.model.name}_0"
+        given = self.context.instance_name
+        return given if given.startswith(f"{group}_") else f"{group}_0"
+
     def initialize_args(self) -> dict[str, str]:
         """The ``args`` Triton passes to ``initialize``."""
         ctx = self.context
         return {
             "model_config": json.dumps(config_dict(self.model)),
             "model_instance_kind": ctx.instance_kind.value.removeprefix("KIND_"),
-            "model_instance_name": ctx.instance_name or f"{self.model.name}_0",
+            "model_instance_name": self.instance_name,
             "model_instance_device_id": str(ctx.device_id),
             "model_repository": str(self.model.path),
             "model_version": str(ctx.version),
@@ -266,7 +274,7 @@ class PythonBackend(Backend):
         loop = asyncio.get_running_loop()
         if not requests:
             return []
-        channels = [ResponseChannel(loop) for _ in requests]
+        channels = [ResponseChannel(loop, self.model.decoupled) for _ in requests]
         collected = await self._execute_batch(list(requests), channels)
         return [response for responses in collected for response in responses]
 
@@ -278,19 +286,11 @@ class PythonBackend(Backend):
                 InferenceRequest.from_server(r, self._output_names, c)
                 for r, c in zip(batch, channels, strict=True)
             ]
-        returned, error = await self._invoke_rescheduled(pb_requests)
-        if error is not None:
-            return [[InferResponse.failed(r, error)] for r in batch]
-        if returned is not None and not self.model.decoupled:
-            return [[response] for response in self._returned(batch, returned)]
-        if returned is not None:
-            mistake = InternalError(f"decoupled model '{self.model.name}': execute must return None")
-            for channel in channels:
-                channel.fail(mistake)
+        await self._run(pb_requests, channels)
         gathered = await asyncio.gather(*(self._drain(r, c) for r, c in zip(batch, channels, strict=True)))
         if self.model.decoupled:
             return [_collected(responses) for responses in gathered]
-        return [[self._one_response(r, responses)] for r, responses in zip(batch, gathered, strict=True)]
+        return [[_answer(responses)] for responses in gathered]
 
     async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         """Every response of ``request`` as the model sends it; the last has ``final`` set."""
@@ -300,7 +300,7 @@ class PythonBackend(Backend):
             return
         channel = ResponseChannel(asyncio.get_running_loop())
         pb_request = InferenceRequest.from_server(request, self._output_names, channel)
-        task = asyncio.ensure_future(self._run_decoupled(pb_request, channel))
+        task = asyncio.ensure_future(self._run([pb_request], [channel]))
         finished = False
         try:
             async for item in channel.items():
@@ -311,33 +311,75 @@ class PythonBackend(Backend):
                 channel.cancelled = True
             await task
 
-    async def _run_decoupled(self, pb_request: InferenceRequest, channel: ResponseChannel) -> None:
-        returned, error = await self._invoke_rescheduled([pb_request])
-        if error is not None:
-            channel.fail(error)
-        elif returned is not None:
-            channel.fail(InternalError(f"decoupled model '{self.model.name}': execute must return None"))
+    async def _run(self, pb_requests: list[InferenceRequest], channels: list[ResponseChannel]) -> None:
+        """Call ``execute`` for the batch, then again for the requests it rescheduled, as Triton does.
 
-    async def _invoke_rescheduled(
-        self, pb_requests: list[InferenceRequest]
-    ) -> tuple[Any, ServerError | None]:
-        """``_invoke``, then again for the requests released with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``.
-
-        A rescheduled request runs again, alone with the others rescheduled in the
-        same call, until the model releases it with ALL (or, decoupled, sends FINAL).
-        Non-decoupled models answer a rescheduled request with ``None`` until then.
+        A request released with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`` runs
+        again, with the others rescheduled in the same call, until the model
+        releases it with ALL (or, decoupled, sends FINAL). What each call returns
+        is checked and delivered before the next. When a call fails, every
+        request of it that has no answer yet gets the error, and the error is logged.
         """
-        returned, error = await self._invoke(pb_requests)
-        pending = [i for i, r in enumerate(pb_requests) if r.take_reschedule()]
-        if isinstance(returned, tuple):
-            returned = list(returned)
-        while pending and error is None:
-            again, error = await self._invoke([pb_requests[i] for i in pending])
-            if isinstance(returned, list) and isinstance(again, (list, tuple)) and len(again) == len(pending):
-                for index, response in zip(pending, again, strict=True):
-                    returned[index] = response
-            pending = [i for i in pending if pb_requests[i].take_reschedule()]
-        return returned, error
+        current = list(range(len(pb_requests)))
+        while current:
+            requests = [pb_requests[i] for i in current]
+            senders = [channels[i] for i in current]
+            returned, error = await self._invoke(requests)
+            if error is None:
+                error = self._deliver(requests, senders, returned)
+            if error is not None:
+                logger.error("%s", error.message)
+                for channel in senders:
+                    channel.fail(error)
+                return
+            current = [i for i in current if pb_requests[i].take_reschedule()]
+
+    def _deliver(
+        self, requests: list[InferenceRequest], channels: list[ResponseChannel], returned: Any
+    ) -> ServerError | None:
+        """Send what ``execute`` returned, after Triton's checks (all of them before anything is sent)."""
+        if returned is None:
+            return None
+        if self.model.decoupled:
+            return self._failed(
+                f"Python model '{self.instance_name}' is using the decoupled mode and the execute "
+                "function must return None."
+            )
+        if not isinstance(returned, list):
+            return self._failed(f"Expected a list in the execute return, found type '{type(returned)}'.")
+        if len(returned) != len(requests):
+            return self._failed(
+                "Number of InferenceResponse objects do not match the number of InferenceRequest objects. "
+                f"InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) size "
+                f"is:{len(returned)}\n"
+            )
+        for request, channel, response in zip(requests, channels, returned, strict=True):
+            if response is None:
+                continue
+            if request.release_flags() == TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+                return self._failed(
+                    "Expected a None object in the execute function return list for reschduled request, "
+                    f"found type '{type(response)}'."
+                )
+            if not isinstance(response, InferenceResponse):
+                return self._failed(
+                    "Expected an 'InferenceResponse' object in the execute function return list, "
+                    f"found type '{type(response)}'."
+                )
+            try:
+                channel.check(response, True)
+            except TritonModelException as error:
+                return self._failed(str(error))
+        for channel, response in zip(channels, returned, strict=True):
+            if response is not None:
+                channel.put(response, True)
+        return None
+
+    def _failed(self, message: str) -> ServerError:
+        """Triton's error for a failed ``execute`` of this instance."""
+        return InternalError(
+            f"Failed to process the request(s) for model '{self.instance_name}', message: {message}"
+        )
 
     async def _invoke(self, pb_requests: list[InferenceRequest]) -> tuple[Any, ServerError | None]:
         """Call the model's ``execute``; return what it returned, or the error it raised."""
@@ -352,7 +394,11 @@ class PythonBackend(Backend):
                     returned = await returned
             return returned, None
         except Exception as error:
-            return None, _execute_error(self.model.name, error)
+            if isinstance(error, TritonError):
+                return None, to_server_error(error)
+            if isinstance(error, ServerError):
+                return None, error
+            return None, self._failed(f"{type(error).__name__}: {error}")
         finally:
             reset_bridge(token)
 
@@ -382,16 +428,6 @@ class PythonBackend(Backend):
             self.placement.record(time.perf_counter() - start)
 
     # --- responses -------------------------------------------------------------------------
-
-    def _returned(self, batch: list[InferRequest], returned: Any) -> list[InferResponse]:
-        if not isinstance(returned, (list, tuple)) or len(returned) != len(batch):
-            count = len(returned) if isinstance(returned, (list, tuple)) else type(returned).__name__
-            error = InternalError(
-                f"model '{self.model.name}': execute must return a list of {len(batch)} responses, one per "
-                f"request, got {count}"
-            )
-            return [InferResponse.failed(r, error) for r in batch]
-        return [self._convert(request, response) for request, response in zip(batch, returned, strict=True)]
 
     def _convert(self, request: InferRequest, response: Any, final: bool = True) -> InferResponse:
         if not isinstance(response, InferenceResponse):
@@ -425,17 +461,6 @@ class PythonBackend(Backend):
             )
         return self._convert(request, response, final)
 
-    def _one_response(self, request: InferRequest, responses: list[InferResponse]) -> InferResponse:
-        sent = [r for r in responses if r.outputs or r.error]
-        if len(sent) == 1:
-            sent[0].final = True
-            return sent[0]
-        error = InternalError(
-            f"model '{self.model.name}' is not decoupled and must send exactly one response per request, "
-            f"sent {len(sent)}"
-        )
-        return InferResponse.failed(request, error)
-
 
 def _collected(responses: list[InferResponse]) -> list[InferResponse]:
     """A decoupled request's responses without the empty end marker; the last one is final."""
@@ -446,6 +471,13 @@ def _collected(responses: list[InferResponse]) -> list[InferResponse]:
         response.final = False
     sent[-1].final = True
     return sent
+
+
+def _answer(responses: list[InferResponse]) -> InferResponse:
+    """A non-decoupled request's answer: the one response it got (the model's, or the error)."""
+    answer = responses[-1]
+    answer.final = True
+    return answer
 
 
 async def _awaited(awaitable: Any) -> Any:

@@ -266,7 +266,7 @@ def _failing() -> PythonBackend:
         (b"unsupported", ErrorCode.UNSUPPORTED, "no"),
         (b"raise", ErrorCode.INTERNAL, "asked to raise"),
         (b"crash", ErrorCode.INTERNAL, "ZeroDivisionError"),
-        (b"short", ErrorCode.INTERNAL, "one per request"),
+        (b"short", ErrorCode.INTERNAL, "do not match the number of InferenceRequest objects"),
     ],
 )
 async def test_model_errors_become_responses_with_codes(mode: bytes, code: ErrorCode, text: str) -> None:

@@ -110,6 +110,10 @@ class InferenceRequest:
             )
         self._release_flags = flags
 
+    def release_flags(self) -> int:
+        """The flags the model set with :meth:`set_release_flags` for the current ``execute``."""
+        return self._release_flags
+
     def take_reschedule(self) -> bool:
         """Whether the model asked to run this request again (and reset that for the next run)."""
         rescheduled = self._release_flags == TRITONSERVER_REQUEST_RELEASE_RESCHEDULE

@@ -1,13 +1,17 @@
-"""``pb_utils.InferenceResponseSender``: how a decoupled model sends a request's responses.
+"""``pb_utils.InferenceResponseSender``: how a model sends a request's responses itself.
 
 A model may send from ``execute`` or from threads of its own; each response
 crosses to the replica's event loop through the request's
-:class:`ResponseChannel`, which the backend drains.
+:class:`ResponseChannel`, which the backend drains. The sender keeps Triton's
+rules and wording: a decoupled model sends any number of responses and then
+the FINAL flag; a non-decoupled one sends exactly one response, whose arrival
+answers the request (a FINAL flag may follow it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,45 +20,84 @@ from deployments.backends.python_api.response import InferenceResponse
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 
+# Triton's messages for a misused response sender (clients and log readers look for them)
+UNSUPPORTED_FLAG = "Unable to send response. Unsupported flag provided."
+RESPONSE_REQUIRED = "Inference Response object must be provided when the response flags is set to zero."
+MORE_THAN_ONE = "Unable to send response. Non-decoupled model cannot send more than one response."
+FINAL_BEFORE_RESPONSE = (
+    "Unable to send response. Non-decoupled model cannot send complete final before sending a response."
+)
+SENDER_CLOSED = "Unable to send response. Response sender has been closed."
+
 
 class InferenceResponseSender:
-    """Sends the responses of one request (decoupled models), the last flagged FINAL."""
+    """Sends the responses of one request; the FINAL flag closes it."""
 
     def __init__(self, channel: ResponseChannel) -> None:
         self._channel = channel
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
-        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        if response is None and not final:
-            raise TritonModelException(
-                "send() needs a response unless flags is TRITONSERVER_RESPONSE_COMPLETE_FINAL"
-            )
-        self._channel.put(response, final)
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException(UNSUPPORTED_FLAG)
+        if flags == 0 and response is None:
+            raise TritonModelException(RESPONSE_REQUIRED)
+        self._channel.put(response, flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def is_cancelled(self) -> bool:
         return self._channel.cancelled
 
 
 class ResponseChannel:
-    """The responses one request gets, handed from any thread to the replica's event loop."""
+    """The responses one request gets, handed from any thread to the replica's event loop.
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    ``closed`` is the sender's state (the FINAL flag was sent, or the request
+    failed); ``answered`` says whether the client has its last response: for a
+    non-decoupled model that is the first response sent.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, decoupled: bool = True) -> None:
         self._loop = loop
         self._queue: asyncio.Queue[tuple[InferenceResponse | None, bool, Any]] = asyncio.Queue()
+        self._lock = threading.Lock()
+        self.decoupled = decoupled
+        self.sent = 0
         self.closed = False
+        self.answered = False
         self.cancelled = False
 
     def put(self, response: InferenceResponse | None, final: bool) -> None:
-        if self.closed:
-            raise TritonModelException("Unable to send response. Response sender has been closed.")
-        self.closed = final
+        """Send ``response`` (None: only the flag), after Triton's checks of the sender's state."""
+        with self._lock:
+            self.check(response, final)
+            self.closed = self.closed or final
+            self.sent += 1
+            if self.answered:
+                return  # a non-decoupled request already has its response; a FINAL flag follows it
+            if not self.decoupled:
+                if response is None:
+                    return
+                final = True
+            self.answered = final
         self._push((response, final, None))
 
+    def check(self, response: InferenceResponse | None, final: bool) -> None:
+        """Raise Triton's error if sending ``response`` (with ``final``) now is a mistake."""
+        if not self.decoupled:
+            if response is not None and self.sent > 0:
+                raise TritonModelException(MORE_THAN_ONE)
+            if response is None and final and self.sent == 0:
+                raise TritonModelException(FINAL_BEFORE_RESPONSE)
+        if self.closed:
+            raise TritonModelException(SENDER_CLOSED)
+
     def fail(self, error: Any) -> None:
-        """End the request with ``error`` (a ``ServerError``) unless it already ended."""
-        if not self.closed:
+        """Answer the request with ``error`` (a ``ServerError``) unless it has its last response; close it."""
+        with self._lock:
             self.closed = True
-            self._push((None, True, error))
+            if self.answered:
+                return
+            self.answered = True
+        self._push((None, True, error))
 
     def _push(self, item: tuple[InferenceResponse | None, bool, Any]) -> None:
         try:
