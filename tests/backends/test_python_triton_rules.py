@@ -184,3 +184,22 @@ async def test_sender_flag_and_argument_checks() -> None:
 async def test_instance_name_is_tritons() -> None:
     backend = _backend("named", decoupled=False)
     assert backend.initialize_args()["model_instance_name"] == "named_0_0"
+
+
+async def test_response_for_a_rescheduled_request_fails_with_triton_text() -> None:
+    model = describe(
+        "resched",
+        MODELS / "reschedule_answer",
+        "python",
+        [spec("IN", "INT32", [1])],
+        [spec("OUT", "INT32", [1])],
+    )
+    backend = create_backend(context(model))
+    backend.load()
+    (only,) = await backend.execute([request("resched", IN=np.array([1], np.int32))])
+    assert only.error is not None
+    assert only.error.message.startswith(
+        FAILED.format(name="resched")
+        + "Expected a None object in the execute function return list for reschduled request, found type '<class '"
+    )
+    assert only.error.message.endswith("InferenceResponse'>'.")
