@@ -71,6 +71,7 @@ class ModelDeployment:
         context = serve.get_replica_context()
         self.visible_gpus = pin_replica_gpu(gpu_ids or [], context) if kind == InstanceKind.GPU else None
         self.replica_id = context.replica_id.unique_id if context else str(os.getpid())
+        self.instance_name = instance_name(model.name, context)
         # every other replica is reached through one directory and one session; the router decides
         self.server = ServerClient()
         self._directory = ReplicaDirectory(self.server)
@@ -88,7 +89,7 @@ class ModelDeployment:
             instance_kind=kind,
             device_id=0,
             executor=self.router,
-            instance_name=self.replica_id,
+            instance_name=self.instance_name,
             composing=composing,
         )
         self.load_error: str | None = None
@@ -168,7 +169,7 @@ class ModelDeployment:
             instance_kind=self._kind,
             device_id=0,
             executor=self.router,
-            instance_name=self.replica_id,
+            instance_name=self.instance_name,
             composing=composing,
         )
         try:
@@ -275,3 +276,14 @@ class ModelDeployment:
             self._push_task.cancel()
         if self.runtime.hung() is None:  # a hung model's thread never returns: the process just ends
             await self.runtime.close()
+
+
+def instance_name(model: str, context: Any) -> str:
+    """Triton's name of this replica's model instance, ``<model>_<group>_<index>``: the instance group
+    from the application (``<model app>--group-<n>``), the index from the replica's rank in it."""
+    if context is None:
+        return f"{model}_0_0"
+    _, _, group = context.app_name.rpartition("--group-")
+    own: Any = context.rank
+    index = int(getattr(own, "rank", own) or 0)
+    return f"{model}_{int(group) if group.isdigit() else 0}_{index}"
