@@ -11,6 +11,8 @@ and ``deployments.serve.launch`` point it at ``deployments/serve/bin/haproxy``, 
 * **Errors are Triton's JSON.** Serve maps HAProxy's own 502/503/504 (no replica up, a
   replica gone mid-request, a timeout) to a plain-text ``500 Internal Server Error`` page;
   they become ``503``/``504`` with a ``{"error": ...}`` body, as every other error of the server.
+  A path no application serves (``/V2/...``, ``//v2/...``) answers Triton's ``404``
+  ``{"error":"Not Found"}`` instead of Serve's plain-text page.
   (HAProxy's own 400 for a request head over its buffer stays HTML: it is written by its HTTP/1
   parser, which no ``errorfile`` or ``http-error`` reaches, tried on 2.8.)
 * **A model's instance groups share its backend.** Each instance group of a model past the
@@ -70,6 +72,11 @@ _MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 _MODEL_STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
 _HEAD_BYTES = 300  # the message head read for the name: tag, length and a name of up to ~290 bytes
 _ERRORFILE = re.compile(r"^(\s*errorfile\s+)(50[234])(\s+)(\S+)(.*)$")
+_NOT_FOUND = re.compile(r"^(\s*)http-request return status 404 content-type text/plain\b.*$")
+NOT_FOUND_RETURN = (
+    'http-request return status 404 content-type application/json string "{\\"error\\":\\"Not Found\\"}"'
+)
+"""A path no application serves (``/V2/...``, ``//v2/...``): Triton's 404 and body, not Serve's text."""
 
 
 def error_page(code: int) -> str:
@@ -320,6 +327,9 @@ def rewrite(text: str, error_dir: Path) -> str:
         m = _BIND.match(line)
         if m and host is not None and m.group(2) in ("", "*"):
             line = f"{m.group(1)}{host}:{m.group(3)}{m.group(4)}"
+        n = _NOT_FOUND.match(line)
+        if n:
+            line = f"{n.group(1)}{NOT_FOUND_RETURN}"
         e = _ERRORFILE.match(line)
         if e:
             code = int(e.group(2))

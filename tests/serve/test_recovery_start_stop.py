@@ -61,6 +61,13 @@ def test_haproxy_configuration_is_adjusted(tmp_path: Path) -> None:
     assert "error" in json.loads(body)
 
 
+def test_a_path_no_application_serves_answers_tritons_json_404(tmp_path: Path) -> None:
+    """``/V2/health/ready`` or ``//v2/...`` reach Serve's default backend: Triton's 404, not Serve's text."""
+    out = haproxy_shim.rewrite(SERVE_HAPROXY_CFG, tmp_path)
+    assert _backend(out, "default_backend") == [haproxy_shim.NOT_FOUND_RETURN]
+    assert 'content-type application/json string "{\\"error\\":\\"Not Found\\"}"' in out
+
+
 # Serve's configuration for two models (``m`` with two instance groups, ``solo`` with one), as its template
 # writes it: one backend per application, each replica a ``server`` line, the head's proxy a ``backup``.
 SERVE_HAPROXY_CFG = """\
@@ -132,6 +139,10 @@ def test_haproxy_gives_a_models_backend_the_replicas_of_all_its_groups(tmp_path:
         "    # Fallback to head node's Serve proxy when no ingress replicas are available"
     )
     expected = [*lines[:backup_comment], *(f"    {line}" for line in group_servers), *lines[backup_comment:]]
+    not_found = expected.index(
+        '    http-request return status 404 content-type text/plain lf-string "not found"'
+    )
+    expected[not_found] = f"    {haproxy_shim.NOT_FOUND_RETURN}"  # the one other line adjusted
     assert out.splitlines() == [haproxy_shim.MARK, *expected]
 
 
