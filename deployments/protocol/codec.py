@@ -59,6 +59,7 @@ from repository_loader.errors import (
     Unsupported,
     error_for_http_status,
 )
+from repository_loader.model import ModelDescription
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -105,12 +106,79 @@ def parse_header_length(value: bytes | str | None, body_size: int) -> int | None
         return None
     if not (value.isascii() and value.isdigit() and len(value) <= _MAX_LENGTH_DIGITS):
         raise InvalidArgument(
-            f"{HEADER_LENGTH} must be an integer (decimal digits only), got '{_text(value)[:40]}'"
+            f"Unable to parse {HEADER_LENGTH}, got: {_text(value)[:40]} (it must be an integer)"
         )
     length = int(value)
-    if length < 0 or length > body_size:
-        raise InvalidArgument(f"{HEADER_LENGTH} is {length} but the request body holds {body_size} bytes")
+    if length > body_size:
+        raise InvalidArgument(
+            f"inference header size should be in range (0, {body_size}), got: {_text(value)}"
+        )
     return length
+
+
+def decode_raw_request(
+    body: bytes,
+    model: ModelDescription,
+    model_version: str = "",
+    limits: RequestLimits = _DEFAULT_LIMITS,
+) -> InferRequest:
+    """A raw binary request (``Inference-Header-Content-Length: 0``): the whole body is the data of
+    the model's one input, its data type and shape taken from the configuration (a batch of one
+    where the model batches; the one variable-sized dimension, if any, from the byte count).
+
+    Every output is answered in binary form. Raises :class:`InvalidArgument`, in Triton's words,
+    for a model whose input cannot be deduced (not exactly one input, more than one
+    variable-sized dimension, a BYTES input of more than one element) or a body that does not fit.
+    """
+    if len(model.inputs) != 1:
+        raise InvalidArgument(
+            f"Raw request must only have 1 input (found 1) to be deduced but got {len(model.inputs)} "
+            f"inputs in '{model.name}' model configuration"
+        )
+    spec = model.inputs[0]
+    name = spec.name
+    shape = [1] if model.max_batch_size > 0 else []
+    variable = -1
+    fixed = 1
+    for dim in spec.dims:
+        if dim == -1:
+            if variable != -1:
+                raise InvalidArgument(
+                    f"The shape of the raw input '{name}' can not be deduced because there are more "
+                    "than one variable-sized dimension"
+                )
+            variable = len(shape)
+        else:
+            fixed *= dim
+        shape.append(dim)
+    size = len(body)
+    if spec.datatype == "BYTES":
+        if variable != -1 or fixed != 1:
+            raise InvalidArgument(
+                f"For BYTE datatype raw input '{name}', the model must have input shape [1]"
+            )
+        array = np.empty(1, dtype=object)
+        array[0] = body if type(body) is bytes else bytes(body)
+        tensor: Any = array.reshape(shape)
+    else:
+        dtype = _dtype(name, spec.datatype)
+        itemsize = _ITEMSIZE[spec.datatype]
+        if size % itemsize:
+            raise InvalidArgument(
+                f"The input '{name}' has a byte size of {size} which is not a multiple of the data "
+                f"type size of {itemsize}"
+            )
+        if variable != -1:
+            shape[variable] = size // itemsize // fixed if fixed else 0
+        expected = _count(shape) * itemsize
+        if size != expected:
+            raise InvalidArgument(
+                f"input byte size mismatch for input '{name}' for model '{model.name}'. "
+                f"Expected {expected}, got {size}"
+            )
+        check_shape(name, shape, limits)
+        tensor = np.frombuffer(body, dtype=dtype, count=size // itemsize).reshape(shape)
+    return InferRequest(model_name=model.name, inputs={name: tensor}, model_version=model_version)
 
 
 def decode_infer_request(
@@ -128,7 +196,7 @@ def decode_infer_request(
     tensor or field at fault (:class:`TooLarge` for a tensor over ``limits``).
     """
     split = len(body) if header_length is None else header_length
-    doc = _parse_json(body if header_length is None else body[:split])
+    doc = parse_json(body if header_length is None else body[:split])
     if type(doc) is not dict:
         raise InvalidArgument("the inference request JSON must be an object")
     inputs = _decode_inputs(_list(doc, "inputs", required=True), body, split, header_length, limits)
@@ -145,13 +213,69 @@ def decode_infer_request(
     return request, binary_output
 
 
-def _parse_json(data: bytes) -> Any:
+def parse_json(data: bytes, decoder: json.JSONDecoder = _DECODER) -> Any:
+    """``data`` as JSON; :class:`InvalidArgument` worded as Triton words its parse errors."""
     try:
-        return _DECODER.decode(data.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise InvalidArgument(f"failed to parse the request JSON buffer: {e}") from None
+        return decoder.decode(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise InvalidArgument(f"{_PARSE_FAILED}Invalid encoding in string. at {e.start}") from None
+    except json.JSONDecodeError as e:
+        raise InvalidArgument(_PARSE_FAILED + _parse_error_text(e)) from None
+    except ValueError as e:
+        raise InvalidArgument(f"{_PARSE_FAILED}{e}") from None
     except RecursionError:
-        raise InvalidArgument("failed to parse the request JSON buffer: nested too deeply") from None
+        raise InvalidArgument(f"{_PARSE_FAILED}nested too deeply") from None
+
+
+_PARSE_FAILED = "failed to parse the request JSON buffer: "
+# Python's JSON error messages (their start) as the parser Triton uses names them.
+_PARSE_ERRORS = (
+    ("Extra data", "The document root must not be followed by other values."),
+    ("Expecting property name", "Missing a name for object member."),
+    ("Expecting ':' delimiter", "Missing a colon after a name of object member."),
+    ("Unterminated string", "Missing a closing quotation mark in string."),
+    ("Invalid \\uXXXX escape", "Incorrect hex digit after \\u escape in string."),
+    ("Invalid \\escape", "Invalid escape character in string."),
+)
+
+
+def _parse_error_text(error: json.JSONDecodeError) -> str:
+    """The message and byte offset of a JSON parse error, in Triton's words where they differ."""
+    doc, pos = error.doc, error.pos
+    offset = len(doc[:pos].encode("utf-8", "surrogatepass"))
+    message = error.msg
+    if message == "Expecting value":
+        text = "The document is empty." if not doc.strip() else "Invalid value."
+    elif message == "Expecting ',' delimiter":
+        text = (
+            "Missing a comma or ']' after an array element."
+            if _innermost_open(doc, pos) == "["
+            else "Missing a comma or '}' after an object member."
+        )
+    else:
+        text = next((ours for start, ours in _PARSE_ERRORS if message.startswith(start)), message)
+    return f"{text} at {offset}"
+
+
+def _innermost_open(doc: str, pos: int) -> str:
+    """The bracket (``[`` or ``{``) of the innermost container still open at ``pos``."""
+    stack: list[str] = []
+    in_string = escaped = False
+    for char in doc[:pos]:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            stack.append(char)
+        elif char in "]}" and stack:
+            stack.pop()
+    return stack[-1] if stack else ""
 
 
 def _list(doc: dict, key: str, required: bool = False) -> list:

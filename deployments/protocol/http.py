@@ -28,10 +28,12 @@ from deployments.inference import InferRequest, InferResponse
 from deployments.protocol import codec, compression, generate
 from deployments.protocol.dataplane import DataPlane
 from deployments.protocol.inference_calls import InferenceCalls
+from deployments.runtime.checks import ModelSchema
 from deployments.runtime.router import RawRequest
 from deployments.settings import RequestLimits, RestrictedApi, restriction_for
 from repository_loader.errors import (
     ERROR_CODE_HEADER,
+    InternalError,
     InvalidArgument,
     NotFound,
     Restricted,
@@ -264,17 +266,11 @@ class _BaseApp:
             extra = await self._extra(scope)
             if extra is not None:
                 return extra
-            raise NotFound(f"no route for {scope.get('method')} {_full_path(scope)}")
+            raise NotFound("Not Found")
         methods, params = found
         handler = methods.get(scope["method"])
         if handler is None:
-            allowed = ", ".join(sorted(methods))
-            return error_reply(
-                InvalidArgument(
-                    f"method {scope['method']} is not allowed for {_full_path(scope)} (use {allowed})"
-                ),
-                status=405,
-            )
+            return error_reply(InvalidArgument("Method Not Allowed"), status=405)
         fixed = self._fixed_params()
         if fixed:
             params.update(fixed)
@@ -296,7 +292,15 @@ class _BaseApp:
         return _status(await self.dataplane.ready())
 
     async def _model_ready(self, call: _Call) -> Reply:
-        return _status(await self.dataplane.model_ready(call.params["m"], call.params.get("v", "")))
+        """200, or 400 "Model version not ready" for a model (or version) not ready or not known,
+        as Triton answers."""
+        try:
+            ready = await self.dataplane.model_ready(call.params["m"], call.params.get("v", ""))
+        except NotFound:
+            ready = False
+        if ready:
+            return 200, [], b""
+        return error_reply(InvalidArgument("Model version not ready"))
 
     async def _model_metadata(self, call: _Call) -> Reply:
         return _json(await self.dataplane.model_metadata(call.params["m"], call.params.get("v", "")))
@@ -343,7 +347,13 @@ class _BaseApp:
         if encoding:
             body = compression.decompress(body, encoding, self.limits.max_decompressed_size)
         header_length = codec.parse_header_length(call.header(b"inference-header-content-length"), len(body))
-        request, binary_output = codec.decode_infer_request(body, header_length, name, version, self.limits)
+        if header_length == 0:  # a raw binary request: the body is the one input's data
+            request = codec.decode_raw_request(body, description, version, self.limits)
+            binary_output = True
+        else:
+            request, binary_output = codec.decode_infer_request(
+                body, header_length, name, version, self.limits
+            )
         raw = RawRequest(_full_path(call.scope), call.scope["headers"], call.body)
         response = await self.calls.infer(request, description, raw)
         if not isinstance(response, InferResponse):
@@ -368,7 +378,7 @@ class _BaseApp:
 
     async def _generate(self, call: _Call) -> Reply:
         """Triton's ``/generate``: one JSON object; a decoupled model must send exactly one response."""
-        request, description = await self._generate_request(call)
+        request, description, _ = await self._generate_request(call)
         if not description.decoupled:
             response = await self.calls.infer_one(request, description)
             return _json(generate.generate_document(response))
@@ -378,19 +388,25 @@ class _BaseApp:
                 if response.outputs:
                     answers.append(generate.generate_document(response))
         if len(answers) != 1:
-            raise InvalidArgument(
-                f"model '{description.name}' sent {len(answers)} responses; /generate answers exactly "
-                "one, use /generate_stream"
+            raise InternalError(
+                "generate expects model to produce exactly 1 response, use generate stream for model "
+                "that generates various number of responses"
             )
         return _json(answers[0])
 
     async def _generate_stream(self, call: _Call) -> Reply | Streamed:
-        """Triton's ``/generate_stream``: one ``data:`` event per response. An error before the first
-        response is a JSON error with its status; a later one is an ``{"error": ...}`` event."""
-        request, description = await self._generate_request(call)
+        """Triton's ``/generate_stream``: one ``data:`` event per response. A request refused before
+        the model runs is a JSON error; a model's error is an ``{"error": ...}`` event, under the
+        error's status when it is the first response."""
+        request, description, schema = await self._generate_request(call)
+        schema.check_request(request)  # refused as JSON, before any event
         stream = self.calls.responses(request, description)
         try:
             first = await _next_answer(stream)
+        except ServerError as e:
+            await stream.aclose()
+            status, _, _ = error_reply(e)
+            return status, _sse_headers(), generate.sse_event({"error": e.message})
         except BaseException:
             await stream.aclose()
             raise
@@ -406,12 +422,14 @@ class _BaseApp:
                         yield generate.sse_event({"error": e.message})
                         return
 
-        return Streamed([(b"content-type", generate.SSE_CONTENT_TYPE), _NO_CACHE], events())
+        return Streamed(_sse_headers(), events())
 
-    async def _generate_request(self, call: _Call) -> tuple[InferRequest, ModelDescription]:
+    async def _generate_request(self, call: _Call) -> tuple[InferRequest, ModelDescription, ModelSchema]:
         name, version = call.params["m"], call.params.get("v", "")
-        description, _ = await self.calls.schema(name, version)
-        return generate.decode_generate_request(call.body, description, version), description
+        description, schema = await self.calls.schema(name, version)
+        if call.header_text(b"content-encoding") not in (None, "", "identity"):
+            raise InvalidArgument("Unsupported content-encoding, only 'identity' is supported.")
+        return generate.decode_generate_request(call.body, description, version), description, schema
 
 
 class ModelHTTPApp(_BaseApp):
@@ -500,6 +518,10 @@ def _full_path(scope: Scope) -> str:
     return path
 
 
+def _sse_headers() -> Headers:
+    return [(b"content-type", generate.SSE_CONTENT_TYPE), _NO_CACHE]
+
+
 def _json(document: Any) -> Reply:
     return 200, list(_JSON), _ERROR_ENCODER.encode(document).encode("utf-8")
 
@@ -510,12 +532,9 @@ def _status(ok: bool) -> Reply:
 
 
 def _json_body(body: bytes) -> dict[str, Any]:
-    if not body.strip():
+    if not body:
         return {}
-    try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise InvalidArgument(f"failed to parse the request JSON body: {e}") from None
+    doc = codec.parse_json(body)
     if type(doc) is not dict:
         raise InvalidArgument("the request JSON body must be an object")
     return doc
