@@ -129,8 +129,13 @@ class ModelSchema:
         """After every input: no required input missing, one batch size for all."""
         if len(names) < len(self.required) or not self.required.issubset(names):
             missing = self.required.difference(names)
+            expected = (
+                f"{len(self.required)} inputs"
+                if len(self.required) == len(self.inputs)
+                else f"number of inputs between {len(self.required)} and {len(self.inputs)}"
+            )
             raise InvalidArgument(
-                f"expected {len(self.required)} inputs but got {len(names)} inputs for model "
+                f"expected {expected} but got {len(names)} inputs for model "
                 f"'{self.name}'. Got input(s) {sorted(names)}, but missing required input(s) "
                 f"{sorted(missing)}. Please provide all required input(s)."
             )

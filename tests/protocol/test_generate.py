@@ -77,3 +77,71 @@ def test_outputs_become_fields() -> None:
         "scores": [0.5, 0.25],
     }
     assert sse_event({"a": 1}) == b'data: {"a":1}\n\n'
+
+
+SHAPED = _description(
+    "shaped",
+    (
+        TensorSpec("rows", "FP32", (4,)),
+        TensorSpec("free", "INT8", (-1, -1)),
+        TensorSpec("half", "FP16", (1,)),
+        TensorSpec("count", "UINT8", (1,)),
+    ),
+    (TensorSpec("y", "FP32", (4,)),),
+    max_batch_size=8,
+)
+
+
+def test_fixed_dimensions_divide_the_elements_and_the_innermost_variable_one_takes_the_rest() -> None:
+    request = decode_generate_request(b'{"rows": [1, 2, 3, 4, 5, 6, 7, 8], "free": [1, 2, 3]}', SHAPED, "")
+    assert request.inputs["rows"].shape == (2, 4)  # the batch dimension takes what is left
+    assert request.inputs["free"].shape == (1, 1, 3)
+    assert request.inputs["free"].dtype == np.int8
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'{"rows": [1, 2, 3]}', "The schema can not convert input 'rows' to tensor with proper shape"),
+        (b'{"half": 1.5}', "receiving FP16 data via JSON is not supported"),
+        (b'{"count": -1}', "attempt to access JSON non-unsigned-integer as unsigned-integer"),
+        (b'{"rows": [[1], [2], [3], [4]]}', "Shape does not match true shape of 'data' field"),
+        (b'{"rows": [1, 2, 3, "4"]}', "attempt to access JSON non-number as double"),
+        (b"[1]", "attempt to get members for non-object"),
+        (b'{"parameters": {"rows": 1}}', "Converting keyword: 'parameters': The schema can not convert"),
+    ],
+)
+def test_fields_that_do_not_map_are_refused_in_tritons_words(body: bytes, message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        decode_generate_request(body, SHAPED, "")
+
+
+def test_parameters_keep_their_json_types() -> None:
+    body = b'{"a": 1, "b": 1.5, "c": true, "d": "x", "huge": 18446744073709551615, "id": "7"}'
+    request = decode_generate_request(body, SHAPED, "")
+    assert request.parameters == {
+        "a": 1,
+        "b": 1.5,
+        "c": True,
+        "d": "x",
+        "huge": 1.8446744073709552e19,
+        "id": "7",
+    }
+    assert request.id == "7"
+
+
+def test_the_response_carries_the_id_and_its_parameters() -> None:
+    response = InferResponse(
+        outputs={"y": np.array([1.0], np.float32)},
+        parameters={"tokens": 3, "list": [1]},
+        model_name="m",
+        model_version="1",
+        id="abc",
+    )
+    assert generate_document(response) == {
+        "model_name": "m",
+        "model_version": "1",
+        "id": "abc",
+        "tokens": 3,
+        "y": 1.0,
+    }
