@@ -7,6 +7,9 @@ input names its byte count in ``parameters.binary_data_size``. Decoded tensors
 are numpy views on the body (``np.frombuffer``), never copies; BYTES tensors are
 ``object`` arrays of ``bytes``.
 
+A raw binary request (``Inference-Header-Content-Length: 0``) has no JSON at
+all: the body is the data of the model's one input (:func:`decode_raw_request`).
+
 A response body is JSON, with the outputs asked for in binary form appended
 after it (each with ``parameters.binary_data_size``), in the order of the
 header's ``outputs`` list.

@@ -27,7 +27,9 @@ def decompress(body: bytes, encoding: str | None, limit: int | None = None) -> b
     elif encoding == "deflate":
         wbits = zlib.MAX_WBITS
     else:
-        raise Unsupported(f"unsupported Content-Encoding '{encoding}' (gzip, deflate or identity)")
+        raise Unsupported(
+            f"Unsupported compression type: Content-Encoding '{encoding}' (gzip, deflate or identity)"
+        )
     try:
         try:
             return _inflate(body, wbits, limit, encoding)

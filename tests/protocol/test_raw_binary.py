@@ -258,6 +258,8 @@ def test_refusals_word_their_reasons_as_triton_does(server):
     for path in ("/v2/models/nope/ready", "/v2/models/float32/versions/9/ready"):
         reply = requests.get(url(server, path), timeout=20)
         assert (reply.status_code, reply.json()) == (400, {"error": "Model version not ready"})
+    reply = post_raw(server, "float32", b"\x00" * 4, **{"Content-Encoding": "br"})
+    assert reply.status_code == 501 and reply.json()["error"].startswith("Unsupported compression type")
 
 
 def test_raw_decoding_takes_no_copy():
