@@ -7,6 +7,8 @@ arrival order, and take a slot when one frees. The control inputs
 (``CONTROL_SEQUENCE_START`` / ``_END`` / ``_READY`` / ``_CORRID``) and the
 implicit state inputs are added to each request before the backend sees it;
 the output state is taken back from the response (clients never see it).
+A replica holds the slots of every instance of the model, since the replica
+owning a sequence's ID runs it (``SequenceBatcher``).
 
 Two strategies, as ``sequence_batching`` picks:
 
@@ -77,7 +79,13 @@ class _Backlog:
 
 
 class SequenceBatcher:
-    """The sequence batcher of one model in one replica (``max_concurrent_batches`` instances)."""
+    """The sequence batcher of one model in one replica.
+
+    It holds the slots of every instance of the model (``SequenceSettings.instances``, at least
+    ``max_concurrent_batches``): the replica owning a sequence's ID runs it, and may own every live
+    sequence of the model. At most ``max_concurrent_batches`` batches run at once, and a new sequence
+    fills the slots of the instances that run at once before it takes another's, so batches stay full.
+    """
 
     def __init__(
         self,
@@ -92,7 +100,9 @@ class SequenceBatcher:
         self.model_name = model.name
         self._execute = execute
         self._on_batch = on_batch
-        count = max(max_concurrent_batches, 1)
+        self._concurrent = max(max_concurrent_batches, 1)
+        self._gate = asyncio.Semaphore(self._concurrent)  # batches running through ``execute``
+        count = max(self._concurrent, settings.instances)
         self.instances: list[_DirectInstance | _OldestInstance]
         if settings.strategy == "oldest":
             if dynamic_batcher is None:
@@ -100,7 +110,7 @@ class SequenceBatcher:
             self.instances = [_OldestInstance(self, i, model, dynamic_batcher) for i in range(count)]
         else:
             self.instances = [_DirectInstance(self, i) for i in range(count)]
-        self._free = [(slot.index, n) for n, inst in enumerate(self.instances) for slot in inst.slots]
+        self._free = [self._free_key(slot) for inst in self.instances for slot in inst.slots]
         heapq.heapify(self._free)
         self._bound: dict[int | str, _Slot] = {}  # sequences holding a slot (until their END is queued)
         self._last_ns: dict[int | str, int] = {}  # their last request's arrival, for the idle reaper
@@ -111,6 +121,15 @@ class SequenceBatcher:
         self._changed: asyncio.Future | None = None
         self._closing = False
         self._closed = False
+
+    def _free_key(self, slot: _Slot) -> tuple[int, int, int]:
+        """Free slots by this key: the lowest index over the instances that run at once, then the next."""
+        number = slot.instance.number
+        return number // self._concurrent, slot.index, number
+
+    async def _execute_gated(self, requests: list[InferRequest]) -> list[InferResponse]:
+        async with self._gate:
+            return await self._execute(requests)
 
     @property
     def active_sequences(self) -> int:
@@ -172,7 +191,7 @@ class SequenceBatcher:
                 self.model_name,
             )
         if slot is None and backlog is None and self._free:
-            index, number = heapq.heappop(self._free)
+            _, index, number = heapq.heappop(self._free)
             slot = self.instances[number].slots[index]
             self._bound[cid] = slot
         if slot is not None:
@@ -231,7 +250,7 @@ class SequenceBatcher:
                 self._arm_reaper(now + self.settings.idle_ns)
             slot.queue.extend(backlog.items)
             return
-        heapq.heappush(self._free, (slot.index, slot.instance.number))
+        heapq.heappush(self._free, self._free_key(slot))
 
     def prepare(self, slot: _Slot, item: _Item) -> InferRequest:
         """The request as the backend sees it: control inputs and the sequence's state added."""
@@ -391,10 +410,13 @@ class _DirectInstance:
             self._task = None
             self.owner._notify()
 
+    def _ready(self) -> list[tuple[_Slot, _Item]]:
+        return [(slot, item) for slot in self.slots if (item := self.owner.settle(slot)) is not None]
+
     async def _schedule(self) -> None:
         settings = self.owner.settings
         while True:
-            ready = [(slot, item) for slot in self.slots if (item := self.owner.settle(slot)) is not None]
+            ready = self._ready()
             if not ready:
                 return
             if settings.delay_ns > 0 and settings.minimum_slot_utilization > 0 and not self.owner._closing:
@@ -404,7 +426,10 @@ class _DirectInstance:
                 if wait_ns > 0 and utilization < settings.minimum_slot_utilization:
                     await self._sleep(wait_ns)
                     continue
-            await self._execute(ready)
+            async with self.owner._gate:  # requests that come while another instance runs join this batch
+                ready = self._ready()
+                if ready:
+                    await self._execute(ready)
 
     async def _execute(self, ready: list[tuple[_Slot, _Item]]) -> None:
         owner = self.owner
@@ -469,7 +494,7 @@ class _OldestInstance:
             config,
             settings.max_batch_size,
             backend_model(model).inputs,
-            owner._execute,
+            owner._execute_gated,
             on_batch=owner._on_batch,
             model_name=model.name,
         )

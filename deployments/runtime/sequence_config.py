@@ -60,6 +60,7 @@ class SequenceSettings:
     max_candidate_sequences: int = 1
     preferred_batch_size: tuple[int, ...] = ()
     preserve_ordering: bool = False
+    instances: int = 1  # the model's instances over every instance group (model_instances)
 
     @property
     def batched(self) -> bool:
@@ -83,6 +84,7 @@ class SequenceSettings:
             max_candidate_sequences=max(int(seq.max_candidate_sequences), 1),
             preferred_batch_size=tuple(int(p) for p in oldest.get("preferred_batch_size") or ()),
             preserve_ordering=bool(oldest.get("preserve_ordering", False)),
+            instances=model_instances(model),
         )
 
     # -- control tensors ---------------------------------------------------
@@ -172,6 +174,18 @@ def _initial_state(model: ModelDescription, wire: str, entry: Mapping[str, Any])
     return np.frombuffer(raw, dtype=dtype).reshape(dims).copy()
 
 
+def model_instances(model: ModelDescription) -> int:
+    """How many instances Triton runs of ``model``: every group's count, once per GPU it names.
+
+    Triton's sequence slots are the slots of all these instances. Here each instance is a replica and
+    a sequence runs on the replica owning its ID, so one replica may own every live sequence: its
+    batcher holds the slots of every instance, or sequences Triton would run at once wait in its
+    backlog while the other replica's slots stand empty. A KIND_GPU group that names no GPUs counts
+    once (the GPUs of the cluster are not known here).
+    """
+    return max(sum(g.count * max(len(g.gpus), 1) for g in model.instance_groups), 1)
+
+
 def backend_model(model: ModelDescription) -> ModelDescription:
     """``model`` as its backend sees it: control and state inputs, and state outputs, added.
 
@@ -197,4 +211,13 @@ def backend_model(model: ModelDescription) -> ModelDescription:
     )
 
 
-__all__ = ["CORRID", "END", "READY", "START", "SequenceSettings", "StateSpec", "backend_model"]
+__all__ = [
+    "CORRID",
+    "END",
+    "READY",
+    "START",
+    "SequenceSettings",
+    "StateSpec",
+    "backend_model",
+    "model_instances",
+]

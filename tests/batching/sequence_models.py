@@ -35,8 +35,10 @@ def sequence_model(
     corrid_type: str = "TYPE_UINT64",
     extra: str = "",
     path: Path | None = None,
+    instances: int = 0,
 ) -> ModelDescription:
-    """A model with one FP32 input IN [1] and output OUT [1] under ``sequence_batching``."""
+    """A model with one FP32 input IN [1] and output OUT [1] under ``sequence_batching``; ``instances``:
+    the count of its one KIND_CPU instance group (0: no ``instance_group``)."""
     text = f"""
 name: "seq"
 backend: "python"
@@ -50,6 +52,8 @@ sequence_batching {{
   {extra}
 }}
 """
+    if instances:
+        text += f"instance_group [ {{ kind: KIND_CPU count: {instances} }} ]\n"
     return from_text(text, path or Path("/nonexistent/seq"))
 
 
