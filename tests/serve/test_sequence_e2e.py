@@ -71,6 +71,50 @@ def test_64_interleaved_sequences_keep_their_replica_and_their_sums(server_url: 
     assert len(pids) == 2, "both replicas hold sequences"
 
 
+def test_twelve_sequences_step_by_step_from_eight_threads_most_on_one_replica(server_url: str) -> None:
+    """Each replica holds the slots of both instances (16): 10 of the 12 sequences owned by one replica
+    never wait in its backlog, where the sequences holding its slots would go idle and fail later steps
+    without their START (one instance's 8 slots did)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from deployments.runtime.router import owner_rank
+
+    ids = range(8000, 8100)
+    cids = [c for c in ids if owner_rank(c, 2) == 1][:10] + [c for c in ids if owner_rank(c, 2) == 0][:2]
+    steps = 8
+    local = threading.local()
+
+    def send(cid: int, step: int) -> tuple[int, int] | str:
+        if not hasattr(local, "client"):
+            local.client = httpclient.InferenceServerClient(server_url)
+        try:
+            result = local.client.infer(
+                ACC,
+                _acc_input(step + 1),
+                sequence_id=cid,
+                sequence_start=step == 0,
+                sequence_end=step == steps - 1,
+            )
+        except InferenceServerException as exc:
+            return f"step {step + 1}: {exc}"
+        return int(result.as_numpy("OUT")[0, 0]), int(result.as_numpy("PID")[0, 0])
+
+    answers: dict[int, list[tuple[int, int] | str]] = {cid: [] for cid in cids}
+    with ThreadPoolExecutor(8) as pool:
+        for step in range(steps):  # every sequence's step, then the next step
+            live = [c for c in cids if all(not isinstance(a, str) for a in answers[c])]
+            for cid, answer in zip(live, pool.map(send, live, [step] * len(live)), strict=True):
+                answers[cid].append(answer)
+    failed = {cid: a for cid, run in answers.items() for a in run if isinstance(a, str)}
+    assert not failed, failed
+    pids = set()
+    for cid, run in answers.items():
+        assert [a[0] for a in run] == list(np.cumsum(range(1, steps + 1))), cid  # type: ignore[index]
+        pids |= {a[1] for a in run}  # type: ignore[index]
+    assert len(pids) == 2, "both replicas hold sequences"
+
+
 def test_interleaved_grpc_sequences_reach_their_owner(server_url: str, grpc_url: str) -> None:
     """gRPC requests go through the server application's handle calls: the sequence request router
     sends each to the replica owning the sequence, the one HTTP requests of it reach too."""
