@@ -37,6 +37,13 @@ and ``deployments.serve.launch`` point it at ``deployments/serve/bin/haproxy``, 
   with no replica up) goes to the server application's backend instead of Serve's "application
   metadata not set" answer (``deployments.serve.grpc_ingress``). Serve's proxy, every backend's
   ``backup`` server, is taken out of these backends: it does not serve this service.
+* **Slow or idle clients cannot hold the door.** Serve writes no ``timeout http-request``, so a
+  connection that sent nothing or half a request head stayed for the client timeout (an hour);
+  :data:`REQUEST_TIMEOUT_S` (``TRITON_SERVE_HAPROXY_REQUEST_TIMEOUT_S``) is added to the
+  ``defaults`` section. Serve's ``maxconn`` (4096) is raised to what the process's file limit
+  allows (:func:`connection_limit`, at most :data:`MAX_CONNECTIONS`), so idle sockets no
+  longer use up the connections HAProxy accepts, and HAProxy never asks for more descriptors than
+  it may open (it refuses to start then).
 * **HAProxy ends with its manager.** It is started with ``PR_SET_PDEATHSIG``, so when
   Serve's HAProxy manager (a Ray actor) exits or is killed, at shutdown included, its HAProxy
   does not stay behind holding the port.
@@ -56,6 +63,12 @@ import sys
 from pathlib import Path
 
 REAL_BINARY_ENV = "TRITON_SERVE_HAPROXY_BINARY"
+REQUEST_TIMEOUT_ENV = "TRITON_SERVE_HAPROXY_REQUEST_TIMEOUT_S"
+REQUEST_TIMEOUT_S = 10
+MAX_CONNECTIONS = 65536
+_MAXCONN = re.compile(r"^(\s*maxconn\s+)(\d+)(\s*)$")
+"""How long a client has to send a request's head (also the first one on a new connection): a
+connection that opens and sends nothing, or half a head, is closed then instead of holding a slot."""
 PR_SET_PDEATHSIG = 1
 
 ERRORS = {
@@ -314,6 +327,49 @@ def _insertion_point(lines: list[str], start: int, end: int) -> int:
 MARK = "# adjusted by deployments.serve.haproxy_shim"
 
 
+def connection_limit(written: int, file_limit: int | None = None) -> int:
+    """The ``maxconn`` for a process that may open ``file_limit`` files (default: this one's hard
+    limit): as many as it allows, at most :data:`MAX_CONNECTIONS`. HAProxy asks for two descriptors
+    a connection and, with Serve's ``option splice-*``, half a one more for its pipes, and refuses
+    to start where the limit is lower; so Serve's ``maxconn`` is lowered too where it would not fit."""
+    if file_limit is None:
+        import resource
+
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        file_limit = MAX_CONNECTIONS * 3 if hard == resource.RLIM_INFINITY else hard
+    fits = max(1, (file_limit - 256) * 2 // 5)
+    return min(MAX_CONNECTIONS, fits) if fits >= written else fits
+
+
+def raise_connection_limit(lines: list[str], file_limit: int | None = None) -> list[str]:
+    """``lines`` with the ``global`` section's ``maxconn`` set by :func:`connection_limit`."""
+    out = list(lines)
+    inside = False
+    for i, line in enumerate(out):
+        if line and not line[0].isspace():
+            inside = line.strip() == "global"
+            continue
+        m = _MAXCONN.match(line) if inside else None
+        if m:
+            out[i] = f"{m.group(1)}{connection_limit(int(m.group(2)), file_limit)}{m.group(3)}"
+    return out
+
+
+def add_request_timeout(lines: list[str], seconds: int | None = None) -> list[str]:
+    """``lines`` with ``timeout http-request`` in the ``defaults`` section where Serve wrote none."""
+    if seconds is None:
+        seconds = int(os.environ.get(REQUEST_TIMEOUT_ENV, REQUEST_TIMEOUT_S))
+    out = list(lines)
+    for i, line in enumerate(out):
+        if line.strip() != "defaults":
+            continue
+        end = next((j for j in range(i + 1, len(out)) if out[j] and not out[j][0].isspace()), len(out))
+        if not any(out[j].split()[:2] == ["timeout", "http-request"] for j in range(i + 1, end)):
+            out.insert(i + 1, f"    timeout http-request {seconds}s")
+        break
+    return out
+
+
 def rewrite(text: str, error_dir: Path) -> str:
     """Serve's HAProxy configuration with every wildcard bind on the ingress host, JSON error pages, the
     replicas of a model's later instance groups in the model's own backend, and gRPC routed by model.
@@ -321,6 +377,7 @@ def rewrite(text: str, error_dir: Path) -> str:
     if text.startswith(MARK):
         return text
     lines = route_grpc_by_model(merge_group_backends(text.splitlines()))
+    lines = raise_connection_limit(add_request_timeout(lines))
     host = frontend_host(lines)
     out = []
     for line in lines:

@@ -61,6 +61,26 @@ def test_haproxy_configuration_is_adjusted(tmp_path: Path) -> None:
     assert "error" in json.loads(body)
 
 
+def test_haproxy_gets_a_request_timeout_and_the_connections_its_file_limit_allows() -> None:
+    lines = [
+        "global",
+        "    maxconn 4096",
+        "    nbthread 2",
+        "defaults",
+        "    mode http",
+        "frontend f",
+        "    maxconn 10",
+    ]
+    out = haproxy_shim.raise_connection_limit(haproxy_shim.add_request_timeout(lines, 7), file_limit=20000)
+    assert out[:4] == ["global", "    maxconn 7897", "    nbthread 2", "defaults"]  # (20000 - 256) * 2 / 5
+    assert "    timeout http-request 7s" in out and out[-1] == "    maxconn 10"  # a frontend's own is kept
+    # a generous limit is capped; one lower than Serve's own maxconn lowers it (HAProxy would not start)
+    assert haproxy_shim.connection_limit(4096, 1 << 20) == haproxy_shim.MAX_CONNECTIONS
+    assert haproxy_shim.connection_limit(4096, 4000) == 1497
+    written = ["defaults", "    timeout http-request 30s"]
+    assert haproxy_shim.add_request_timeout(written, 7) == written  # a timeout already set stays
+
+
 def test_a_path_no_application_serves_answers_tritons_json_404(tmp_path: Path) -> None:
     """``/V2/health/ready`` or ``//v2/...`` reach Serve's default backend: Triton's 404, not Serve's text."""
     out = haproxy_shim.rewrite(SERVE_HAPROXY_CFG, tmp_path)
