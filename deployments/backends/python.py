@@ -287,7 +287,16 @@ class PythonBackend(Backend):
                 for r, c in zip(batch, channels, strict=True)
             ]
         await self._run(pb_requests, channels)
-        gathered = await asyncio.gather(*(self._drain(r, c) for r, c in zip(batch, channels, strict=True)))
+        ready = [channel.take_all_now() for channel in channels]
+        if all(items is not None for items in ready):  # no task per request where all is answered
+            gathered = [
+                [self._from_item(r, item) for item in items or ()]
+                for r, items in zip(batch, ready, strict=True)
+            ]
+        else:
+            gathered = await asyncio.gather(
+                *(self._drain(r, c, items) for r, c, items in zip(batch, channels, ready, strict=True))
+            )
         if self.model.decoupled:
             return [_collected(responses) for responses in gathered]
         return [[_answer(responses)] for responses in gathered]
@@ -445,7 +454,15 @@ class PythonBackend(Backend):
         converted.final = final
         return converted
 
-    async def _drain(self, request: InferRequest, channel: ResponseChannel) -> list[InferResponse]:
+    async def _drain(
+        self,
+        request: InferRequest,
+        channel: ResponseChannel,
+        ready: list[tuple[Any, bool, Any]] | None = None,
+    ) -> list[InferResponse]:
+        """The responses of ``request``: those already taken (``ready``), else as they come."""
+        if ready is not None:
+            return [self._from_item(request, item) for item in ready]
         return [self._from_item(request, item) async for item in channel.items()]
 
     def _from_item(self, request: InferRequest, item: tuple[Any, bool, Any]) -> InferResponse:

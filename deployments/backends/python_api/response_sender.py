@@ -58,6 +58,7 @@ class ResponseChannel:
     def __init__(self, loop: asyncio.AbstractEventLoop, decoupled: bool = True) -> None:
         self._loop = loop
         self._queue: asyncio.Queue[tuple[InferenceResponse | None, bool, Any]] = asyncio.Queue()
+        self._held: list[tuple[InferenceResponse | None, bool, Any]] = []  # taken, not yet read
         self._lock = threading.Lock()
         self.decoupled = decoupled
         self.sent = 0
@@ -109,8 +110,27 @@ class ResponseChannel:
         else:
             self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
 
+    def take_all_now(self) -> list[tuple[InferenceResponse | None, bool, Any]] | None:
+        """Every item queued so far when the final one is among them (the usual case: ``execute``
+        returned its responses on the event loop), read without waiting; None otherwise, the items
+        then kept for :meth:`items`."""
+        while True:
+            try:
+                self._held.append(self._queue.get_nowait())
+            except asyncio.QueueEmpty:
+                break
+        if self._held and self._held[-1][1]:
+            items, self._held = self._held, []
+            return items
+        return None
+
     async def items(self) -> AsyncIterator[tuple[InferenceResponse | None, bool, Any]]:
         """``(response, final, error)`` until the final one."""
+        while self._held:
+            item = self._held.pop(0)
+            yield item
+            if item[1]:
+                return
         while True:
             item = await self._queue.get()
             yield item
