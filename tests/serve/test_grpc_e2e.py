@@ -392,7 +392,8 @@ def test_generate_errors(server_url: str) -> None:
     )
     assert status == 404 and kind.startswith("application/json") and "no_such_model" in body["error"]
     status, _, body = _post(server_url, "/v2/models/word_stream/generate", {"text_input": "a b"}, False)
-    assert status == 400 and "generate_stream" in body["error"]
+    # Triton's text; this server answers it with 500 (docs/compatibility.md)
+    assert status == 500 and "generate expects model to produce exactly 1 response" in body["error"]
     status, _, body = _post(server_url, "/v2/models/word_stream/generate_stream", {"max_tokens": 2}, True)
     assert status == 400 and "text_input" in body["error"]
     # an error after the first response: an error event in the stream
