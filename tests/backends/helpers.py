@@ -100,3 +100,21 @@ def random_array(dtype: Any, shape: Sequence[int], seed: int = 0) -> np.ndarray:
     if dt.kind in "iu":
         return rng.integers(0, 100, size=shape).astype(dt)
     return rng.standard_normal(size=shape).astype(dt)
+
+
+def python_backend(
+    name: str,
+    folder: Path,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    executor=None,
+    **kwargs: Any,
+) -> Any:
+    """A loaded ``PythonBackend`` of the ``model.py`` in ``folder/1`` (``kwargs``: more description fields)."""
+    from deployments.backends.python import PythonBackend
+    from deployments.backends.registry import create_backend
+
+    backend = create_backend(context(describe(name, folder, "python", inputs, outputs, **kwargs), executor))
+    assert isinstance(backend, PythonBackend)
+    backend.load()
+    return backend

@@ -11,24 +11,20 @@ import pytest
 from deployments.backends.python import EXECUTE_MODE_PARAMETER, ExecutePlacement, PythonBackend
 from deployments.backends.registry import create_backend
 from repository_loader.errors import Unavailable
-from tests.backends.helpers import context, describe, request, spec
+from tests.backends.helpers import context, describe, python_backend, request, spec
 from tests.backends.test_python import LocalExecutor, _add_sub
 
 MODELS = Path(__file__).parent / "python_models"
 
 
 def _where(**parameters: str) -> PythonBackend:
-    model = describe(
+    backend: PythonBackend = python_backend(
         "where",
         MODELS / "where",
-        "python",
         [spec("IN", "INT32", [1])],
         [spec("THREAD", "BYTES", [1])],
         parameters=parameters,
     )
-    backend = create_backend(context(model))
-    assert isinstance(backend, PythonBackend)
-    backend.load()
     return backend
 
 

@@ -10,9 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from deployments.backends.python import PythonBackend
-from deployments.backends.registry import create_backend
 from deployments.inference import InferRequest
-from tests.backends.helpers import context, describe, infer_through_runtime, spec
+from tests.backends.helpers import infer_through_runtime, python_backend, spec
 
 MODEL_PY = """
 import time
@@ -36,17 +35,13 @@ def _backend(tmp_path: Path, parameters: dict[str, str]) -> PythonBackend:
     folder = tmp_path / "fast" / "1"
     folder.mkdir(parents=True)
     (folder / "model.py").write_text(MODEL_PY)
-    model = describe(
+    backend: PythonBackend = python_backend(
         "fast",
         tmp_path / "fast",
-        "python",
         [spec("IN", "FP32", [1])],
         [spec("OUT", "FP32", [1])],
         parameters=parameters,
     )
-    backend = create_backend(context(model))
-    assert isinstance(backend, PythonBackend)
-    backend.load()
     return backend
 
 

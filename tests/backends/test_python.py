@@ -20,6 +20,7 @@ from tests.backends.helpers import (
     context,
     describe,
     infer_through_runtime,
+    python_backend,
     request,
     spec,
 )
@@ -43,10 +44,9 @@ class LocalExecutor:
 
 
 def _python(name: str, inputs, outputs, executor=None, folder: str | None = None, **kwargs) -> PythonBackend:
-    model = describe(name, MODELS / (folder or name), "python", inputs, outputs, **kwargs)
-    backend = create_backend(context(model, executor))
-    assert isinstance(backend, PythonBackend)
-    backend.load()
+    backend: PythonBackend = python_backend(
+        name, MODELS / (folder or name), inputs, outputs, executor, **kwargs
+    )
     return backend
 
 

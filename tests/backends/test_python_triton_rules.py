@@ -28,24 +28,20 @@ from deployments.backends.python_api.response_sender import (
 from deployments.backends.registry import create_backend
 from deployments.inference import InferResponse
 from repository_loader.errors import ErrorCode
-from tests.backends.helpers import context, describe, request, spec
+from tests.backends.helpers import context, describe, python_backend, request, spec
 
 MODELS = Path(__file__).parent / "python_models"
 FAILED = "Failed to process the request(s) for model '{name}_0_0', message: "
 
 
 def _backend(name: str, decoupled: bool) -> PythonBackend:
-    model = describe(
+    backend: PythonBackend = python_backend(
         name,
         MODELS / "sender_rules",
-        "python",
         [spec("PLAN", "INT32", [6])],
         [spec("OUT", "INT32", [1])],
         decoupled=decoupled,
     )
-    backend = create_backend(context(model))
-    assert isinstance(backend, PythonBackend)
-    backend.load()
     return backend
 
 
