@@ -5,7 +5,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install serve validate test test-fast test-multinode lint bench-peers clean
+.PHONY: install serve validate test test-fast test-multinode test-gpu lint bench-peers clean
 
 $(BIN)/activate:
 	$(PY) -m venv $(VENV)
@@ -30,6 +30,10 @@ test-fast: install
 # Three Ray nodes in network namespaces on this machine (needs root; docs/multinode.md).
 test-multinode: install
 	$(BIN)/python -m pytest -q -m multinode tests/cluster
+
+# The GPU paths alone (tests marked gpu; no Ray). Needs CUDA, and the gpu extra for ONNX Runtime / TensorRT.
+test-gpu:
+	$(PY) -m pytest -q -rs -m gpu tests/backends tests/ensembles
 
 lint:
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy

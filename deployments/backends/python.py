@@ -46,7 +46,7 @@ from deployments.backends.python_api.response import InferenceResponse
 from deployments.backends.python_api.response_sender import ResponseChannel
 from deployments.inference import InferRequest, InferResponse
 from repository_loader import datatypes
-from repository_loader.errors import InternalError, ServerError, Unavailable
+from repository_loader.errors import InternalError, ServerError, Unavailable, Unsupported
 from repository_loader.model import ModelDescription
 
 logger = logging.getLogger(__name__)
@@ -116,6 +116,19 @@ def config_dict(model: ModelDescription) -> dict[str, Any]:
 
 EXECUTE_MODE_PARAMETER = "EXECUTE_MODE"
 """Model parameter choosing where a sync ``execute`` runs: ``auto`` (default), ``thread`` or ``inline``."""
+
+FORCE_CPU_ONLY_PARAMETER = "FORCE_CPU_ONLY_INPUT_TENSORS"
+"""Triton's model parameter: ``yes`` (default) hands every input to ``execute`` in host memory."""
+
+
+def host_inputs_only(model: ModelDescription) -> bool:
+    """Whether ``model``'s ``execute`` receives its inputs on the host (:class:`Unsupported` if misspelt)."""
+    value = model.parameters.get(FORCE_CPU_ONLY_PARAMETER)
+    if value is None or value == "yes":
+        return True
+    if value == "no":
+        return False
+    raise Unsupported(f"Incorrect value for {FORCE_CPU_ONLY_PARAMETER}: {value}'")
 
 
 class ExecutePlacement:
@@ -187,6 +200,7 @@ class PythonBackend(Backend):
     def __init__(self, context: BackendContext) -> None:
         super().__init__(context)
         self._output_names = [o.name for o in self.model.outputs]
+        self._host_inputs = True
         self._bridge = BlsBridge(context.executor, model_name=self.model.name)
         self._pool: ThreadPoolExecutor | None = None
         self._instance: Any = None
@@ -219,6 +233,7 @@ class PythonBackend(Backend):
         }
 
     def load(self) -> None:
+        self._host_inputs = host_inputs_only(self.model)
         module = import_model(self.model.model_file(self.context.version), self.model.name)
         self._module_name = module.__name__
         model_class = getattr(module, "TritonPythonModel", None)
@@ -283,7 +298,7 @@ class PythonBackend(Backend):
     ) -> list[list[InferResponse]]:
         with timed("input"):
             pb_requests = [
-                InferenceRequest.from_server(r, self._output_names, c)
+                InferenceRequest.from_server(r, self._output_names, c, self._host_inputs)
                 for r, c in zip(batch, channels, strict=True)
             ]
         await self._run(pb_requests, channels)
@@ -308,7 +323,7 @@ class PythonBackend(Backend):
                 yield response
             return
         channel = ResponseChannel(asyncio.get_running_loop())
-        pb_request = InferenceRequest.from_server(request, self._output_names, channel)
+        pb_request = InferenceRequest.from_server(request, self._output_names, channel, self._host_inputs)
         task = asyncio.ensure_future(self._run([pb_request], [channel]))
         finished = False
         try:

@@ -18,6 +18,9 @@ from tests.backends.helpers import context, describe, request, save_onnx, spec, 
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 MODELS = Path(__file__).parent / "python_models"
+DEVICE_INPUTS = {
+    "FORCE_CPU_ONLY_INPUT_TENSORS": "no"
+}  # Triton's default copies Python models' inputs to the host
 FP32_IO = (
     [spec("INPUT0", "FP32", [4]), spec("INPUT1", "FP32", [4])],
     [spec("OUTPUT0", "FP32", [4]), spec("OUTPUT1", "FP32", [4])],
@@ -143,7 +146,14 @@ async def test_gpu_dlpack_handoff_keeps_one_device_buffer(tmp_path: Path) -> Non
     ort_backend = _gpu(describe("double", onnx_dir.parent, "onnxruntime", *io, max_batch_size=4))
     torch_backend = _gpu(describe("passthrough", torch_dir.parent, "pytorch", *io, max_batch_size=4))
     python_backend = _gpu(
-        describe("dlpack_identity", MODELS / "dlpack_identity", "python", *io, max_batch_size=4)
+        describe(
+            "dlpack_identity",
+            MODELS / "dlpack_identity",
+            "python",
+            *io,
+            max_batch_size=4,
+            parameters=DEVICE_INPUTS,
+        )
     )
     x = torch.arange(6, dtype=torch.float32, device="cuda").reshape(2, 3)
     (first,) = await ort_backend.execute([request("double", X=x)])

@@ -27,7 +27,7 @@ from deployments.backends.python_api.response_sender import (
 )
 from deployments.backends.registry import create_backend
 from deployments.inference import InferResponse
-from repository_loader.errors import ErrorCode
+from repository_loader.errors import ErrorCode, ServerError
 from tests.backends.helpers import context, describe, python_backend, request, spec
 
 MODELS = Path(__file__).parent / "python_models"
@@ -199,3 +199,27 @@ async def test_response_for_a_rescheduled_request_fails_with_triton_text() -> No
         + "Expected a None object in the execute function return list for reschduled request, found type '<class '"
     )
     assert only.error.message.endswith("InferenceResponse'>'.")
+
+
+def test_force_cpu_only_input_tensors_takes_yes_or_no() -> None:
+    io = ([spec("X", "FP32", [3])], [spec("Y", "FP32", [3])])
+    for value in ("yes", "no"):
+        backend = python_backend(
+            "dlpack_identity",
+            MODELS / "dlpack_identity",
+            *io,
+            parameters={"FORCE_CPU_ONLY_INPUT_TENSORS": value},
+        )
+        assert backend._host_inputs is (value == "yes")
+        backend.unload()
+    model = describe(
+        "dlpack_identity",
+        MODELS / "dlpack_identity",
+        "python",
+        *io,
+        parameters={"FORCE_CPU_ONLY_INPUT_TENSORS": "No"},
+    )
+    with pytest.raises(ServerError) as raised:
+        create_backend(context(model)).load()
+    assert raised.value.code == ErrorCode.UNSUPPORTED
+    assert str(raised.value) == "Incorrect value for FORCE_CPU_ONLY_INPUT_TENSORS: No'"

@@ -14,7 +14,7 @@ from deployments.backends.base import Backend, BackendContext
 from deployments.backends.registry import create_backend
 from deployments.inference import InferRequest, InferResponse
 from repository_loader.errors import NotFound, ServerError
-from repository_loader.model import EnsembleStep, ModelDescription, TensorSpec
+from repository_loader.model import EnsembleStep, InstanceKind, ModelDescription, TensorSpec
 
 Spec = tuple[str, str, tuple[int, ...]]  # name, datatype, dims
 
@@ -125,15 +125,16 @@ def fp32(*values: float) -> np.ndarray:
 class BackendExecutor:
     """Runs each model version with its real backend, loaded in this process."""
 
-    def __init__(self, models: dict[str, ModelDescription]) -> None:
+    def __init__(self, models: dict[str, ModelDescription], kind: InstanceKind = InstanceKind.CPU) -> None:
         self.models = models
         self.backends: dict[tuple[str, int], Backend] = {}
         for description in models.values():
             for version in description.versions:
-                backend = create_backend(BackendContext(description, version))
+                backend = create_backend(BackendContext(description, version, instance_kind=kind))
                 backend.load()
                 self.backends[(description.name, version)] = backend
         self.calls: list[tuple[str, int]] = []
+        self.outputs: list[dict[str, Any]] = []  # every step's outputs, in the order they came
 
     async def infer(self, request: InferRequest) -> InferResponse:
         description = self.models[request.model_name]
@@ -143,6 +144,7 @@ class BackendExecutor:
             return InferResponse(error=NotFound(f"model '{request.model_name}' version {version} not found"))
         self.calls.append((request.model_name, version))
         (response,) = await backend.execute([request])
+        self.outputs.append(dict(response.outputs))
         return response
 
     def close(self) -> None:

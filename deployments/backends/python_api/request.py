@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from deployments import tensors as arrays
 from deployments.backends.python_api.context import current_bridge
 from deployments.backends.python_api.errors import TritonModelException
 from deployments.backends.python_api.response import InferenceResponse, parameters_json
@@ -170,16 +171,23 @@ class InferenceRequest:
 
     @staticmethod
     def from_server(
-        request: InferRequest, output_names: list[str], channel: ResponseChannel
+        request: InferRequest, output_names: list[str], channel: ResponseChannel, host_inputs: bool = True
     ) -> InferenceRequest:
-        """The request a Python model receives for the server's ``request``."""
+        """The request a Python model receives for the server's ``request``.
+
+        ``host_inputs``: device tensors are copied to the host first (Triton's default; a model
+        sets ``FORCE_CPU_ONLY_INPUT_TENSORS: "no"`` to receive them where they are).
+        """
         flags = (TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if request.sequence_start else 0) | (
             TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if request.sequence_end else 0
         )
         received = InferenceRequest.__new__(InferenceRequest)
         received._request_id = request.id
         received._correlation_id = request.correlation_id
-        received._inputs = [Tensor(name, data) for name, data in request.inputs.items()]
+        received._inputs = [
+            Tensor(name, data if not host_inputs or arrays.is_host(data) else arrays.to_numpy(data))
+            for name, data in request.inputs.items()
+        ]
         received._requested_output_names = request.output_names(output_names)
         received._model_name = request.model_name
         received._model_version = _version(request.model_version)
