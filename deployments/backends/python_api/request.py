@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
+
 from deployments import tensors as arrays
 from deployments.backends.python_api.context import current_bridge
 from deployments.backends.python_api.errors import TritonModelException
@@ -185,7 +187,7 @@ class InferenceRequest:
         received._request_id = request.id
         received._correlation_id = request.correlation_id
         received._inputs = [
-            Tensor(name, data if not host_inputs or arrays.is_host(data) else arrays.to_numpy(data))
+            Tensor(name, data if _stays(data, host_inputs) else arrays.to_numpy(data))
             for name, data in request.inputs.items()
         ]
         received._requested_output_names = request.output_names(output_names)
@@ -199,6 +201,11 @@ class InferenceRequest:
         received._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         received._sender = InferenceResponseSender(channel)
         return received
+
+
+def _stays(data: Any, host_inputs: bool) -> bool:
+    """Whether an input reaches ``execute`` as it is (host arrays always do)."""
+    return type(data) is np.ndarray or not host_inputs or arrays.is_host(data)
 
 
 def _version(value: Any) -> int:
