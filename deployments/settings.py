@@ -118,6 +118,55 @@ def restriction_for(restricted: tuple[RestrictedApi, ...], group: str) -> Restri
     return next((r for r in restricted if group in r.groups), None)
 
 
+CACHE_KINDS = ("local",)
+
+
+def cache_size(cache_config: tuple[str, ...], response_cache_byte_size: int | None) -> int | None:
+    """The local response cache's size in bytes from Triton's two flags (None: no cache).
+
+    ``cache_config`` holds ``--cache-config`` values (``local,size=1048576``);
+    ``response_cache_byte_size`` is the older ``--response-cache-byte-size``. Triton's
+    rules and wording: not both, one cache kind, ``<cache name>,<setting>=<value>``.
+    """
+    if cache_config and response_cache_byte_size is not None:
+        raise SettingsError(
+            "Error: Incompatible flags --response-cache-byte-size and --cache-config both provided. "
+            "Please provide one or the other."
+        )
+    if response_cache_byte_size is not None:
+        cache_config = (f"local,size={response_cache_byte_size}",)
+    settings: dict[str, dict[str, str]] = {}
+    for text in cache_config:
+        name, comma, rest = text.partition(",")
+        if not comma or not name:
+            raise SettingsError(
+                f"No cache specified. --cache-config option format is <cache name>,<setting>=<value>. Got {text}"
+            )
+        key, eq, value = rest.partition("=")
+        if not eq:
+            raise SettingsError(
+                f"--cache-config option format is '<cache name>,<setting>=<value>'. Got {text}"
+            )
+        settings.setdefault(name, {})[key] = value
+    if not settings:
+        return None
+    if len(settings) > 1:
+        raise SettingsError(f"multiple cache configurations are not supported: {', '.join(sorted(settings))}")
+    ((name, values),) = settings.items()
+    if name not in CACHE_KINDS:
+        raise SettingsError(f"cache '{name}' is not available in this server; the caches are: local")
+    unknown = sorted(set(values) - {"size"})
+    if unknown:
+        raise SettingsError(f"unknown setting(s) {unknown} of the local cache; it takes size=<bytes>")
+    try:
+        size = int(values.get("size", ""))
+    except ValueError:
+        raise SettingsError(f"the local cache needs size=<bytes>, not '{values.get('size', '')}'") from None
+    if size <= 0:
+        raise SettingsError(f"the local cache's size must be positive, not {size}")
+    return size
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     """Everything the server application and its model applications are configured with."""
@@ -151,6 +200,7 @@ class ServerSettings:
     allow_model_file_upload: bool = False  # load with ``file:<version>/<name>`` contents (runs code)
     http_restricted_api: tuple[RestrictedApi, ...] = ()
     grpc_restricted_api: tuple[RestrictedApi, ...] = ()
+    response_cache_bytes: int | None = None  # the local response cache of each replica process (None: off)
 
     def __post_init__(self) -> None:
         if not self.model_repository:
@@ -221,6 +271,12 @@ class ServerSettings:
             "metrics_host": str(args.get("metrics_host") or args.get("http_host") or "127.0.0.1"),
             "allow_grpc": _flag(args, "allow_grpc", True),
             "direct_routes": env.get(DIRECT_ROUTES_ENV, "1").strip() != "0",
+            "response_cache_bytes": cache_size(
+                _texts(args.get("cache_config")),
+                None
+                if args.get("response_cache_byte_size") is None
+                else _typed("response_cache_byte_size", args["response_cache_byte_size"], int),
+            ),
         }
         for name, kind in (
             ("repository_poll_secs", float),
@@ -272,6 +328,9 @@ class ServerSettings:
             "deploy_timeout_s": self.deploy_timeout_s,
             "stats_push_interval_s": self.stats_push_interval_s,
             "control_app_cpus": self.control_app_cpus,
+            "cache_config": []
+            if self.response_cache_bytes is None
+            else [f"local,size={self.response_cache_bytes}"],
             **{name: getattr(self.limits, name) for name in LIMIT_ARGS},
         }
 
@@ -306,6 +365,8 @@ _ARG_NAMES = {
     "deploy_timeout_s",
     "stats_push_interval_s",
     "control_app_cpus",
+    "cache_config",
+    "response_cache_byte_size",
     *LIMIT_ARGS,
 }
 _TRUE = {"1", "true", "yes", "on"}

@@ -308,6 +308,12 @@ def check_ensemble_members(
         if member is not None:
             _check_maps(ensemble, index, step, member, findings)
             members.append(member)
+            if ensemble.response_cache and member.decoupled:
+                findings.add(
+                    "response_cache.enable",
+                    f"Response Cache does not currently support model {ensemble.name} with 'decoupled' "
+                    f"composing model {member.name}. Please disable the response cache.",
+                )
     if not findings:
         _check_tensors(ensemble, members, findings)
 

@@ -80,12 +80,6 @@ UNIMPLEMENTED: tuple[Unimplemented, ...] = (
         lambda c: c.sequence_batching.iterative_sequence,
     ),
     Unimplemented(
-        "response_cache",
-        Policy.WARN,
-        "responses are not cached; every request runs the model",
-        lambda c: c.response_cache.enable,
-    ),
-    Unimplemented(
         "instance_group.rate_limiter",
         Policy.WARN,
         "the rate limiter is not implemented; instances run without resource limits or priority",

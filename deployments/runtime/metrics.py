@@ -48,6 +48,20 @@ COUNTERS: dict[str, str] = {
         "Cumulative inference compute output duration in microseconds (does not include cached requests)"
     ),
 }
+# Triton's response-cache families, printed for the models that enable the cache
+CACHE_COUNTERS: dict[str, tuple[str, str]] = {
+    "nv_cache_num_hits_per_model": ("Number of response cache hits per model", "cache_hit"),
+    "nv_cache_num_misses_per_model": ("Number of response cache misses per model", "cache_miss"),
+    "nv_cache_hit_duration_per_model": (
+        "Cumulative time requests spend retrieving a cached response per model (microseconds)",
+        "cache_hit",
+    ),
+    "nv_cache_miss_duration_per_model": (
+        "Cumulative time requests spend looking up and inserting responses into the cache on a cache miss "
+        "(microseconds)",
+        "cache_miss",
+    ),
+}
 PENDING = "nv_inference_pending_request_count"
 PENDING_HELP = "Instantaneous number of pending requests awaiting execution per-model."
 FAILURE_REASONS = ("OTHER", "BACKEND", "CANCELED", "REJECTED")
@@ -189,6 +203,7 @@ def merge_model_metrics(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
         "stats": merge_snapshots([s.get("stats", []) for s in snapshots]),
         "pending": dict(pending),
         "failures": {v: dict(r) for v, r in failures.items()},
+        "response_cache": any(s.get("response_cache", False) for s in snapshots),
     }
 
 
@@ -220,6 +235,13 @@ def render_triton(
                 continue
             labels = f'model="{_escape(name)}",version="{version}"'
             lines.append(f"{family}{{{labels}}} {_counter_value(family, stats)}")
+    cached = [(name, stats) for name, stats in rows if models[name].get("response_cache")]
+    for family, (help_text, key) in CACHE_COUNTERS.items() if cached else ():
+        lines += [f"# HELP {family} {help_text}", f"# TYPE {family} counter"]
+        for name, stats in cached:
+            duration = stats.get("inference_stats", {}).get(key, {})
+            value = duration.get("count", 0) if "num_" in family else duration.get("ns", 0) // 1000
+            lines.append(f'{family}{{model="{_escape(name)}",version="{stats["version"]}"}} {int(value)}')
     text = "".join(line + "\n" for line in lines)
     text += custom_metrics.render_prometheus(by_kind[custom_metrics.COUNTER])
     lines = [f"# HELP {PENDING} {PENDING_HELP}", f"# TYPE {PENDING} gauge"]

@@ -29,6 +29,7 @@ from deployments.backends.base import (
     execution_timeout_s,
 )
 from deployments.inference import InferRequest, InferResponse, ModelExecutor
+from deployments.runtime import response_cache
 from deployments.runtime.checks import ModelSchema
 from deployments.runtime.metrics import TritonMetrics, tags_for
 from deployments.runtime.stats import ModelStats
@@ -76,6 +77,8 @@ class VersionRuntime:
         # docs: config parameters ``execution_timeout_ms``; ``hung`` says why the version stopped serving
         self.execution_timeout_s = execution_timeout_s(model)
         self.hung: str | None = None
+        # docs: config ``response_cache`` (the process's cache, where the server configured one)
+        self.cache = response_cache.current() if model.response_cache else None
 
     @property
     def pending(self) -> int:
@@ -134,10 +137,25 @@ class VersionRuntime:
                 self.schema.check_request(request)
             except ServerError as error:
                 return InferResponse.failed(request, error)
+            key = None
+            if self.cache is not None:
+                lookup = time.monotonic_ns()
+                key = self.cache.key(request, self.model.name, self.version)
+                cached = self.cache.get(key) if key is not None else None
+                if cached is not None:
+                    ok = True
+                    self.stats.record_cache(True, time.monotonic_ns() - lookup)
+                    return InferResponse(outputs=dict(cached.outputs), parameters=dict(cached.parameters))
+                lookup = time.monotonic_ns() - lookup
             self._waiting.add(id(request))
             reason = "BACKEND"
             response = await self.scheduler.submit(request)
             ok = response.error is None
+            if key is not None and self.cache is not None:
+                insert = time.monotonic_ns()
+                if ok:
+                    self.cache.put(key, response)
+                self.stats.record_cache(False, lookup + time.monotonic_ns() - insert)
             return response
         finally:
             self._waiting.discard(id(request))
@@ -350,6 +368,7 @@ class ModelRuntime:
             "pending": {str(v): r.pending for v, r in self.versions.items()},
             "failures": {str(v): dict(r.failures) for v, r in self.versions.items()},
             "custom": custom_metrics.snapshot(),
+            "response_cache": any(r.cache is not None for r in self.versions.values()),
         }
 
     def hosted_statistics(self) -> dict[str, list[dict[str, Any]]]:

@@ -79,6 +79,10 @@ class ModelStats:
     def record_request(self, ok: bool, duration_ns: int) -> None:
         self.durations["success" if ok else "fail"].add(duration_ns)
 
+    def record_cache(self, hit: bool, duration_ns: int) -> None:
+        """A response-cache lookup: a hit (looked up and read) or a miss (looked up, then inserted)."""
+        self.durations["cache_hit" if hit else "cache_miss"].add(duration_ns)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,

@@ -73,6 +73,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--disable-auto-complete-config", action="store_true")
     p.add_argument("--no-strict-readiness", action="store_true")
     p.add_argument("--access-log", action="store_true", help="log every model request (costs throughput)")
+    p.add_argument(
+        "--cache-config",
+        action="append",
+        default=[],
+        help="response cache, Triton's form: local,size=<bytes> (per replica process)",
+    )
+    p.add_argument("--response-cache-byte-size", type=int, default=None, help="older form of --cache-config")
     p.set_defaults(func=run)
     r = subparsers.add_parser(
         "ray-start",
@@ -108,6 +115,8 @@ def server_args(args: argparse.Namespace) -> dict[str, Any]:
         "disable_auto_complete_config": args.disable_auto_complete_config,
         "strict_readiness": not args.no_strict_readiness,
         "access_log": args.access_log,
+        "cache_config": args.cache_config,
+        "response_cache_byte_size": args.response_cache_byte_size,
     }
 
 

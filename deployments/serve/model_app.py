@@ -16,6 +16,7 @@ from deployments.backends.python_api.logger import log_to_stderr
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.http import ModelHTTPApp
 from deployments.replica import replica_dataplane
+from deployments.runtime import response_cache
 from deployments.runtime.model import ModelRuntime
 from deployments.runtime.router import Ranks, Router
 from deployments.serve import grpc_ingress, hooks, ingress, ray_metrics, reloads
@@ -62,6 +63,7 @@ class ModelDeployment:
         log_to_stderr()  # pb_utils.Logger lines into the replica's worker log
         ensembles.register()  # an ensemble's replica runs the ensemble backend
         ray_metrics.export_to_ray()  # Triton's counters of this process's models, through Ray
+        response_cache.configure(settings.response_cache_bytes)  # one cache for the models of this process
         self.model = model
         self.settings = settings
         self._route = model_route(model.name)

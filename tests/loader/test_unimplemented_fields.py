@@ -18,7 +18,6 @@ PT = {"1/model.pt": b""}
 
 # field -> config text that sets it on a model that is otherwise valid (pytorch, max_batch_size 8)
 WARN_CASES = {
-    "response_cache": "response_cache { enable: true }",
     "instance_group.rate_limiter": (
         'instance_group [ { kind: KIND_CPU rate_limiter { resources [ { name: "R" count: 1 } ] priority: 2 } } ]'
     ),
@@ -100,20 +99,20 @@ def test_priority_settings_without_levels_warn(repo: Path, write_model) -> None:
 def test_validate_names_the_ignored_field(
     repo: Path, write_model, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    write_model("m", TORCH_IO + "response_cache { enable: true }", PT)
+    write_model("m", TORCH_IO + 'metric_tags { key: "team" value: "a" }', PT)
     assert main(["validate", str(repo), "--cpus", "2", "--gpus", "0"]) == 0
     out = capsys.readouterr().out
-    assert "warning: model 'm' (m/config.pbtxt): response_cache: not implemented by this server" in out
+    assert "warning: model 'm' (m/config.pbtxt): metric_tags: not implemented by this server" in out
     assert "OK    m  version 1" in out
     assert main(["validate", str(repo), "--cpus", "2", "--gpus", "0", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert any("response_cache" in w for w in report["warnings"])
+    assert any("metric_tags" in w for w in report["warnings"])
 
 
 def test_print_config_prints_what_config_endpoint_returns(
     repo: Path, write_model, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    write_model("m", TORCH_IO + "response_cache { enable: true }", PT)
+    write_model("m", TORCH_IO + 'metric_tags { key: "team" value: "a" }', PT)
     write_model("bad", TORCH_IO.replace("max_batch_size: 8", "max_batch_size: -1"), PT)
     assert main(["validate", str(repo), "--print-config", "--cpus", "2", "--gpus", "0"]) == 1
     captured = capsys.readouterr()
@@ -123,7 +122,7 @@ def test_print_config_prints_what_config_endpoint_returns(
     assert printed["m"] == json.loads(json.dumps(dict(load_model(repo, "m").config_json)))
     assert printed["m"]["name"] == "m" and printed["m"]["max_batch_size"] == 8
     assert printed["m"]["input"][0]["dims"] == [4]  # 64-bit integers as numbers, as Triton prints them
-    assert "warning: model 'm'" in captured.err and "response_cache" in captured.err
+    assert "warning: model 'm'" in captured.err and "metric_tags" in captured.err
     assert "error: model 'bad'" in captured.err
 
 

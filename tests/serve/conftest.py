@@ -114,6 +114,22 @@ def build_test_repository(root: Path) -> Path:
         shutil.copy(BLS_MODELS / source / "1" / "model.py", repo / name / "1" / "model.py")
         (repo / name / "config.pbtxt").write_text(_bls_config(name, outputs) + extra)
     _stateful_models(repo)
+    # Triton's response cache (the session's server runs with a local cache)
+    cached = repo / "cached"
+    shutil.copytree(BLS_MODELS / "counting" / "1", cached / "1")
+    (cached / "config.pbtxt").write_text(
+        textwrap.dedent(
+            """
+            name: "cached"
+            backend: "python"
+            max_batch_size: 4
+            input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
+            output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] }, { name: "CALLS" data_type: TYPE_INT32 dims: [ -1 ] } ]
+            instance_group [ { count: 1 kind: KIND_CPU } ]
+            response_cache { enable: true }
+            """
+        )
+    )
     from tests.serve.python_api_models import add_python_api_models
 
     add_python_api_models(repo)
@@ -343,6 +359,7 @@ def server_url(test_repository: Path) -> Iterator[str]:
             "model_control_mode": "explicit",
             "load_model": ["*"],
             "exit_on_error": False,  # broken_config and failing_init are meant to fail
+            "cache_config": ["local,size=1048576"],
         }
     )
     before = processes.descendants()
