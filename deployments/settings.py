@@ -191,6 +191,7 @@ class ServerSettings:
     grpc_compression: str = "none"  # responses: none | gzip | deflate (compressed requests always accepted)
     direct_routes: bool = True  # a model replica answers its routes without Serve's per-request wrapper
     deploy_timeout_s: float = 600.0  # how long one model's application may take to start
+    placement_timeout_s: float = 60.0  # how long its replicas may wait for a node with free resources
     stats_push_interval_s: float = 1.0  # how often replicas push statistics to the server application
     control_app_cpus: float = 0.1  # CPUs kept free for the server application at /v2
     limits: RequestLimits = RequestLimits()  # per-request limits of every HTTP front end
@@ -228,7 +229,7 @@ class ServerSettings:
         for name in ("grpc_max_receive_message_bytes", "grpc_max_send_message_bytes"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive, not {getattr(self, name)}")
-        for name in ("deploy_timeout_s", "stats_push_interval_s"):
+        for name in ("deploy_timeout_s", "stats_push_interval_s", "placement_timeout_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive, not {getattr(self, name)}")
         if self.control_app_cpus < 0:
@@ -289,6 +290,7 @@ class ServerSettings:
             ("grpc_max_send_message_bytes", int),
             ("grpc_compression", str),
             ("deploy_timeout_s", float),
+            ("placement_timeout_s", float),
             ("stats_push_interval_s", float),
             ("control_app_cpus", float),
         ):
@@ -326,6 +328,7 @@ class ServerSettings:
             "grpc_max_send_message_bytes": self.grpc_max_send_message_bytes,
             "grpc_compression": self.grpc_compression,
             "deploy_timeout_s": self.deploy_timeout_s,
+            "placement_timeout_s": self.placement_timeout_s,
             "stats_push_interval_s": self.stats_push_interval_s,
             "control_app_cpus": self.control_app_cpus,
             "cache_config": []
@@ -363,6 +366,7 @@ _ARG_NAMES = {
     "grpc_max_send_message_bytes",
     "grpc_compression",
     "deploy_timeout_s",
+    "placement_timeout_s",
     "stats_push_interval_s",
     "control_app_cpus",
     "cache_config",

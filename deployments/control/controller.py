@@ -58,6 +58,12 @@ class ModelController(ModelLoader):
             elif name not in self.listing.where:
                 self._fail(name, f"failed to load '{name}', failed to poll from model repository")
         names = [n for n in wanted if n in self.listing.where]
+        # a restarted server application finds the models loaded before it still running: they stay
+        # loaded and listed (the repository API loaded them, perhaps with an override)
+        for name, model in (await self.deployer.running()).items():
+            if name not in names:
+                self.entries[name] = ModelEntry(name, ModelState.READY, "", model, requested=True)
+                logger.info("model '%s' was loaded before this start and keeps serving", name)
         models, failed = await asyncio.to_thread(self._read_all, names)
         for name, reason in failed.items():
             self._fail(name, reason)

@@ -45,6 +45,11 @@ class Deployer(Protocol):
         """Whether the model's replicas ask for GPUs: such models are deployed before the others at
         start, so that CPU-only replicas do not take the CPUs of the GPU nodes first."""
 
+    async def running(self) -> dict[str, ModelDescription]:
+        """Models whose applications run in the serving layer already (deployed before this controller
+        started: the server application was restarted), each with the description its replicas serve;
+        they are known to the deployer afterwards as if it had deployed them."""
+
     async def unserved(self) -> dict[str, str]:
         """Deployed models that have no running replica now (a lost node, replicas not yet placed
         again), each with the reason; they are UNAVAILABLE in the index until a replica runs."""

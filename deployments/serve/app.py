@@ -38,11 +38,12 @@ from deployments.serve.names import (
 )
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory, ServedElsewhere, own_app
 from deployments.serve.reloads import Order, ReloadBoard
-from deployments.serve.server_api import GroupApps, Member, ReplicaClient
+from deployments.serve.server_api import GroupApps, Member, ReplicaClient, replica_client
 from deployments.settings import ServerSettings
 from repository_loader.errors import ServerError, Unavailable
 from repository_loader.model import ModelDescription
 from repository_loader.plan import (
+    MODEL_APP_PREFIX,
     ClusterResources,
     DeploymentEntry,
     DeploymentPlan,
@@ -156,9 +157,14 @@ class RayDeployer:
         return {name: self.models[name] for name in reached if name in self.models}
 
     async def _wait_running(self, names: list[str]) -> None:
+        """Until every application in ``names`` runs; :class:`Unavailable` when one fails, when its
+        replicas find no node with the resources they need for ``placement_timeout_s`` after Serve
+        says so (a fixed cluster that is full: waiting longer would hold model control for nothing),
+        or after ``deploy_timeout_s``."""
         timeout = self.settings.deploy_timeout_s
         deadline = time.monotonic() + timeout
         waiting = list(names)
+        unscheduled_since: dict[str, float] = {}
         while time.monotonic() < deadline:
             applications = (await asyncio.to_thread(serve.status)).applications
             for name in list(waiting):
@@ -168,6 +174,12 @@ class RayDeployer:
                     waiting.remove(name)
                 elif status.endswith("DEPLOY_FAILED") or status.endswith("UNHEALTHY"):
                     raise Unavailable(getattr(app, "message", "") or f"application {name} failed to deploy")
+                elif (message := hooks.unscheduled_message(app)) is None:
+                    unscheduled_since.pop(name, None)
+                elif time.monotonic() - unscheduled_since.setdefault(name, time.monotonic()) > (
+                    self.settings.placement_timeout_s
+                ):
+                    raise Unavailable(f"no node has the resources its replicas need: {message}")
             if not waiting:
                 return
             await asyncio.sleep(0.5)
@@ -178,6 +190,32 @@ class RayDeployer:
             return any(e.resources.num_gpus > 0 for e in self.entries(model))
         except ServerError:  # it cannot be placed: its deploy says why
             return False
+
+    async def running(self) -> dict[str, ModelDescription]:
+        """Models whose first application runs in Serve now and that this deployer did not deploy,
+        described by one of their replicas; adopted with the applications of all their groups."""
+        applications = (await asyncio.to_thread(serve.status)).applications
+        found: dict[str, ModelDescription] = {}
+        for app_name, app in applications.items():
+            if not app_name.startswith(MODEL_APP_PREFIX) or is_group_app(app_name):
+                continue
+            if not str(getattr(app, "status", "")).endswith("RUNNING"):
+                continue
+            try:
+                model = await asyncio.wait_for(replica_client(app_name).description(), timeout=30)
+            except Exception as exc:  # a replica that cannot answer: its model is loaded again, or not
+                logger.warning("application %s did not describe its model: %s", app_name, exc)
+                continue
+            if model.name in self.deployed or model_app_name(model.name) != app_name:
+                continue
+            found[model.name] = model
+            self.models[model.name] = model
+            groups = [name for name in applications if name == app_name or is_group_app(name, model.name)]
+            try:
+                self.deployed[model.name] = tuple(e for e in self.entries(model) if e.app_name in groups)
+            except ServerError:
+                self.deployed[model.name] = ()
+        return found
 
     async def unserved(self) -> dict[str, str]:
         """Deployed models none of whose applications has a running replica now, with Serve's reason

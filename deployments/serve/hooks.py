@@ -45,6 +45,11 @@ versions without starting Ray, so an upgrade that moves one fails there, by name
 * ``grpc_max_message_env``: ``RAY_SERVE_GRPC_MAX_MESSAGE_SIZE`` (``constants.py``) is the
   ``grpc.max_receive_message_length`` / ``max_send_message_length`` of Serve's per-replica gRPC
   servers (``grpc_util.DEFAULT_GRPC_SERVER_OPTIONS``), read from the environment when a replica starts.
+* ``unscheduled_replicas``: a deployment whose replicas have waited longer than
+  ``RAY_SERVE_SLOW_STARTUP_WARNING_S`` for a node with the resources they need carries a status
+  message with :data:`UNSCHEDULED_MARK` and the resources asked for and free
+  (``deployment_state.py``, ``_check_and_update_transitioning_replicas``); the deployer fails a
+  load that stays so past ``placement_timeout_s``.
 * ``haproxy_grpc_frontend``: Serve's HAProxy template writes ``frontend grpc_frontend`` and one
   backend ``grpc-<application>`` per application (``haproxy.py``, ``haproxy_templates.py``), which
   ``deployments.serve.haproxy_shim`` routes by model name.
@@ -63,6 +68,9 @@ BUILD_ASGI_APP = "__serve_build_asgi_app__"
 HAPROXY_BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"
 RUNNING_REQUESTS_KEY = "running_requests"
 GRPC_MAX_MESSAGE_ENV = "RAY_SERVE_GRPC_MAX_MESSAGE_SIZE"
+UNSCHEDULED_MARK = "to be scheduled"
+SLOW_STARTUP_ENV = "RAY_SERVE_SLOW_STARTUP_WARNING_S"
+SLOW_STARTUP_PERIOD_ENV = "RAY_SERVE_SLOW_STARTUP_WARNING_PERIOD_S"
 
 HOOKS = (
     "proxy_callback_env",
@@ -80,6 +88,7 @@ HOOKS = (
     "serve_grpc_config",
     "haproxy_grpc_frontend",
     "grpc_max_message_env",
+    "unscheduled_replicas",
 )
 
 GRPC_FRONTEND = "grpc_frontend"
@@ -93,6 +102,16 @@ def haproxy_backend(prefix: str, app_name: str) -> str:
     the HAProxy shim runs before HAProxy starts)."""
     name = (prefix + app_name).replace("#", "-").replace("/", ".")
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+
+
+def unscheduled_message(application: Any) -> str | None:
+    """Serve's message about replicas of ``application`` (a ``serve.status()`` entry) that no node can
+    take now, if one of its deployments carries it."""
+    for deployment in getattr(application, "deployments", {}).values():
+        message = str(getattr(deployment, "message", "") or "")
+        if UNSCHEDULED_MARK in message:
+            return message
+    return None
 
 
 _RUN_LOCK = threading.Lock()

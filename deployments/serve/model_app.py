@@ -196,6 +196,9 @@ class ModelDeployment:
     def load_status(self) -> dict[str, Any]:
         return {"ready": self.load_error is None and self.runtime.is_ready(), "error": self.load_error}
 
+    def description(self) -> ModelDescription:
+        return self.runtime.model
+
     def answered_directly(self) -> int | None:
         """HTTP requests this replica answered without Serve's wrapper (None: the lane is off)."""
         return ingress.answered_directly(self._route)

@@ -39,6 +39,10 @@ REQUEST_PATH_ENV = {
     # messages up to this size, compressed ones checked as they inflate: the default gRPC limits
     # (``grpc_max_receive_message_bytes`` / ``grpc_max_send_message_bytes``, 64 MiB), not Serve's 2 GiB
     hooks.GRPC_MAX_MESSAGE_ENV: str(64 * 1024 * 1024),
+    # Serve says after this many seconds (not 30) that a replica waits for a node with free resources;
+    # a load then fails ``placement_timeout_s`` later instead of holding model control
+    hooks.SLOW_STARTUP_ENV: "10",
+    hooks.SLOW_STARTUP_PERIOD_ENV: "10",
 }
 
 

@@ -135,6 +135,11 @@ class ReplicaClient:
         status: dict[str, Any] = await self.handle.load_status.remote()
         return status
 
+    async def description(self) -> ModelDescription:
+        """The model description the replica serves (after any in-place reload)."""
+        model: ModelDescription = await self.handle.description.remote()
+        return model
+
     async def metrics_snapshot(self) -> dict[str, Any]:
         snapshot: dict[str, Any] = await self.handle.metrics_snapshot.remote()
         return snapshot

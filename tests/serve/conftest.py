@@ -360,6 +360,7 @@ def server_url(test_repository: Path) -> Iterator[str]:
             "load_model": ["*"],
             "exit_on_error": False,  # broken_config and failing_init are meant to fail
             "cache_config": ["local,size=1048576"],
+            "placement_timeout_s": 5,  # test_model_control_e2e: a load no node can place fails soon
         }
     )
     before = processes.descendants()

@@ -95,6 +95,9 @@ class RecordingDeployer:
     def needs_gpu(self, model: ModelDescription) -> bool:
         return model.name in self.gpu_models
 
+    async def running(self) -> dict[str, ModelDescription]:
+        return dict(getattr(self, "already_running", {}))
+
     async def unserved(self) -> dict[str, str]:
         return dict(self.lost)
 
@@ -154,6 +157,22 @@ def test_explicit_mode_loads_the_named_models_and_lists_the_rest_by_name(repo: P
     asyncio.run(c.start())
     assert asyncio.run(c.index()) == [{"name": "a", "version": "1", "state": "READY"}, {"name": "b"}]
     assert c.ready()
+
+
+def test_a_restarted_controller_keeps_the_models_still_running_and_can_unload_them(repo: Path) -> None:
+    first, d = controller([repo], model_control_mode="explicit", load_model=["a"])
+    asyncio.run(first.start())
+    asyncio.run(first.load("b"))  # through the repository API, then the server application restarts
+    c, d = controller([repo], model_control_mode="explicit", load_model=["a"])
+    d.already_running = {"b": first.entries["b"].model}  # type: ignore[attr-defined]
+    asyncio.run(c.start())
+    assert asyncio.run(c.index()) == [
+        {"name": "a", "version": "1", "state": "READY"},
+        {"name": "b", "version": "1", "state": "READY"},
+    ]
+    assert d.calls == [("deploy", "a")]  # b keeps its running replicas
+    asyncio.run(c.unload("b"))
+    assert d.calls[-1] == ("delete", "b") and states(c)["b"] == "UNAVAILABLE"
 
 
 def test_the_index_reads_the_repository_again_at_each_call(repo: Path) -> None:

@@ -32,9 +32,9 @@ def _check_disconnect_disabled_header() -> None:
 
 
 def _check_request_path_env() -> None:
-    from ray.serve._private import constants
+    from ray.serve._private import constants, deployment_state
 
-    source = inspect.getsource(constants)
+    source = inspect.getsource(constants) + inspect.getsource(deployment_state)
     serve_names = [k for k in REQUEST_PATH_ENV if k.startswith("RAY_SERVE_")]
     missing = [k for k in serve_names if f'"{k}"' not in source]
     assert not missing, f"Serve no longer reads {missing}"
@@ -185,7 +185,26 @@ def _check_grpc_max_message_env() -> None:
     assert "DEFAULT_GRPC_SERVER_OPTIONS" in inspect.getsource(grpc_util)
 
 
+def _check_unscheduled_replicas() -> None:
+    from types import SimpleNamespace
+
+    from ray.serve._private import deployment_state
+
+    source = inspect.getsource(deployment_state.DeploymentState._check_and_update_transitioning_replicas)
+    assert hooks.UNSCHEDULED_MARK in source and "PENDING_ALLOCATION" in source
+    assert "update_message" in source, "Serve no longer puts the message on the deployment's status"
+    assert hooks.SLOW_STARTUP_ENV in inspect.getsource(deployment_state)
+    assert hooks.SLOW_STARTUP_PERIOD_ENV in inspect.getsource(deployment_state)
+    waiting = SimpleNamespace(
+        message=f"has 1 replicas that have taken more than 30s {hooks.UNSCHEDULED_MARK}."
+    )
+    app = SimpleNamespace(deployments={"d": SimpleNamespace(message=""), "e": waiting})
+    assert hooks.unscheduled_message(app) == waiting.message
+    assert hooks.unscheduled_message(SimpleNamespace(deployments={})) is None
+
+
 CHECKS = {
+    "unscheduled_replicas": _check_unscheduled_replicas,
     "grpc_max_message_env": _check_grpc_max_message_env,
     "grpc_passthrough": _check_grpc_passthrough,
     "serve_grpc_config": _check_serve_grpc_config,

@@ -317,3 +317,43 @@ def test_warmup_requests_reach_the_model_before_it_reports_ready(
     times = [float(t) for t in log.read_text().split()]
     assert len(times) == 2 and all(t < ready_at for t in times)  # the sample's two warmup requests
     post(server_url, "/v2/repository/models/mc_warmup/unload")
+
+
+def test_a_load_no_node_can_place_fails_soon_and_model_control_goes_on(
+    server_url: str, test_repository: Path, client: httpclient.InferenceServerClient
+) -> None:
+    """Every free CPU taken (an actor holds them): the load fails once Serve says no node can take its
+    replica (10 s) and ``placement_timeout_s`` (5 s here) passed, naming what was asked for, instead of
+    holding model control for ``deploy_timeout_s``; with the CPUs back, the same load succeeds."""
+    import ray
+
+    write_model(test_repository, "mc_unplaced")
+    free = ray.available_resources().get("CPU", 0.0)
+
+    @ray.remote
+    class Holder:
+        def ping(self) -> bool:
+            return True
+
+    holder = Holder.options(num_cpus=free).remote() if free > 0 else None
+    try:
+        if holder is not None:
+            ray.get(holder.ping.remote(), timeout=60)
+        started = time.monotonic()
+        status, body = post(server_url, "/v2/repository/models/mc_unplaced/load")
+        took = time.monotonic() - started
+        assert status == 400, body
+        assert "no node has the resources its replicas need" in body["error"], body
+        assert "Resources required for each replica" in body["error"]
+        assert took < 120, took
+        row = index(server_url)["mc_unplaced"][0]
+        assert row["state"] == "UNAVAILABLE" and "no node has the resources" in row["reason"]
+        assert client.is_model_ready("multi_version")
+    finally:
+        if holder is not None:
+            ray.kill(holder)
+    try:
+        assert post(server_url, "/v2/repository/models/mc_unplaced/load")[0] == 200
+        assert infer(client, "mc_unplaced") == (1.0, "1")
+    finally:
+        post(server_url, "/v2/repository/models/mc_unplaced/unload")

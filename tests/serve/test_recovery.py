@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.serve import recovery_models
+from tests.serve import processes, recovery_models
 from tests.serve.recovery_load import kill_under_load, one_request
 from tests.serve.standalone import Server, http
 
@@ -158,3 +158,40 @@ def test_unloading_a_model_with_a_hung_request_is_prompt(server: Server) -> None
     status, _, body = http(f"{server.url}/v2/repository/models/hangs/unload", {}, timeout=60)
     assert status == 200, body
     assert time.monotonic() - started < 10.0  # before: 21 s
+
+
+def _index(server: Server) -> dict[str, dict[str, str]]:
+    status, _, body = http(f"{server.url}/v2/repository/index", {})
+    assert status == 200, body
+    return {row["name"]: row for row in json.loads(body)}
+
+
+def test_a_restarted_server_application_keeps_the_models_the_api_loaded(server: Server) -> None:
+    """The server application's replica killed: Serve starts a new one, which finds ``api_loaded`` (loaded
+    through the repository API, not at start) still running and lists it READY; unload then stops it."""
+    assert http(f"{server.url}/v2/repository/models/api_loaded/load", {})[0] == 200
+    assert one_request(server.url, "api_loaded", 2.0).correct
+    (server_pid,) = [
+        p for p in processes.alive(server.track()) if "ServeReplica:triton:" in processes.command(p)
+    ]
+    os.kill(server_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if http(f"{server.url}/v2/health/ready", timeout=2)[
+                0
+            ] == 200 and server_pid not in processes.alive(server.track()):
+                break
+        except OSError:
+            pass
+        time.sleep(0.5)
+    rows = _index(server)
+    assert rows["api_loaded"].get("state") == "READY", rows
+    assert rows["add_one"].get("state") == "READY", rows
+    assert one_request(server.url, "api_loaded", 3.0).correct
+    assert http(f"{server.url}/v2/repository/models/api_loaded/unload", {})[0] == 200
+    deadline = time.monotonic() + 60
+    while server.replica_pids("api_loaded") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert server.replica_pids("api_loaded") == []  # before: unload answered 200 and the replica served on
+    assert _index(server)["api_loaded"].get("state") == "UNAVAILABLE"

@@ -90,6 +90,9 @@ class _Deployer:
     def needs_gpu(self, model: ModelDescription) -> bool:
         return False
 
+    async def running(self) -> dict[str, ModelDescription]:
+        return dict(getattr(self, "already_running", {}))
+
     async def unserved(self) -> dict[str, str]:
         return {}
 
