@@ -37,20 +37,24 @@ def test_a_repeated_request_is_answered_from_the_cache_over_both_protocols(
         first = _infer(http, httpclient, x)
         again = _infer(grpc, grpcclient, x)
         np.testing.assert_allclose(again.as_numpy("Y"), 2 * x)
-        assert again.as_numpy("CALLS")[0, 0] == first.as_numpy("CALLS")[0, 0]  # the model did not run
+        calls = [first.as_numpy("CALLS")[0, 0], again.as_numpy("CALLS")[0, 0]]
+        assert calls[1] == calls[0], calls  # the model did not run
         fresh = _infer(http, httpclient, x + 1)
-        assert fresh.as_numpy("CALLS")[0, 0] > first.as_numpy("CALLS")[0, 0]
+        assert fresh.as_numpy("CALLS")[0, 0] > calls[0], (calls, fresh.as_numpy("CALLS"))
 
         after = http.get_inference_statistics("cached")["model_stats"][0]["inference_stats"]
-        assert int(after["cache_hit"]["count"]) - int(before["cache_hit"]["count"]) == 1
-        assert int(after["cache_miss"]["count"]) - int(before["cache_miss"]["count"]) == 2
-        assert int(after["success"]["count"]) - int(before["success"]["count"]) == 3
+        counts = {k: (before[k]["count"], after[k]["count"]) for k in ("cache_hit", "cache_miss", "success")}
+        assert int(after["cache_hit"]["count"]) - int(before["cache_hit"]["count"]) == 1, counts
+        assert int(after["cache_miss"]["count"]) - int(before["cache_miss"]["count"]) == 2, counts
+        assert int(after["success"]["count"]) - int(before["success"]["count"]) == 3, counts
 
         hits = 'nv_cache_num_hits_per_model{model="cached",version="1"}'
         deadline = time.monotonic() + 30
         while _metric(metrics_url, hits) < 1 and time.monotonic() < deadline:
             time.sleep(0.5)  # replicas push their statistics every second
-        assert _metric(metrics_url, hits) >= 1
+        assert _metric(metrics_url, hits) >= 1, urllib.request.urlopen(
+            f"http://{metrics_url}/metrics"
+        ).read()[-3000:]
         assert _metric(metrics_url, 'nv_cache_num_misses_per_model{model="cached",version="1"}') >= 2
         assert _metric(metrics_url, 'nv_cache_num_hits_per_model{model="add_sub",') == -1.0
     finally:
