@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -103,6 +104,21 @@ class Registry:
     listing: Listing = field(default_factory=Listing)
     folders: set[str] = field(default_factory=set)  # model folders seen by the last index call
     started: bool = False
+    # model -> replica -> (its load error or None, when it said so): what the replicas' pushes report
+    replica_loads: dict[str, dict[str, tuple[str | None, float]]] = field(default_factory=dict)
+
+    def replica_loaded(self, name: str, replica: str, error: str | None) -> None:
+        """A replica of ``name`` reports whether its model loaded (each push, every second)."""
+        self.replica_loads.setdefault(name, {})[replica] = (error, time.monotonic())
+
+    def failed_in_replicas(self, name: str) -> str | None:
+        """Why ``name`` is not served although it was loaded: every replica that reported lately
+        failed to load it (a replica restarted after its files changed or went away)."""
+        recent = time.monotonic() - max(5.0, 5 * self.settings.stats_push_interval_s)
+        reports = [r for r in self.replica_loads.get(name, {}).values() if r[1] >= recent]
+        if not reports or any(error is None for error, _ in reports):
+            return None
+        return f"its replicas failed to load it again: {reports[-1][0]}"
 
     def require(self, name: str) -> ModelEntry:
         entry = self.entries.get(name)
@@ -144,7 +160,11 @@ class Registry:
             return False
         if not self.settings.strict_readiness:
             return True
-        return all(e.state == ModelState.READY for e in self.entries.values() if e.requested)
+        return all(
+            e.state == ModelState.READY and self.failed_in_replicas(e.name) is None
+            for e in self.entries.values()
+            if e.requested
+        )
 
     async def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         """Every model of the repositories, read again at each call as Triton does (a folder added since
@@ -161,8 +181,11 @@ class Registry:
             logger.warning("repository index: cannot read the replicas' state: %s", reason_of(exc))
             unserved = {}
         for row in rows:
-            if row.get("state") == ModelState.READY.value and row["name"] in unserved:
-                row["state"], row["reason"] = ModelState.UNAVAILABLE.value, unserved[row["name"]]
+            if row.get("state") != ModelState.READY.value:
+                continue
+            why = unserved.get(row["name"]) or self.failed_in_replicas(row["name"])
+            if why is not None:
+                row["state"], row["reason"] = ModelState.UNAVAILABLE.value, why
         return [r for r in rows if r.get("state") == "READY"] if ready_only else rows
 
     def index_rows(self) -> list[dict[str, Any]]:

@@ -383,6 +383,8 @@ class ServerDeployment:
         """A replica's push: its ``ModelRuntime.metrics_snapshot()`` (statistics included)."""
         self._metrics.setdefault(model, {})[replica] = snapshot
         self.report_stats(model, replica, snapshot["stats"])
+        if "load_error" in snapshot:
+            self.controller.replica_loaded(model, replica, snapshot["load_error"])
 
     async def render_metrics(self) -> str:
         """Triton's ``/metrics`` text: every served model's counters summed over its replicas (pushed, or

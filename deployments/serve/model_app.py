@@ -233,7 +233,7 @@ class ModelDeployment:
     def metrics_snapshot(self) -> dict[str, Any]:
         """What Triton's metrics endpoint prints of this replica, named by the replica (pushed every
         second, and asked of one replica on each scrape so that its counters are current)."""
-        return {**self.runtime.metrics_snapshot(), "replica": self.replica_id}
+        return {**self.runtime.metrics_snapshot(), "replica": self.replica_id, "load_error": self.load_error}
 
     def check_health(self) -> None:
         if self.load_error is None and not self.runtime.is_ready():

@@ -54,11 +54,12 @@ def _config(name: str, count: int, extra: str = "") -> str:
 
 def build(root: Path) -> Path:
     """``add_one`` (1 replica), ``add_two_replicas`` (2), ``hangs`` (1, execution_timeout_ms 1500), and
-    ``api_loaded`` (1), which a test loads through the repository API."""
+    ``api_loaded`` and ``doomed`` (1 each), which tests load through the repository API."""
     repo = root / "recovery_repo"
     for name, count, extra in (
         ("add_one", 1, ""),
         ("api_loaded", 1, ""),
+        ("doomed", 1, ""),
         ("add_two_replicas", 2, ""),
         ("hangs", 1, 'parameters { key: "execution_timeout_ms" value: { string_value: "1500" } }\n'),
     ):

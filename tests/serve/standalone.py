@@ -75,6 +75,7 @@ class Server:
         args: dict[str, Any] | None = None,
     ) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="trs-", dir="/tmp"))
+        self.repo = repository
         self.port = free_port()
         self.ports_env = instance_ports_env(STANDALONE_PORT_BLOCK)
         while str(self.port) in self.ports_env.values():  # a just-freed port can come back twice

@@ -152,6 +152,19 @@ def test_a_loaded_model_without_a_running_replica_is_unavailable_in_the_index_un
     assert d.calls == [("deploy", "a"), ("deploy", "b")]
 
 
+def test_a_model_its_replicas_cannot_load_again_is_unavailable_and_the_server_not_ready(repo: Path) -> None:
+    """Its folder deleted, its replica restarted: the replica's pushes carry the load error."""
+    c, _ = controller([repo])
+    asyncio.run(c.start())
+    c.replica_loaded("a", "replica-1", "model 'a' failed to initialize: no model.py")
+    rows = {r["name"]: r for r in asyncio.run(c.index())}
+    assert rows["a"]["state"] == "UNAVAILABLE" and "failed to load it again" in rows["a"]["reason"]
+    assert "no model.py" in rows["a"]["reason"] and rows["b"]["state"] == "READY"
+    assert not c.ready()
+    c.replica_loaded("a", "replica-2", None)  # a replica that serves it again
+    assert asyncio.run(c.index())[0] == {"name": "a", "version": "1", "state": "READY"} and c.ready()
+
+
 def test_explicit_mode_loads_the_named_models_and_lists_the_rest_by_name(repo: Path) -> None:
     c, _ = controller([repo], model_control_mode="explicit", load_model=["a"])
     asyncio.run(c.start())

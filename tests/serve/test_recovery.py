@@ -195,3 +195,30 @@ def test_a_restarted_server_application_keeps_the_models_the_api_loaded(server: 
         time.sleep(0.5)
     assert server.replica_pids("api_loaded") == []  # before: unload answered 200 and the replica served on
     assert _index(server)["api_loaded"].get("state") == "UNAVAILABLE"
+
+
+def test_a_model_whose_folder_went_away_and_whose_replica_died_is_not_listed_ready(
+    server: Server, tmp_path: Path
+) -> None:
+    """Before: the new replica failed to load it and answered 503 for good while the index said READY
+    and the server was ready. Now the replica's pushes carry its load error: UNAVAILABLE, not ready."""
+    assert http(f"{server.url}/v2/repository/models/doomed/load", {})[0] == 200
+    assert one_request(server.url, "doomed", 1.0).correct
+    folder = server.repo / "doomed"
+    kept = tmp_path / "doomed"
+    folder.rename(kept)
+    try:
+        (pid,) = server.replica_pids("doomed")
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 90
+        while "failed to load it again" not in _index(server)["doomed"].get("reason", ""):
+            if time.monotonic() > deadline:
+                break  # (the restart itself reads "no running replica (1 starting)" for a moment)
+            time.sleep(1)
+        row = _index(server)["doomed"]
+        assert row.get("state") == "UNAVAILABLE" and "failed to load it again" in row.get("reason", ""), row
+        assert http(f"{server.url}/v2/health/ready")[0] != 200
+    finally:
+        kept.rename(folder)
+        http(f"{server.url}/v2/repository/models/doomed/unload", {})
+    assert http(f"{server.url}/v2/health/ready")[0] == 200
