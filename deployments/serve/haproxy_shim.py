@@ -12,7 +12,8 @@ and ``deployments.serve.launch`` point it at ``deployments/serve/bin/haproxy``, 
   replica gone mid-request, a timeout) to a plain-text ``500 Internal Server Error`` page;
   they become ``503``/``504`` with a ``{"error": ...}`` body, as every other error of the server.
   A path no application serves (``/V2/...``, ``//v2/...``) answers Triton's ``404``
-  ``{"error":"Not Found"}`` instead of Serve's plain-text page.
+  ``{"error":"Not Found"}`` instead of Serve's plain-text page; a ``/v2`` path while the server
+  application's backend is missing (a restart) answers 503, which clients retry.
   (HAProxy's own 400 for a request head over its buffer stays HTML: it is written by its HTTP/1
   parser, which no ``errorfile`` or ``http-error`` reaches, tried on 2.8.)
 * **A model's instance groups share its backend.** Each instance group of a model past the
@@ -90,6 +91,13 @@ NOT_FOUND_RETURN = (
     'http-request return status 404 content-type application/json string "{\\"error\\":\\"Not Found\\"}"'
 )
 """A path no application serves (``/V2/...``, ``//v2/...``): Triton's 404 and body, not Serve's text."""
+STARTING_RETURN = (
+    "http-request return status 503 content-type application/json string "
+    '"{\\"error\\":\\"the server is starting or restarting; try again\\"}" if { path /v2 } || { path_beg /v2/ }'
+)
+"""A ``/v2`` path that no application serves: the server application's own backend is not in the
+configuration yet (HAProxy, or the server application, just started again), so 503, which a client
+retries, not a 404 for a model that is loaded."""
 
 
 def error_page(code: int) -> str:
@@ -386,6 +394,7 @@ def rewrite(text: str, error_dir: Path) -> str:
             line = f"{m.group(1)}{host}:{m.group(3)}{m.group(4)}"
         n = _NOT_FOUND.match(line)
         if n:
+            out.append(f"{n.group(1)}{STARTING_RETURN}")
             line = f"{n.group(1)}{NOT_FOUND_RETURN}"
         e = _ERRORFILE.match(line)
         if e:

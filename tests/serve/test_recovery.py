@@ -222,3 +222,30 @@ def test_a_model_whose_folder_went_away_and_whose_replica_died_is_not_listed_rea
         kept.rename(folder)
         http(f"{server.url}/v2/repository/models/doomed/unload", {})
     assert http(f"{server.url}/v2/health/ready")[0] == 200
+
+
+def test_a_killed_haproxy_is_back_soon_and_never_answers_404_for_a_loaded_model(server: Server) -> None:
+    """Serve checks each proxy every 2 s (the request-path variables; 10 s by default), so HAProxy killed
+    with ``kill -9`` is started again after three failed checks; until the server application's backend
+    is in its new configuration a ``/v2`` path answers 503, not 404."""
+    assert one_request(server.url, "add_one", 1.0).correct
+    haproxies = [
+        p for p in processes.alive(server.track()) if processes.command(p).split(" ")[0].endswith("haproxy")
+    ]
+    assert haproxies, "no HAProxy among the server's processes"
+    for pid in haproxies:
+        os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    outcomes = []
+    while time.monotonic() - killed < 90:
+        outcome = one_request(server.url, "add_one", 2.0, timeout=5)
+        outcomes.append(outcome)
+        if outcome.correct:
+            break
+        time.sleep(0.2)
+    back_after = outcomes[-1].ended - killed
+    print(f"answered again {back_after:.1f} s after HAProxy was killed; {len(outcomes)} tries")
+    assert outcomes[-1].correct, [o.status for o in outcomes][-10:]
+    statuses = {o.status for o in outcomes[:-1]}
+    assert statuses <= {0, 503}, statuses  # refused while no HAProxy runs, then Triton's 503, never 404
+    assert all(o.json_error for o in outcomes[:-1] if o.status == 503)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from deployments.serve.launch import REQUEST_PATH_ENV
 from deployments.serve.request_path import HAPROXY_SCRIPT
 from tests.serve import processes, recovery_models
 from tests.serve.recovery_load import one_request
-from tests.serve.standalone import ROOT, Server, http, port_is_bound
+from tests.serve.standalone import ROOT, Server, free_port, http, port_is_bound
 
 
 def test_serve_config_carries_the_request_path_variables() -> None:
@@ -82,10 +83,41 @@ def test_haproxy_gets_a_request_timeout_and_the_connections_its_file_limit_allow
 
 
 def test_a_path_no_application_serves_answers_tritons_json_404(tmp_path: Path) -> None:
-    """``/V2/health/ready`` or ``//v2/...`` reach Serve's default backend: Triton's 404, not Serve's text."""
+    """``/V2/health/ready`` or ``//v2/...`` reach Serve's default backend: Triton's 404, not Serve's text;
+    a ``/v2`` path there means the server application's backend is missing (a restart): 503, retried.
+    Checked with the real HAProxy on the rewritten configuration (no backend for ``/v2`` in it)."""
     out = haproxy_shim.rewrite(SERVE_HAPROXY_CFG, tmp_path)
-    assert _backend(out, "default_backend") == [haproxy_shim.NOT_FOUND_RETURN]
-    assert 'content-type application/json string "{\\"error\\":\\"Not Found\\"}"' in out
+    assert _backend(out, "default_backend") == [haproxy_shim.STARTING_RETURN, haproxy_shim.NOT_FOUND_RETURN]
+    port = free_port()
+    serve_writes = (  # Serve's frontend before the server application's backend is in it
+        f"frontend http_frontend\n    bind 127.0.0.1:{port}\n    default_backend default_backend\n"
+        "backend default_backend\n"
+        '    http-request return status 404 content-type text/plain lf-string "not found"\n'
+    )
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(
+        "defaults\n    mode http\n    timeout connect 1s\n    timeout client 5s\n    timeout server 5s\n"
+        + haproxy_shim.rewrite(serve_writes, tmp_path)
+    )
+    proxy = subprocess.Popen([haproxy_shim.real_binary(), "-db", "-f", str(config)], stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 20
+        while not port_is_bound(port):
+            assert proxy.poll() is None and time.monotonic() < deadline, (
+                proxy.stderr.read() if proxy.stderr else ""
+            )
+            time.sleep(0.1)
+        for path, status, error in (
+            ("/v2/health/ready", 503, "the server is starting or restarting; try again"),
+            ("/v2", 503, "the server is starting or restarting; try again"),
+            ("/V2/health/ready", 404, "Not Found"),
+            ("//v2/health/ready", 404, "Not Found"),
+        ):
+            code, headers, body = http(f"http://127.0.0.1:{port}{path}")
+            assert (code, json.loads(body)) == (status, {"error": error}), (path, body)
+    finally:
+        proxy.terminate()
+        proxy.wait(10)
 
 
 # Serve's configuration for two models (``m`` with two instance groups, ``solo`` with one), as its template
@@ -162,7 +194,11 @@ def test_haproxy_gives_a_models_backend_the_replicas_of_all_its_groups(tmp_path:
     not_found = expected.index(
         '    http-request return status 404 content-type text/plain lf-string "not found"'
     )
-    expected[not_found] = f"    {haproxy_shim.NOT_FOUND_RETURN}"  # the one other line adjusted
+    # the one other line adjusted: the default backend's answers
+    expected[not_found : not_found + 1] = [
+        f"    {haproxy_shim.STARTING_RETURN}",
+        f"    {haproxy_shim.NOT_FOUND_RETURN}",
+    ]
     assert out.splitlines() == [haproxy_shim.MARK, *expected]
 
 
