@@ -68,6 +68,7 @@ ARGS: dict[str, tuple[Any, ...]] = {
     "infer_internal": (InferRequest("m", {}),),
     "infer_stream_internal": (InferRequest("m", {}),),
     "load_status": (),
+    "description": (),
     "metrics_snapshot": (),
     "stats_snapshot": (),
 }
