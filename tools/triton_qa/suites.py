@@ -141,6 +141,7 @@ L0_HTTP = Suite(
     ),
     (
         ("model simple", NO_SIMPLE_WHY),
+        ("onnx models of http_test.py on tritonserver", "the tritonserver here has the Python backend only"),
         ("http_input_size_limit_test.py", "not part of Triton v2.51.0's L0_http"),
         ("C++ client examples and cc_client_test", "built C++ clients are not in the checkout"),
         ("http_client_plugin_test.py, http_basic_auth_test.py", "need nginx and the client plugin setup"),
