@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ from tools.triton_qa.junit import TestOutcome, parse_junit
 from tools.triton_qa.models import build_repository
 from tools.triton_qa.suites import Run, Suite
 
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 REFERENCE, THIS = "tritonserver", "this server"
 # both servers: a model one of them cannot load fails its tests, not the whole run
@@ -134,10 +136,50 @@ def start_server(
         return handle, []
     args, dropped = translate_args(triton_args, this_server_options())
     args += ["--metrics-port", str(METRICS_PORT), "--exit-on-error", "false"]
-    handle = start_this_server(
-        repo, HTTP_PORT, grpc_port=GRPC_PORT, log_path=log_path, env=env, extra_args=args
-    )
+    if grpc_health_restricted(triton_args):
+        # the start helper's gRPC probe (ServerLive) gets no answer without the header: wait for the port
+        args += ["--grpc-port", str(GRPC_PORT)]
+        handle = start_this_server(repo, HTTP_PORT, log_path=log_path, env=env, extra_args=args)
+        wait_for_port(GRPC_PORT, handle)
+    else:
+        handle = start_this_server(
+            repo, HTTP_PORT, grpc_port=GRPC_PORT, log_path=log_path, env=env, extra_args=args
+        )
     return handle, dropped
+
+
+def grpc_health_restricted(triton_args: Sequence[str]) -> bool:
+    """Whether the flags restrict gRPC's health protocol to requests with a header."""
+    for arg in triton_args:
+        name, value = split_flag(arg)
+        if name.startswith("--grpc-restricted") and value and "health" in value.partition(":")[0].split(","):
+            return True
+    return False
+
+
+def wait_for_port(port: int, handle: ServerHandle, timeout: float = 120.0) -> None:
+    """Wait until ``localhost:port`` accepts connections; stop ``handle`` and raise if it never does."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            s.settimeout(1.0)
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.25)
+    handle.stop()
+    raise TimeoutError(f"port {port} did not open within {timeout:.0f} s")
+
+
+def unittest_command(test_file: str, tests: Sequence[str], junit: Path) -> list[str]:
+    """``test_file`` run by unittest's runner (as ``python test_file``), writing ``junit``."""
+    return [sys.executable, "-m", "tools.triton_qa.unittest_junit", f"--junit={junit}", test_file, *tests]
+
+
+def test_command(run: Run, tests: Sequence[str], junit: Path) -> list[str]:
+    """The command that runs ``tests`` (all when empty) of ``run`` the way its ``test.sh`` does."""
+    if run.runner == "pytest":
+        return pytest_command(run.test_file, tests, junit, per_test_timeout=300)
+    return unittest_command(run.test_file, tests, junit)
 
 
 def pytest_command(test_file: str, tests: Sequence[str], junit: Path, per_test_timeout: float) -> list[str]:
@@ -162,7 +204,7 @@ def pytest_command(test_file: str, tests: Sequence[str], junit: Path, per_test_t
 def test_env(ws: Workspace, run: Run, server_log: Path) -> dict[str, str]:
     """The test process's environment: ``qa/common`` on ``PYTHONPATH``, the run's variables, the log."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    pythonpath = [str(ws.qa / "common"), env.get("PYTHONPATH", "")]
+    pythonpath = [str(ws.qa / "common"), str(PROJECT_ROOT), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in pythonpath if p)
     env.update(run.env)
     env["SERVER_LOG"] = str(server_log)
@@ -192,7 +234,7 @@ def run_tests(
         return result
     try:
         suite_dir = ws.qa / suite.name
-        cmd = pytest_command(run.test_file, tests or run.tests, junit, per_test_timeout=300)
+        cmd = test_command(run, tests or run.tests, junit)
         with open(slot / f"client-{tag}{suffix}.log", "wb") as out:
             try:
                 subprocess.run(

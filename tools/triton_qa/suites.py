@@ -58,6 +58,7 @@ class Run:
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     tests: tuple[str, ...] = ()
     server_per_test: bool = False  # a fresh server for each test (test.sh does so)
+    runner: str = "unittest"  # how test.sh runs the file: "unittest" (python file.py) or "pytest"
     timeout_s: float = 900.0
 
 
@@ -253,20 +254,35 @@ L0_BACKEND_PYTHON = Suite(
             "response_sender/response_sender_test.py",
             _RESPONSE_SENDER_MODELS,
             server_args=("--log-verbose=1",),
+            runner="pytest",
         ),
         Run(
             "response_sender_complete_final",
             "response_sender/response_sender_complete_final_test.py",
             (python_model("response_sender_complete_final"),),
             server_args=("--log-verbose=1",),
+            runner="pytest",
         ),
-        Run("decoupled", "decoupled/decoupled_test.py", _DECOUPLED_MODELS, server_args=("--log-verbose=1",)),
-        Run("lifecycle", "lifecycle/lifecycle_test.py", _LIFECYCLE_MODELS, server_args=("--log-verbose=1",)),
+        Run(
+            "decoupled",
+            "decoupled/decoupled_test.py",
+            _DECOUPLED_MODELS,
+            ("--log-verbose=1",),
+            runner="pytest",
+        ),
+        Run(
+            "lifecycle",
+            "lifecycle/lifecycle_test.py",
+            _LIFECYCLE_MODELS,
+            ("--log-verbose=1",),
+            runner="pytest",
+        ),
         Run(
             "async_execute",
             "async_execute/concurrency_test.py",
             (python_model("async_execute_decouple"), python_model("async_execute_decouple_bls")),
             server_args=("--log-verbose=1",),
+            runner="pytest",
         ),
     ),
     (
