@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
-from tools.triton_qa import batcher
+from tools.triton_qa import batcher, unittest_junit
 from tools.triton_qa.junit import TestOutcome, parse_junit_text
 from tools.triton_qa.models import apply_edit, build_repository
 from tools.triton_qa.report import RunRecord, write_results
@@ -161,3 +162,26 @@ def test_write_results_makes_the_table_json_and_failure_list(tmp_path: Path) -> 
     assert "| L0_http | http_test.py | 2 | 2 | 1 |" in readme
     assert "`t.T.test_b` failed (tritonserver: passed): AssertionError: 1 != 2" in readme
     assert "--log-verbose=1" in readme and "square_int32" in readme and "C++ clients" in readme
+
+
+def test_unittest_junit_records_each_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # the runner sets both, as `python file.py` would
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "sample_test.py").write_text(
+        "import unittest\n\n"
+        "class T(unittest.TestCase):\n"
+        "    def test_ok(self):\n        pass\n"
+        "    def test_bad(self):\n        self.assertEqual(1, 2)\n"
+        "    def test_sub(self):\n"
+        "        for i in range(2):\n"
+        "            with self.subTest(i=i):\n                self.assertEqual(i, 0)\n"
+    )
+    junit = tmp_path / "out.xml"
+    code = unittest_junit.main([f"--junit={junit}", str(tmp_path / "sample_test.py")])
+    assert code == 1
+    status = {o.test_id: o.status for o in parse_junit_text(junit.read_text())}
+    assert status == {
+        "sample_test.T.test_ok": "passed",
+        "sample_test.T.test_bad": "failed",
+        "sample_test.T.test_sub": "failed",
+    }
