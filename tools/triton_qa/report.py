@@ -65,6 +65,7 @@ def to_json(
                 "error": res.error,
                 "seconds": round(res.seconds, 1),
                 "dropped_args": res.dropped_args,
+                "models_not_ready": res.not_ready,
                 "passed": rec.passed(name),
                 "tests": len(res.outcomes),
                 "outcomes": _outcome_map(res.outcomes),
@@ -145,11 +146,14 @@ def to_markdown(doc: dict[str, Any], records: list[RunRecord]) -> str:
         lines.append("")
     if not any_failure:
         lines += ["None.", ""]
-    lines += ["## Dropped flags and unbuilt models", ""]
+    lines += ["## Dropped flags, unbuilt models, models not ready", ""]
     for rec in records:
         dropped = sorted({a for r in rec.results.values() for a in r.dropped_args})
         if dropped:
             lines.append(f"- {rec.suite} / {rec.label}: this server has no flag for `{' '.join(dropped)}`")
+        for name, res in rec.results.items():
+            for line in res.not_ready:
+                lines.append(f"- {rec.suite} / {rec.label}: on {name}, model not ready: {_md_escape(line)}")
         for model, why in rec.skipped_models:
             lines.append(f"- {rec.suite} / {rec.label}: model `{model}` not built: {_md_escape(why)}")
     lines += ["", "## Cannot run here", ""]

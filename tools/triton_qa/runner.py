@@ -8,12 +8,14 @@ runs at a time on those ports. The servers are started with the project's helper
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +85,7 @@ class RunResult:
     error: str = ""  # the server did not start, or the tests did not report
     seconds: float = 0.0
     dropped_args: list[str] = field(default_factory=list)
+    not_ready: list[str] = field(default_factory=list)  # models not READY once the server answered ready
 
 
 @dataclass
@@ -182,6 +185,22 @@ def test_command(run: Run, tests: Sequence[str], junit: Path) -> list[str]:
     return unittest_command(run.test_file, tests, junit)
 
 
+def models_not_ready(save_to: Path) -> list[str]:
+    """``name: state (reason)`` of each model the repository index shows not READY; saves the index."""
+    request = urllib.request.Request(f"http://localhost:{HTTP_PORT}/v2/repository/index", data=b"{}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            index = json.loads(resp.read())
+    except (OSError, ValueError) as exc:
+        return [f"(repository index unavailable: {exc})"]
+    save_to.write_text(json.dumps(index, indent=2))
+    return [
+        f"{m.get('name')}: {m.get('state', '?')}" + (f" ({m['reason']})" if m.get("reason") else "")
+        for m in index
+        if m.get("state") != "READY"
+    ]
+
+
 def pytest_command(test_file: str, tests: Sequence[str], junit: Path, per_test_timeout: float) -> list[str]:
     """``pytest`` on ``test_file`` (only ``tests``: ``Class`` or ``Class.method``) writing ``junit``."""
     targets = [f"{test_file}::{t.replace('.', '::')}" for t in tests] or [test_file]
@@ -233,6 +252,7 @@ def run_tests(
         result.seconds = time.monotonic() - started
         return result
     try:
+        result.not_ready = models_not_ready(slot / f"index-{tag}{suffix}.json")
         suite_dir = ws.qa / suite.name
         cmd = test_command(run, tests or run.tests, junit)
         with open(slot / f"client-{tag}{suffix}.log", "wb") as out:
