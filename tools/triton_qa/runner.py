@@ -151,6 +151,26 @@ def start_server(
     return handle, dropped
 
 
+def port_taken(port: int) -> bool:
+    """Whether something accepts connections on ``localhost:port``."""
+    with socket.socket() as s:
+        s.settimeout(1.0)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def wait_ports_free(ports: Sequence[int], timeout: float = 60.0) -> list[int]:
+    """Wait until none of ``ports`` answers (a server just stopped may linger); returns those still taken.
+
+    Without this a readiness probe can be answered by the previous server and the tests hit a dying one.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        taken = [p for p in ports if port_taken(p)]
+        if not taken or time.monotonic() > deadline:
+            return taken
+        time.sleep(0.5)
+
+
 def grpc_health_restricted(triton_args: Sequence[str]) -> bool:
     """Whether the flags restrict gRPC's health protocol to requests with a header."""
     for arg in triton_args:
@@ -242,6 +262,10 @@ def run_tests(
     junit.unlink(missing_ok=True)
     result = RunResult(which)
     started = time.monotonic()
+    busy = wait_ports_free((HTTP_PORT, GRPC_PORT, METRICS_PORT))
+    if busy:
+        result.error = f"ports {busy} still taken by another process; not started"
+        return result
     server_env = {**run.env, "SERVER_LOG": str(log_path)}
     try:
         handle, result.dropped_args = start_server(
