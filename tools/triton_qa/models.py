@@ -16,13 +16,16 @@ from pathlib import Path
 
 from tools.triton_qa.suites import Edit, Model
 
+# opset 13 / IR 8: what the ONNX Runtime of Triton 2.51's time loads (newer onnx writes newer by default)
+ONNX_OPSET, ONNX_IR_VERSION = 13, 8
+_ONNX = ("--onnx", f"--onnx_opset={ONNX_OPSET}")
 # the gen_qa_* script and flags that write each generated repository
 GENERATORS: dict[str, tuple[str, ...]] = {
-    "qa_identity_model_repository": ("gen_qa_identity_models.py", "--onnx"),
-    "qa_model_repository": ("gen_qa_models.py", "--onnx"),
-    "qa_variable_model_repository": ("gen_qa_models.py", "--onnx", "--variable"),
-    "qa_sequence_model_repository": ("gen_qa_sequence_models.py", "--onnx"),
-    "qa_variable_sequence_model_repository": ("gen_qa_sequence_models.py", "--onnx", "--variable"),
+    "qa_identity_model_repository": ("gen_qa_identity_models.py", *_ONNX),
+    "qa_model_repository": ("gen_qa_models.py", *_ONNX),
+    "qa_variable_model_repository": ("gen_qa_models.py", *_ONNX, "--variable"),
+    "qa_sequence_model_repository": ("gen_qa_sequence_models.py", *_ONNX),
+    "qa_variable_sequence_model_repository": ("gen_qa_sequence_models.py", *_ONNX, "--variable"),
 }
 
 # a stand-in for Triton's example "simple" (a TensorFlow GraphDef): INT32 [-1, 16] sum and difference
@@ -115,8 +118,21 @@ def generate(checkout: Path, cache: Path, repository: str) -> Path:
     result = subprocess.run(cmd, cwd=common, capture_output=True, text=True)
     if result.returncode != 0:
         raise ModelBuildError(f"{script} {' '.join(flags)} failed: {result.stderr.strip()[-400:]}")
+    for path in dest.rglob("*.onnx"):
+        cap_ir_version(path)
     (dest / ".complete").write_text("")
     return dest
+
+
+def cap_ir_version(path: Path, most: int = ONNX_IR_VERSION) -> None:
+    """Lower an ONNX file's IR version to ``most``: a newer ``onnx`` package writes a version that the
+    ONNX Runtime of tritonserver 2.51 (and older runtimes) refuse to load."""
+    import onnx
+
+    model = onnx.load(str(path))
+    if model.ir_version > most:
+        model.ir_version = most
+        onnx.save(model, str(path))
 
 
 def build_model(model: Model, checkout: Path, cache: Path, dest: Path) -> None:

@@ -294,6 +294,7 @@ L0_BACKEND_PYTHON = Suite(
             "lifecycle init_error / fini_error / auto_complete_error",
             "test.sh checks the server's log and exit",
         ),
+        ("decoupled_test.py, lifecycle_test.py", "import triton_shm_monitor, a C++ extension of Triton's CI"),
         (
             "lifecycle shared-memory page count",
             "test.sh compares /dev/shm before and after; not a Python test",
