@@ -1,0 +1,187 @@
+"""The conformance runner's pure parts: suite table, model building, flag translation, junit, report."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools.triton_qa import batcher, unittest_junit
+from tools.triton_qa.junit import TestOutcome, parse_junit_text
+from tools.triton_qa.models import apply_edit, build_repository
+from tools.triton_qa.report import RunRecord, write_results
+from tools.triton_qa.runner import REFERENCE, THIS, RunResult, pytest_command, translate_args
+from tools.triton_qa.suites import SUITES, Edit, Model, select
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" tests="4">
+<testcase classname="http_test.HttpTest" name="test_byte" time="0.5"/>
+<testcase classname="http_test.HttpTest" name="test_raw" time="0.1">
+  <failure message="AssertionError: 400 != 200&#10;second line">trace</failure></testcase>
+<testcase classname="http_test.HttpTest" name="test_setup" time="0"><error message="">
+boom happened
+more</error></testcase>
+<testcase classname="http_test.HttpTest" name="test_cuda" time="0"><skipped message="no GPU"/></testcase>
+</testsuite></testsuites>
+"""
+
+
+def test_suite_table_names_the_first_suites_and_their_test_files() -> None:
+    assert {"L0_http", "L0_grpc", "L0_backend_python", "L0_batcher"} <= set(SUITES)
+    assert batcher.L0_BATCHER is SUITES["L0_batcher"]
+    for suite in SUITES.values():
+        assert suite.runs
+        labels = [r.label for r in suite.runs]
+        assert len(labels) == len(set(labels)), suite.name
+        for run in suite.runs:
+            assert run.test_file.endswith(".py")
+            assert not any(a.startswith(("--model-repository", "--http-port")) for a in run.server_args)
+            assert not run.server_per_test or run.tests
+
+
+def test_select_keeps_order_and_rejects_unknown_names() -> None:
+    assert [s.name for s in select(["L0_grpc", "L0_http"])] == ["L0_grpc", "L0_http"]
+    assert len(select(["all"])) == len(SUITES)
+    with pytest.raises(KeyError, match="L0_nope"):
+        select(["L0_http", "L0_nope"])
+
+
+def test_batcher_delay_runs_carry_the_scheduler_delay() -> None:
+    delays = {r.label: r.env.get("TRITONSERVER_DELAY_SCHEDULER") for r in batcher.L0_BATCHER.runs}
+    assert delays["FIXED delay 6"] == "6"
+    assert delays["FIXED no delay"] is None
+    assert all(r.env["BACKENDS"] == "onnx python" for r in batcher.L0_BATCHER.runs)
+
+
+def test_edits_follow_sed_scopes() -> None:
+    text = "dims: [ -1, -1 ]\nx: -1\n"
+    assert apply_edit(text, Edit("-1", "1")) == "dims: [ 1, -1 ]\nx: 1\n"
+    assert apply_edit(text, Edit("-1", "1", scope="all")) == "dims: [ 1, 1 ]\nx: 1\n"
+    assert apply_edit(text, Edit("-1", "1", scope="file")) == "dims: [ 1, -1 ]\nx: -1\n"
+    assert apply_edit("max_batch_size: 0\n", Edit(r"^max_batch_size:.*", "max_batch_size: 8")) == (
+        "max_batch_size: 8\n"
+    )
+
+
+def test_build_repository_copies_python_models_and_lists_what_it_cannot_build(tmp_path: Path) -> None:
+    src = tmp_path / "checkout" / "qa" / "python_models" / "echo"
+    src.mkdir(parents=True)
+    (src / "config.pbtxt").write_text('name: "echo"\nmax_batch_size: 0\n')
+    (src / "model.py").write_text("# model\n")
+    (src / "helper.py").write_text("# helper\n")
+    models = (
+        Model(
+            "echo_batched",
+            "python",
+            "qa/python_models/echo",
+            edits=(Edit("max_batch_size: 0", "max_batch_size: 4"),),
+            append="dynamic_batching { }\n",
+        ),
+        Model("simple", "own", "simple"),
+        Model("gone", "missing", "needs a GPU"),
+        Model("absent", "python", "qa/python_models/absent"),
+    )
+    built = build_repository(models, tmp_path / "checkout", tmp_path / "cache", tmp_path / "repo")
+    echo = built.path / "echo_batched"
+    assert (echo / "1" / "model.py").exists() and (echo / "1" / "helper.py").exists()
+    config = (echo / "config.pbtxt").read_text()
+    assert "max_batch_size: 4" in config and config.endswith("dynamic_batching { }\n")
+    assert (built.path / "simple" / "1" / "model.py").exists()
+    assert [m for m, _ in built.skipped] == ["gone", "absent"]
+    assert not (built.path / "gone").exists() and not (built.path / "absent").exists()
+
+
+def test_translate_args_keeps_known_flags_and_lists_the_others() -> None:
+    options = {"--model-control-mode": 1, "--http-restricted-api": 1, "--disable-auto-complete-config": 0}
+    kept, dropped = translate_args(
+        [
+            "--model-control-mode=explicit",
+            "--http-restricted-api=inference:k=v",
+            "--strict-readiness=false",
+            "--disable-auto-complete-config",
+            "--log-verbose=1",
+        ],
+        options,
+    )
+    assert kept == [
+        "--model-control-mode",
+        "explicit",
+        "--http-restricted-api",
+        "inference:k=v",
+        "--no-strict-readiness",
+        "--disable-auto-complete-config",
+    ]
+    assert dropped == ["--log-verbose=1"]
+
+
+def test_pytest_command_selects_unittest_classes_and_methods(tmp_path: Path) -> None:
+    cmd = pytest_command("batcher_test.py", ["BatcherTest.test_a", "Other"], tmp_path / "j.xml", 60)
+    assert cmd[-2:] == ["batcher_test.py::BatcherTest::test_a", "batcher_test.py::Other"]
+    assert f"--junitxml={tmp_path / 'j.xml'}" in cmd
+
+
+def test_junit_outcomes_carry_status_and_first_message_line() -> None:
+    outcomes = parse_junit_text(JUNIT)
+    assert [(o.test_id, o.status) for o in outcomes] == [
+        ("http_test.HttpTest.test_byte", "passed"),
+        ("http_test.HttpTest.test_raw", "failed"),
+        ("http_test.HttpTest.test_setup", "error"),
+        ("http_test.HttpTest.test_cuda", "skipped"),
+    ]
+    assert outcomes[1].message == "AssertionError: 400 != 200"
+    assert outcomes[2].message == "boom happened"
+
+
+def test_write_results_makes_the_table_json_and_failure_list(tmp_path: Path) -> None:
+    ok = TestOutcome("t.T.test_a", "passed")
+    bad = TestOutcome("t.T.test_b", "failed", "AssertionError: 1 != 2")
+    record = RunRecord(
+        "L0_http",
+        "http_test",
+        "http_test.py",
+        {
+            REFERENCE: RunResult(REFERENCE, [ok, TestOutcome("t.T.test_b", "passed")]),
+            THIS: RunResult(THIS, [ok, bad], dropped_args=["--log-verbose=1"]),
+        },
+        skipped_models=[("square_int32", "not in the checkout")],
+    )
+    meta = {"command": "python -m tools.triton_qa --suites L0_http", "commit": "abc", "seconds": 12.0}
+    cannot = [{"suite": "L0_http", "what": "C++ clients", "why": "not built"}]
+    out = write_results([record], meta, cannot, tmp_path)
+    doc = json.loads((out / "results.json").read_text())
+    run = doc["runs"][0]
+    assert run["tests"] == 2
+    assert run["servers"][REFERENCE]["passed"] == 2 and run["servers"][THIS]["passed"] == 1
+    assert run["servers"][THIS]["outcomes"]["t.T.test_b"] == {
+        "status": "failed",
+        "message": "AssertionError: 1 != 2",
+    }
+    readme = (out / "README.md").read_text()
+    assert "| L0_http | http_test.py | 2 | 2 | 1 |" in readme
+    assert "`t.T.test_b` failed (tritonserver: passed): AssertionError: 1 != 2" in readme
+    assert "--log-verbose=1" in readme and "square_int32" in readme and "C++ clients" in readme
+
+
+def test_unittest_junit_records_each_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # the runner sets both, as `python file.py` would
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "sample_test.py").write_text(
+        "import unittest\n\n"
+        "class T(unittest.TestCase):\n"
+        "    def test_ok(self):\n        pass\n"
+        "    def test_bad(self):\n        self.assertEqual(1, 2)\n"
+        "    def test_sub(self):\n"
+        "        for i in range(2):\n"
+        "            with self.subTest(i=i):\n                self.assertEqual(i, 0)\n"
+    )
+    junit = tmp_path / "out.xml"
+    code = unittest_junit.main([f"--junit={junit}", str(tmp_path / "sample_test.py")])
+    assert code == 1
+    status = {o.test_id: o.status for o in parse_junit_text(junit.read_text())}
+    assert status == {
+        "sample_test.T.test_ok": "passed",
+        "sample_test.T.test_bad": "failed",
+        "sample_test.T.test_sub": "failed",
+    }

@@ -1,0 +1,119 @@
+"""Run a unittest file the way ``python test.py`` does and write a junit XML report of it.
+
+Triton's ``TestResultCollector`` base class needs unittest's own runner (pytest's result object lacks
+``testsRun``), so the runner uses this instead of pytest for such files:
+``python -m tools.triton_qa.unittest_junit --junit out.xml test_file.py [Class.method ...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+import unittest
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+ErrInfo = tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
+
+
+def error_line(err: ErrInfo) -> str:
+    """``Type: message`` (first line) of an exception triple."""
+    exc_type, exc, _ = err
+    if exc_type is None:
+        return ""
+    text = str(exc).strip().splitlines()
+    return f"{exc_type.__name__}: {text[0] if text else ''}".strip()[:300]
+
+
+class JunitResult(unittest.TextTestResult):
+    """A text result that also keeps ``test id -> (status, message, seconds)``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cases: dict[str, list[Any]] = {}
+        self._started: dict[str, float] = {}
+
+    def _set(self, test: unittest.TestCase, status: str, message: str = "") -> None:
+        case = self.cases.setdefault(test.id(), ["passed", "", 0.0])
+        if case[0] in ("failed", "error") and status == "passed":
+            return  # a failed subtest keeps its test failed
+        case[0], case[1] = status, message
+        case[2] = time.monotonic() - self._started.get(test.id(), time.monotonic())
+
+    def startTest(self, test: unittest.TestCase) -> None:
+        self._started[test.id()] = time.monotonic()
+        super().startTest(test)
+
+    def addSuccess(self, test: unittest.TestCase) -> None:
+        super().addSuccess(test)
+        self._set(test, "passed")
+
+    def addFailure(self, test: unittest.TestCase, err: Any) -> None:
+        super().addFailure(test, err)
+        self._set(test, "failed", error_line(err))
+
+    def addError(self, test: unittest.TestCase, err: Any) -> None:
+        super().addError(test, err)
+        self._set(test, "error", error_line(err))
+
+    def addSkip(self, test: unittest.TestCase, reason: str) -> None:
+        super().addSkip(test, reason)
+        self._set(test, "skipped", reason)
+
+    def addExpectedFailure(self, test: unittest.TestCase, err: Any) -> None:
+        super().addExpectedFailure(test, err)
+        self._set(test, "passed")
+
+    def addUnexpectedSuccess(self, test: unittest.TestCase) -> None:
+        super().addUnexpectedSuccess(test)
+        self._set(test, "failed", "unexpected success")
+
+    def addSubTest(self, test: unittest.TestCase, subtest: unittest.TestCase, err: Any) -> None:
+        super().addSubTest(test, subtest, err)
+        if err is not None:
+            failed = issubclass(err[0], test.failureException)
+            self._set(test, "failed" if failed else "error", f"{subtest.id()}: {error_line(err)}")
+
+
+def junit_xml(cases: dict[str, list[Any]]) -> str:
+    """The cases as a junit document (``classname`` = the id less its last part)."""
+    suite = ET.Element("testsuite", name="unittest", tests=str(len(cases)))
+    for test_id, (status, message, seconds) in cases.items():
+        classname, _, name = test_id.rpartition(".")
+        case = ET.SubElement(suite, "testcase", classname=classname, name=name, time=f"{seconds:.3f}")
+        tag = {"failed": "failure", "error": "error", "skipped": "skipped"}.get(status)
+        if tag:
+            ET.SubElement(case, tag, message=message)
+    root = ET.Element("testsuites")
+    root.append(suite)
+    return ET.tostring(root, encoding="unicode")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--junit", type=Path, required=True)
+    parser.add_argument("test_file")
+    parser.add_argument("tests", nargs="*")
+    args = parser.parse_args(argv)
+    path = Path(args.test_file).resolve()
+    sys.path.insert(0, str(path.parent))
+    sys.argv = [str(path)]
+    module = importlib.import_module(path.stem)
+    loader = unittest.TestLoader()
+    suite = (
+        loader.loadTestsFromNames(args.tests, module) if args.tests else loader.loadTestsFromModule(module)
+    )
+    runner = unittest.TextTestRunner(resultclass=JunitResult, verbosity=2)
+    result = runner.run(suite)
+    assert isinstance(result, JunitResult)
+    args.junit.write_text(junit_xml(result.cases))
+    return 0 if result.wasSuccessful() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
