@@ -332,7 +332,9 @@ class ServerDeployment:
         its HTTP routes answer, and a client told "ready" must be answered on either protocol."""
         from deployments.serve.grpc_ingress import wait_until_answering
 
-        while not await asyncio.to_thread(wait_until_answering, settings.grpc_host, settings.grpc_port, 5.0):
+        while not await asyncio.to_thread(
+            wait_until_answering, settings.grpc_host, settings.grpc_port, 5.0, settings.grpc_restricted_api
+        ):
             logger.info("waiting for the gRPC port %d to answer before reporting ready", settings.grpc_port)
         self._grpc_answers = True
 

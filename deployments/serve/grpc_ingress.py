@@ -38,7 +38,7 @@ from deployments.protocol.dataplane import ModelDataPlane
 from deployments.protocol.grpc import SERVICE, GRPCInferenceServicer, GrpcOptions
 from deployments.protocol.grpc_http1 import GrpcOverHttp1
 from deployments.serve import hooks, ingress
-from deployments.settings import ServerSettings
+from deployments.settings import RestrictedApi, ServerSettings, restriction_for
 
 logger = logging.getLogger("ray.serve")
 
@@ -152,14 +152,19 @@ async def _refuse_stream(requests: Any, context: Any) -> Any:
     yield  # pragma: no cover  (an async generator: abort raises)
 
 
-def wait_until_answering(host: str, port: int, timeout_s: float) -> bool:
+def wait_until_answering(
+    host: str, port: int, timeout_s: float, restricted: tuple[RestrictedApi, ...] = ()
+) -> bool:
     """Whether ``ServerLive`` answered live on ``host:port`` within ``timeout_s`` (HAProxy takes up the
-    server replica's gRPC port a moment after the HTTP routes answer)."""
+    server replica's gRPC port a moment after the HTTP routes answer). ``restricted``: the server's
+    ``grpc_restricted_api``; where it guards ``health`` the call carries that header, as a client must."""
     import time
 
     from deployments.protocol.proto import grpc_service_pb2 as pb
 
     target = f"{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{port}"
+    rule = restriction_for(restricted, "health")
+    metadata = ((rule.key, rule.value),) if rule is not None else None
     deadline = time.monotonic() + timeout_s
     with grpc.insecure_channel(target) as channel:
         live = channel.unary_unary(
@@ -169,7 +174,7 @@ def wait_until_answering(host: str, port: int, timeout_s: float) -> bool:
         )
         while time.monotonic() < deadline:
             try:
-                if live(pb.ServerLiveRequest(), timeout=2.0).live:
+                if live(pb.ServerLiveRequest(), timeout=2.0, metadata=metadata).live:
                     return True
             except grpc.RpcError:
                 pass

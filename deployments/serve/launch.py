@@ -63,7 +63,10 @@ def start(settings: ServerSettings, ray_init: dict[str, Any] | None = None) -> N
         from deployments.serve.grpc_ingress import wait_until_answering
 
         if not wait_until_answering(
-            settings.http_host, settings.grpc_port, max(deadline - time.monotonic(), 10.0)
+            settings.http_host,
+            settings.grpc_port,
+            max(deadline - time.monotonic(), 10.0),
+            settings.grpc_restricted_api,
         ):
             raise TimeoutError(f"the gRPC service did not answer on port {settings.grpc_port}")
 

@@ -24,6 +24,7 @@ from tests.serve.test_model_control_e2e import config, get_status, infer, steady
 pytestmark = pytest.mark.serve
 
 RULE = "model-repository:admin-key=secret"
+GRPC_RULE = "model-repository,health:admin-key=secret"  # the server's own readiness probe sends it too
 
 
 def eventually(check: Callable[[], Any], timeout_s: float = 60.0) -> Any:
@@ -67,7 +68,7 @@ def test_poll_over_a_local_and_an_s3_repository_with_the_restricted_api(
             "model_control_mode": "poll",
             "repository_poll_secs": 1,
             "http_restricted_api": RULE,
-            "grpc_restricted_api": RULE,
+            "grpc_restricted_api": GRPC_RULE,
         }
         server = Server(repo, args=args)
         try:
@@ -114,7 +115,10 @@ def _check_poll(server: Server, repo: Path, bucket_copy: Path, upload: Callable[
         grpc.get_model_repository_index()
     index = grpc.get_model_repository_index(headers={"admin-key": "secret"})
     assert sorted({m.name for m in index.models}) == ["p_a", "s3_a", "s3_b"]
-    assert grpc.is_model_ready("p_a")
+    assert grpc.is_model_ready("p_a", headers={"admin-key": "secret"})
+    with pytest.raises(InferenceServerException, match="restricted"):
+        grpc.is_server_live()  # health is restricted over gRPC (not over HTTP)
+    assert grpc.is_server_live(headers={"admin-key": "secret"})
     grpc.close()
 
     # a name in two repositories is an error for that name; the others serve on
