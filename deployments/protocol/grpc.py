@@ -30,7 +30,7 @@ from typing import Any
 
 import grpc
 
-from deployments.protocol import grpc_codec
+from deployments.protocol import extension_queries, grpc_codec
 from deployments.protocol.dataplane import DataPlane
 from deployments.protocol.inference_calls import InferenceCalls
 from deployments.protocol.proto import grpc_service_pb2 as pb
@@ -277,28 +277,42 @@ class GRPCInferenceServicer:
         await self.dataplane.unload_model(request.model_name, params)
         return pb.RepositoryModelUnloadResponse()
 
-    # --- not served: shared memory, tracing, logging -------------------------------
+    # --- trace and shared memory: queries only (deployments.protocol.extension_queries); logging ---
 
     async def SystemSharedMemoryStatus(self, request: Any) -> Any:
-        raise _not_served("system shared memory")
+        extension_queries.shared_memory_status("system", request.name)
+        return pb.SystemSharedMemoryStatusResponse()
 
     async def SystemSharedMemoryRegister(self, request: Any) -> Any:
-        raise _not_served("system shared memory")
+        extension_queries.register_system_shared_memory(
+            request.name, request.key, request.offset, request.byte_size
+        )
+        return pb.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(self, request: Any) -> Any:
-        raise _not_served("system shared memory")
+        extension_queries.unregister_shared_memory("system", request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
 
     async def CudaSharedMemoryStatus(self, request: Any) -> Any:
-        raise _not_served("CUDA shared memory")
+        extension_queries.shared_memory_status("cuda", request.name)
+        return pb.CudaSharedMemoryStatusResponse()
 
     async def CudaSharedMemoryRegister(self, request: Any) -> Any:
-        raise _not_served("CUDA shared memory")
+        extension_queries.register_cuda_shared_memory(request.name)
+        return pb.CudaSharedMemoryRegisterResponse()
 
     async def CudaSharedMemoryUnregister(self, request: Any) -> Any:
-        raise _not_served("CUDA shared memory")
+        extension_queries.unregister_shared_memory("cuda", request.name)
+        return pb.CudaSharedMemoryUnregisterResponse()
 
     async def TraceSetting(self, request: Any) -> Any:
-        raise _not_served("trace settings")
+        updates = {key: list(value.value) for key, value in request.settings.items()}
+        model = request.model_name or None
+        document = extension_queries.update_trace_settings(model, updates)
+        response = pb.TraceSettingResponse()
+        for key, value in document.items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return response
 
     async def LogSettings(self, request: Any) -> Any:
         raise _not_served("log settings")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deployments.inference import InferRequest, InferResponse
-from deployments.protocol import codec, compression, generate
+from deployments.protocol import codec, compression, extension_queries, generate
 from deployments.protocol.dataplane import DataPlane
 from deployments.protocol.inference_calls import InferenceCalls
 from deployments.runtime.checks import ModelSchema
@@ -86,6 +86,8 @@ MODEL_ROUTES: tuple[Route, ...] = (
     Route("POST", "versions/{v}/generate", "generate"),
     Route("POST", "versions/{v}/generate_stream", "generate_stream"),
     Route("GET", "versions/{v}/stats", "model_stats"),
+    Route("GET", "trace/setting", "trace_setting"),
+    Route("POST", "trace/setting", "update_trace_setting"),
 )
 
 # Relative to /v2: the server's routes, then every model route.
@@ -98,6 +100,19 @@ SERVER_ROUTES: tuple[Route, ...] = (
     Route("POST", "repository/index", "repository_index"),
     Route("POST", "repository/models/{m}/load", "load_model"),
     Route("POST", "repository/models/{m}/unload", "unload_model"),
+    Route("GET", "trace/setting", "trace_setting"),
+    Route("POST", "trace/setting", "update_trace_setting"),
+    *(
+        route
+        for kind in ("system", "cuda")
+        for route in (
+            Route("GET", f"{kind}sharedmemory/status", f"{kind}_shm_status"),
+            Route("GET", f"{kind}sharedmemory/region/{{r}}/status", f"{kind}_shm_status"),
+            Route("POST", f"{kind}sharedmemory/region/{{r}}/register", f"{kind}_shm_register"),
+            Route("POST", f"{kind}sharedmemory/region/{{r}}/unregister", "shm_unregister"),
+            Route("POST", f"{kind}sharedmemory/unregister", "shm_unregister"),
+        )
+    ),
     *(Route(r.method, f"models/{{m}}/{r.pattern}".rstrip("/"), r.handler) for r in MODEL_ROUTES),
 )
 
@@ -115,6 +130,13 @@ API_GROUP_OF = {
     "repository_index": "model-repository",
     "load_model": "model-repository",
     "unload_model": "model-repository",
+    "trace_setting": "trace",
+    "update_trace_setting": "trace",
+    "system_shm_status": "shared-memory",
+    "cuda_shm_status": "shared-memory",
+    "system_shm_register": "shared-memory",
+    "cuda_shm_register": "shared-memory",
+    "shm_unregister": "shared-memory",
 }
 
 
@@ -326,6 +348,34 @@ class _BaseApp:
 
     async def _unload_model(self, call: _Call) -> Reply:
         await self.dataplane.unload_model(call.params["m"], _parameters(call.body))
+        return 200, [], b""
+
+    async def _trace_setting(self, call: _Call) -> Reply:
+        return _json(extension_queries.trace_settings(call.params.get("m")))
+
+    async def _update_trace_setting(self, call: _Call) -> Reply:
+        settings = _json_body(call.body)
+        return _json(extension_queries.update_trace_settings(call.params.get("m"), settings))
+
+    async def _system_shm_status(self, call: _Call) -> Reply:
+        return _json(extension_queries.shared_memory_status("system", call.params.get("r", "")))
+
+    async def _cuda_shm_status(self, call: _Call) -> Reply:
+        return _json(extension_queries.shared_memory_status("cuda", call.params.get("r", "")))
+
+    async def _system_shm_register(self, call: _Call) -> Reply:
+        doc = _json_body(call.body)
+        extension_queries.register_system_shared_memory(
+            call.params["r"], str(doc.get("key", "")), int(doc.get("offset", 0)), int(doc.get("byte_size", 0))
+        )
+        return 200, [], b""
+
+    async def _cuda_shm_register(self, call: _Call) -> Reply:
+        extension_queries.register_cuda_shared_memory(call.params["r"])
+        return 200, [], b""
+
+    async def _shm_unregister(self, call: _Call) -> Reply:
+        extension_queries.unregister_shared_memory("", call.params.get("r", ""))
         return 200, [], b""
 
     async def _infer(self, call: _Call) -> Reply:

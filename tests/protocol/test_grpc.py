@@ -303,26 +303,38 @@ def test_repository(client, dataplane):
     assert status_of(error.value) == "StatusCode.INVALID_ARGUMENT"
 
 
-@pytest.mark.parametrize(
-    "call",
-    [
-        lambda c: c.get_system_shared_memory_status(),
-        lambda c: c.register_system_shared_memory("r", "/k", 64),
-        lambda c: c.unregister_system_shared_memory(),
-        lambda c: c.get_cuda_shared_memory_status(),
-        lambda c: c.register_cuda_shared_memory("r", b"\x00" * 64, 0, 64),
-        lambda c: c.unregister_cuda_shared_memory(),
-        lambda c: c.get_trace_settings(),
-        lambda c: c.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]}),
-        lambda c: c.get_log_settings(),
-        lambda c: c.update_log_settings({"log_verbose_level": 1}),
-    ],
-)
-def test_unsupported_rpcs_answer_unimplemented(client, call):
+@pytest.mark.parametrize("call", [lambda c: c.get_log_settings(), lambda c: c.update_log_settings({})])
+def test_log_settings_answer_unimplemented(client, call):
     with pytest.raises(InferenceServerException) as error:
         call(client)
     assert status_of(error.value) == "StatusCode.UNIMPLEMENTED"
     assert "not supported by this server" in error.value.message()
+
+
+@pytest.mark.parametrize(
+    ("call", "code"),
+    [
+        (lambda c: c.register_system_shared_memory("r", "/no-such-key", 64), "StatusCode.INTERNAL"),
+        (lambda c: c.register_cuda_shared_memory("r", b"\x00" * 64, 0, 64), "StatusCode.INVALID_ARGUMENT"),
+        (
+            lambda c: c.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]}),
+            "StatusCode.UNIMPLEMENTED",
+        ),
+        (lambda c: c.get_system_shared_memory_status("r"), "StatusCode.NOT_FOUND"),
+    ],
+)
+def test_shared_memory_and_tracing_are_refused_with_tritons_codes(client, call, code):
+    with pytest.raises(InferenceServerException) as error:
+        call(client)
+    assert status_of(error.value) == code, error.value.message()
+
+
+def test_shared_memory_and_trace_queries_answer(client):
+    assert list(client.get_system_shared_memory_status().regions) == []
+    assert list(client.get_cuda_shared_memory_status().regions) == []
+    client.unregister_system_shared_memory()
+    client.unregister_cuda_shared_memory("r")
+    assert list(client.get_trace_settings().settings["trace_level"].value) == ["OFF"]
 
 
 # --- ModelInfer -------------------------------------------------------------------
