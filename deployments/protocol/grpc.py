@@ -343,11 +343,21 @@ RPC_GROUPS = {
 }
 
 
+RESTRICTED_HEADER_PREFIX = "triton-grpc-protocol-"
+"""Over gRPC, a restriction's key ``k`` is checked in the metadata key ``triton-grpc-protocol-k``
+(Triton's ``--grpc-restricted-protocol``); over HTTP it is the bare header ``k``."""
+
+
+def restricted_metadata_key(rule: RestrictedApi) -> str:
+    return RESTRICTED_HEADER_PREFIX + rule.key
+
+
 def _check_restricted(rule: RestrictedApi | None, metadata: Callable[[], Mapping[str, str]]) -> None:
     if rule is None:
         return
-    if metadata().get(rule.key) != rule.value:
-        raise Restricted(f"This protocol is restricted, expecting header '{rule.key}'")
+    key = restricted_metadata_key(rule)
+    if metadata().get(key) != rule.value:
+        raise Restricted(f"This protocol is restricted, expecting header '{key}'")
 
 
 def _context_metadata(context: Any) -> Callable[[], Mapping[str, str]]:

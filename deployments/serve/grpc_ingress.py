@@ -35,7 +35,7 @@ from typing import Any
 import grpc
 
 from deployments.protocol.dataplane import ModelDataPlane
-from deployments.protocol.grpc import SERVICE, GRPCInferenceServicer, GrpcOptions
+from deployments.protocol.grpc import SERVICE, GRPCInferenceServicer, GrpcOptions, restricted_metadata_key
 from deployments.protocol.grpc_http1 import GrpcOverHttp1
 from deployments.serve import hooks, ingress
 from deployments.settings import RestrictedApi, ServerSettings, restriction_for
@@ -164,7 +164,7 @@ def wait_until_answering(
 
     target = f"{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{port}"
     rule = restriction_for(restricted, "health")
-    metadata = ((rule.key, rule.value),) if rule is not None else None
+    metadata = ((restricted_metadata_key(rule), rule.value),) if rule is not None else None
     deadline = time.monotonic() + timeout_s
     with grpc.insecure_channel(target) as channel:
         live = channel.unary_unary(

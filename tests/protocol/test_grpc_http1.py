@@ -140,8 +140,13 @@ async def test_the_restricted_api_reads_the_request_headers(dataplane: Any) -> N
     rule = RestrictedApi(frozenset({"health"}), "admin-key", "secret")
     lane = GrpcOverHttp1(GRPCInferenceServicer(dataplane, GrpcOptions(restricted=(rule,))))
     head, _, _, _ = await _call(lane, "ServerLive", _frame(b""))
-    assert head["grpc-status"] == "14" and "admin-key" in head["grpc-message"]  # UNAVAILABLE, as Triton
-    _, data, tail, _ = await _call(lane, "ServerLive", _frame(b""), {"admin-key": "secret"})
+    assert (
+        head["grpc-status"] == "14" and "triton-grpc-protocol-admin-key" in head["grpc-message"]
+    )  # UNAVAILABLE, as Triton
+    head, _, _, _ = await _call(lane, "ServerLive", _frame(b""), {"admin-key": "secret"})
+    assert head["grpc-status"] == "14"  # gRPC reads the key with Triton's prefix, not the bare HTTP header
+    headers = {"triton-grpc-protocol-admin-key": "secret"}
+    _, data, tail, _ = await _call(lane, "ServerLive", _frame(b""), headers)
     assert tail == {"grpc-status": "0"} and pb.ServerLiveResponse.FromString(data[5:]).live is True
 
 

@@ -112,13 +112,14 @@ def _check_poll(server: Server, repo: Path, bucket_copy: Path, upload: Callable[
     assert client.is_server_live() and client.is_server_ready()
     grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{_grpc_port(server)}")
     with pytest.raises(InferenceServerException, match="restricted"):
-        grpc.get_model_repository_index()
-    index = grpc.get_model_repository_index(headers={"admin-key": "secret"})
+        grpc.get_model_repository_index(headers={"admin-key": "secret"})  # gRPC: Triton's prefix
+    admin = {"triton-grpc-protocol-admin-key": "secret"}
+    index = grpc.get_model_repository_index(headers=admin)
     assert sorted({m.name for m in index.models}) == ["p_a", "s3_a", "s3_b"]
-    assert grpc.is_model_ready("p_a", headers={"admin-key": "secret"})
+    assert grpc.is_model_ready("p_a", headers=admin)
     with pytest.raises(InferenceServerException, match="restricted"):
         grpc.is_server_live()  # health is restricted over gRPC (not over HTTP)
-    assert grpc.is_server_live(headers={"admin-key": "secret"})
+    assert grpc.is_server_live(headers=admin)
     grpc.close()
 
     # a name in two repositories is an error for that name; the others serve on
