@@ -37,13 +37,16 @@ class ModelController(ModelLoader):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._lock = asyncio.Lock()  # one repository action at a time, as Triton serializes them
+        self.restarted = False  # this start found models of an earlier one running (see start)
         self._poller: asyncio.Task[None] | None = None
 
     # --- start, poll and stop -------------------------------------------------------
 
     async def start(self) -> None:
         """Read the repositories and load what the control mode says; raise (``exit_on_error``)
-        when a model asked for failed. POLL mode then watches the repositories."""
+        when a model asked for failed, unless this is a restart of the server application (models of
+        the earlier start still run: they are adopted, and a failure is logged, never a teardown).
+        POLL mode then watches the repositories."""
         self.listing = await asyncio.to_thread(list_repositories, self.settings.model_repositories)
         mode = self.settings.model_control_mode
         known = sorted({*self.listing.where, *self.listing.duplicates})
@@ -60,7 +63,9 @@ class ModelController(ModelLoader):
         names = [n for n in wanted if n in self.listing.where]
         # a restarted server application finds the models loaded before it still running: they stay
         # loaded and listed (the repository API loaded them, perhaps with an override)
-        for name, model in (await self.deployer.running()).items():
+        running = await self.deployer.running()
+        self.restarted = bool(running)
+        for name, model in running.items():
             if name not in names:
                 self.entries[name] = ModelEntry(name, ModelState.READY, "", model, requested=True)
                 logger.info("model '%s' was loaded before this start and keeps serving", name)
@@ -71,7 +76,10 @@ class ModelController(ModelLoader):
         await self._load_many(list(models.values()))
         self.started = True
         broken = [e for e in self.entries.values() if e.requested and e.state != ModelState.READY]
-        if broken and self.settings.exit_on_error:
+        if broken and self.restarted:  # a restart of a serving server: what serves keeps serving
+            for entry in broken:
+                logger.error("model '%s' did not load again after a restart: %s", entry.name, entry.reason)
+        elif broken and self.settings.exit_on_error:
             raise Unavailable(
                 "failed to load all models (exit_on_error): "
                 + "; ".join(f"'{e.name}': {e.reason}" for e in broken)

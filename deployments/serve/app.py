@@ -166,7 +166,7 @@ class RayDeployer:
         waiting = list(names)
         unscheduled_since: dict[str, float] = {}
         while time.monotonic() < deadline:
-            applications = (await asyncio.to_thread(serve.status)).applications
+            applications = (await asyncio.to_thread(hooks.serve_status)).applications
             for name in list(waiting):
                 app = applications.get(name)
                 status = str(getattr(app, "status", "")) if app else ""
@@ -194,7 +194,7 @@ class RayDeployer:
     async def running(self) -> dict[str, ModelDescription]:
         """Models whose first application runs in Serve now and that this deployer did not deploy,
         described by one of their replicas; adopted with the applications of all their groups."""
-        applications = (await asyncio.to_thread(serve.status)).applications
+        applications = (await asyncio.to_thread(hooks.serve_status)).applications
         found: dict[str, ModelDescription] = {}
         for app_name, app in applications.items():
             if not app_name.startswith(MODEL_APP_PREFIX) or is_group_app(app_name):
@@ -222,7 +222,7 @@ class RayDeployer:
         (a lost node: replicas waiting to be placed again, or for resources no live node has)."""
         if not self.deployed:
             return {}
-        applications = (await asyncio.to_thread(serve.status)).applications
+        applications = (await asyncio.to_thread(hooks.serve_status)).applications
         found: dict[str, str] = {}
         for name, entries in self.deployed.items():
             deployments = [
@@ -247,7 +247,7 @@ class RayDeployer:
         """Every Serve application of model ``name``: those deployed for it, its own, and the instance
         group applications Serve runs under its name (left by an earlier start of the server), never
         an application of another model."""
-        running = (await asyncio.to_thread(serve.status)).applications
+        running = (await asyncio.to_thread(hooks.serve_status)).applications
         found = {e.app_name for e in self.deployed.get(name, ())} | {model_app_name(name)}
         found |= {app for app in running if is_group_app(app, name)}
         others = {e.app_name for model, entries in self.deployed.items() if model != name for e in entries}

@@ -17,6 +17,9 @@ versions without starting Ray, so an upgrade that moves one fails there, by name
   ``__serve_build_asgi_app__`` after ``__init__`` (``ray/serve/_private/replica.py``).
 * ``run_nonblocking``: ``serve.api._run(..., _blocking=False)`` deploys an
   application from inside a replica without waiting on the controller's loop.
+* ``status_serializes_routers``: ``serve.status()`` builds a ``RequestRouterConfig`` per deployment,
+  which serializes the router class with cloudpickle's process-wide "by value" switch on; it runs
+  under :func:`run_application`'s lock (:func:`serve_status`).
 * ``delete_blocking``: ``serve.delete(name, _blocking=True)`` returns once the
   application is gone.
 * ``serve_details``: the controller client's ``get_serve_details()`` (what is
@@ -78,6 +81,7 @@ HOOKS = (
     "request_path_env",
     "late_bound_asgi_app",
     "run_nonblocking",
+    "status_serializes_routers",
     "delete_blocking",
     "serve_details",
     "replica_http_targets",
@@ -132,6 +136,20 @@ def run_application(build: Callable[[], Any], name: str, route_prefix: str) -> N
 
     with _RUN_LOCK:
         _run(build(), name=name, route_prefix=route_prefix, _blocking=False)
+
+
+def serve_status() -> Any:
+    """``serve.status()``, under the lock :func:`run_application` builds under.
+
+    ``serve.status()`` builds Serve's pydantic details of every deployment, and each
+    ``RequestRouterConfig`` built without its serialized class serializes the router again
+    (``config.py``, ``RequestRouterConfig.__init__``), flipping cloudpickle's process-wide "by value"
+    switch; run in a thread beside an application being built, it made that build fail ("Can't pickle
+    RunningReplica.try_send_request: it's not the same object")."""
+    from ray import serve
+
+    with _RUN_LOCK:
+        return serve.status()
 
 
 def delete_application(name: str) -> None:

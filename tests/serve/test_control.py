@@ -188,6 +188,23 @@ def test_a_restarted_controller_keeps_the_models_still_running_and_can_unload_th
     assert d.calls[-1] == ("delete", "b") and states(c)["b"] == "UNAVAILABLE"
 
 
+def test_a_restart_with_a_failing_start_model_keeps_what_runs(repo: Path) -> None:
+    """exit_on_error fails a fresh start; a restart that finds models running logs the failure instead of
+    failing (the server application would otherwise tear every model down and restart forever)."""
+    first, _ = controller([repo], model_control_mode="explicit", load_model=["a"])
+    asyncio.run(first.start())
+    asyncio.run(first.load("b"))
+    c, d = controller([repo], model_control_mode="explicit", load_model=["a"])
+    d.already_running = {"b": first.entries["b"].model}  # type: ignore[attr-defined]
+    d.fail = {"a"}
+    asyncio.run(c.start())  # no raise
+    assert states(c) == {"a": "UNAVAILABLE", "b": "READY"} and ("delete", "b") not in d.calls
+    fresh, d2 = controller([repo], model_control_mode="explicit", load_model=["a"])
+    d2.fail = {"a"}
+    with pytest.raises(Unavailable, match="exit_on_error"):
+        asyncio.run(fresh.start())
+
+
 def test_the_index_reads_the_repository_again_at_each_call(repo: Path) -> None:
     c, d = controller([repo], model_control_mode="explicit", load_model=["a"])
     asyncio.run(c.start())

@@ -51,6 +51,18 @@ def _check_late_bound_asgi_app() -> None:
         assert hasattr(deployment.func_or_class, hooks.BUILD_ASGI_APP)
 
 
+def _check_status_serializes_routers() -> None:
+    """Why ``serve.status()`` takes the build lock: building a router config serializes the router class."""
+    from ray.serve import config
+
+    source = inspect.getsource(config.RequestRouterConfig.__init__)
+    assert "_serialize_request_router_cls" in source
+    assert "register_pickle_by_value" in inspect.getsource(
+        config.RequestRouterConfig._serialize_request_router_cls
+    )
+    assert "_RUN_LOCK" in inspect.getsource(hooks.serve_status)
+
+
 def _check_run_nonblocking() -> None:
     from ray.serve.api import _run
 
@@ -214,6 +226,7 @@ CHECKS = {
     "request_path_env": _check_request_path_env,
     "late_bound_asgi_app": _check_late_bound_asgi_app,
     "run_nonblocking": _check_run_nonblocking,
+    "status_serializes_routers": _check_status_serializes_routers,
     "delete_blocking": _check_delete_blocking,
     "serve_details": _check_serve_details,
     "replica_http_targets": _check_replica_http_targets,

@@ -160,6 +160,14 @@ def test_unloading_a_model_with_a_hung_request_is_prompt(server: Server) -> None
     assert time.monotonic() - started < 10.0  # before: 21 s
 
 
+def _server_log(server: Server) -> str:
+    """The tail of what the server printed and of the server replica's own logs (a failure's evidence)."""
+    tails = [server.log.read_text(errors="replace")[-3000:]]
+    for path in sorted(server.tmp.rglob("*ServeReplica*triton*server*.log"))[-2:]:
+        tails.append(f"--- {path.name}\n" + path.read_text(errors="replace")[-3000:])
+    return "\n".join(tails)
+
+
 def _index(server: Server) -> dict[str, dict[str, str]]:
     status, _, body = http(f"{server.url}/v2/repository/index", {})
     assert status == 200, body
@@ -186,7 +194,7 @@ def test_a_restarted_server_application_keeps_the_models_the_api_loaded(server: 
             pass
         time.sleep(0.5)
     rows = _index(server)
-    assert rows["api_loaded"].get("state") == "READY", rows
+    assert rows["api_loaded"].get("state") == "READY", (rows, _server_log(server))
     assert rows["add_one"].get("state") == "READY", rows
     assert one_request(server.url, "api_loaded", 3.0).correct
     assert http(f"{server.url}/v2/repository/models/api_loaded/unload", {})[0] == 200
@@ -202,6 +210,7 @@ def test_a_model_whose_folder_went_away_and_whose_replica_died_is_not_listed_rea
 ) -> None:
     """Before: the new replica failed to load it and answered 503 for good while the index said READY
     and the server was ready. Now the replica's pushes carry its load error: UNAVAILABLE, not ready."""
+    ready_before = http(f"{server.url}/v2/health/ready")[0]  # (an earlier test may have left a model down)
     assert http(f"{server.url}/v2/repository/models/doomed/load", {})[0] == 200
     assert one_request(server.url, "doomed", 1.0).correct
     folder = server.repo / "doomed"
@@ -221,7 +230,8 @@ def test_a_model_whose_folder_went_away_and_whose_replica_died_is_not_listed_rea
     finally:
         kept.rename(folder)
         http(f"{server.url}/v2/repository/models/doomed/unload", {})
-    assert http(f"{server.url}/v2/health/ready")[0] == 200
+    assert _index(server)["doomed"].get("reason") == "unloaded"
+    assert http(f"{server.url}/v2/health/ready")[0] == ready_before
 
 
 def test_a_killed_haproxy_is_back_soon_and_never_answers_404_for_a_loaded_model(server: Server) -> None:
