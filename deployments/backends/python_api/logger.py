@@ -34,16 +34,25 @@ def log_to_stderr() -> None:
     above, as tritonserver without ``--log-verbose``."""
     if any(getattr(h, "_triton_stderr", False) for h in _log.handlers):
         return
+    _log.addHandler(_stderr_handler(logging.INFO))
+    _log.setLevel(logging.INFO)
+    _log.propagate = False  # not again through Serve's redirected stderr
+    # the server's own warnings and errors in a replica (a model's execute raising, a failed load) too,
+    # as tritonserver logs them: Serve keeps them in its replica files only, never in the server's log
+    server = logging.getLogger("deployments")
+    server.addHandler(_stderr_handler(logging.WARNING))
+
+
+def _stderr_handler(level: int) -> logging.Handler:
     handler = logging.StreamHandler(sys.__stderr__ or sys.stderr)
+    handler.setLevel(level)
     handler.setFormatter(
         logging.Formatter(
             "%(levelname).1s%(asctime)s %(process)d %(filename)s:%(lineno)d] %(message)s", "%m%d %H:%M:%S"
         )
     )
     handler._triton_stderr = True  # type: ignore[attr-defined]
-    _log.addHandler(handler)
-    _log.setLevel(logging.INFO)
-    _log.propagate = False  # not again through Serve's redirected stderr
+    return handler
 
 
 def _emit(level: int, message: Any) -> None:
