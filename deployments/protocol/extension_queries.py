@@ -84,5 +84,6 @@ def register_cuda_shared_memory(name: str) -> None:
     )
 
 
-def unregister_shared_memory(kind: str, name: str = "") -> None:
-    """Unregister one region or all: nothing is registered, so nothing is to do."""
+def unregister_shared_memory(name: str = "") -> None:
+    """Unregister region ``name`` or all (``""``) of either kind: nothing is registered, so nothing is
+    to do, and Triton answers success for a name it does not hold too."""

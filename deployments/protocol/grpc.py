@@ -290,7 +290,7 @@ class GRPCInferenceServicer:
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(self, request: Any) -> Any:
-        extension_queries.unregister_shared_memory("system", request.name)
+        extension_queries.unregister_shared_memory(request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def CudaSharedMemoryStatus(self, request: Any) -> Any:
@@ -302,7 +302,7 @@ class GRPCInferenceServicer:
         return pb.CudaSharedMemoryRegisterResponse()
 
     async def CudaSharedMemoryUnregister(self, request: Any) -> Any:
-        extension_queries.unregister_shared_memory("cuda", request.name)
+        extension_queries.unregister_shared_memory(request.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
     async def TraceSetting(self, request: Any) -> Any:

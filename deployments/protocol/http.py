@@ -375,7 +375,7 @@ class _BaseApp:
         return 200, [], b""
 
     async def _shm_unregister(self, call: _Call) -> Reply:
-        extension_queries.unregister_shared_memory("", call.params.get("r", ""))
+        extension_queries.unregister_shared_memory(call.params.get("r", ""))
         return 200, [], b""
 
     async def _infer(self, call: _Call) -> Reply:

@@ -31,6 +31,16 @@ def spec(name: str, datatype: str, dims: Sequence[int], **kwargs: Any) -> Tensor
     return TensorSpec(name=name, datatype=datatype, dims=tuple(dims), **kwargs)
 
 
+PYTHON_MODELS = Path(__file__).parent / "python_models"
+# add_sub's tensors: two FP32 [4] inputs, their sum and difference
+FP32_IO = (
+    [spec("INPUT0", "FP32", [4]), spec("INPUT1", "FP32", [4])],
+    [spec("OUTPUT0", "FP32", [4]), spec("OUTPUT1", "FP32", [4])],
+)
+# a Python model that takes device tensors as they come (Triton's default copies its inputs to the host)
+DEVICE_INPUTS = {"FORCE_CPU_ONLY_INPUT_TENSORS": "no"}
+
+
 def describe(
     name: str,
     path: Path,

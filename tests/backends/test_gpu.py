@@ -14,17 +14,19 @@ from onnx import TensorProto, helper  # noqa: E402
 from deployments import tensors  # noqa: E402
 from deployments.backends.registry import create_backend  # noqa: E402
 from repository_loader.model import InstanceKind  # noqa: E402
-from tests.backends.helpers import context, describe, request, save_onnx, spec, version_dir  # noqa: E402
+from tests.backends.helpers import (  # noqa: E402
+    DEVICE_INPUTS,
+    FP32_IO,
+    context,
+    describe,
+    request,
+    save_onnx,
+    spec,
+    version_dir,
+)
+from tests.backends.helpers import PYTHON_MODELS as MODELS  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-MODELS = Path(__file__).parent / "python_models"
-DEVICE_INPUTS = {
-    "FORCE_CPU_ONLY_INPUT_TENSORS": "no"
-}  # Triton's default copies Python models' inputs to the host
-FP32_IO = (
-    [spec("INPUT0", "FP32", [4]), spec("INPUT1", "FP32", [4])],
-    [spec("OUTPUT0", "FP32", [4]), spec("OUTPUT1", "FP32", [4])],
-)
 
 
 def _ort_cuda():

@@ -4,7 +4,6 @@ log, as tritonserver prints them in its log (Triton's L0_backend_python async_ex
 
 from __future__ import annotations
 
-import logging
 import subprocess
 import sys
 import textwrap
@@ -29,7 +28,3 @@ def test_server_errors_and_model_lines_go_to_the_real_stderr() -> None:
     assert sum("ValueError: boom" in line for line in lines) == 1, lines
     assert lines[0].startswith("E") and "not at INFO" not in done.stderr
     assert sum("model line" in line for line in lines) == 1
-
-
-def test_nothing_is_added_without_log_to_stderr() -> None:
-    assert not any(getattr(h, "_triton_stderr", False) for h in logging.getLogger("deployments").handlers)
