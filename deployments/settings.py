@@ -119,6 +119,9 @@ def restriction_for(restricted: tuple[RestrictedApi, ...], group: str) -> Restri
 
 
 CACHE_KINDS = ("local",)
+# An idle replica pushes nothing new; it still says it is there every this many push intervals, and the
+# server counts a replica's report as current for three of those (deployments/control/registry.py).
+STATS_HEARTBEAT_PUSHES = 5
 
 
 def cache_size(cache_config: tuple[str, ...], response_cache_byte_size: int | None) -> int | None:
@@ -202,6 +205,11 @@ class ServerSettings:
     http_restricted_api: tuple[RestrictedApi, ...] = ()
     grpc_restricted_api: tuple[RestrictedApi, ...] = ()
     response_cache_bytes: int | None = None  # the local response cache of each replica process (None: off)
+
+    @property
+    def stats_heartbeat_s(self) -> float:
+        """The longest a replica goes without a push (it pushes sooner when its statistics change)."""
+        return STATS_HEARTBEAT_PUSHES * self.stats_push_interval_s
 
     def __post_init__(self) -> None:
         if not self.model_repository:

@@ -73,7 +73,13 @@ class ModelController(ModelLoader):
         for name, reason in failed.items():
             self._fail(name, reason)
         self.deployer.prepare(models)
-        await self._load_many(list(models.values()))
+        # a start model that runs as it would be deployed now is adopted, not deployed again (a
+        # redeploy restarts its replicas: a single replica's model would stop answering meanwhile)
+        adopted = [name for name, model in models.items() if running.get(name) == model]
+        for name in adopted:
+            self.entries[name] = ModelEntry(name, ModelState.READY, "", models[name], requested=True)
+            logger.info("model '%s' was serving before this start and keeps serving", name)
+        await self._load_many([m for name, m in models.items() if name not in adopted])
         self.started = True
         broken = [e for e in self.entries.values() if e.requested and e.state != ModelState.READY]
         if broken and self.restarted:  # a restart of a serving server: what serves keeps serving

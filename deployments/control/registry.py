@@ -108,13 +108,14 @@ class Registry:
     replica_loads: dict[str, dict[str, tuple[str | None, float]]] = field(default_factory=dict)
 
     def replica_loaded(self, name: str, replica: str, error: str | None) -> None:
-        """A replica of ``name`` reports whether its model loaded (each push, every second)."""
+        """A replica of ``name`` reports whether its model loaded (each push: when its statistics change,
+        and at least every ``stats_heartbeat_s``)."""
         self.replica_loads.setdefault(name, {})[replica] = (error, time.monotonic())
 
     def failed_in_replicas(self, name: str) -> str | None:
         """Why ``name`` is not served although it was loaded: every replica that reported lately
         failed to load it (a replica restarted after its files changed or went away)."""
-        recent = time.monotonic() - max(5.0, 5 * self.settings.stats_push_interval_s)
+        recent = time.monotonic() - 3 * self.settings.stats_heartbeat_s
         reports = [r for r in self.replica_loads.get(name, {}).values() if r[1] >= recent]
         if not reports or any(error is None for error, _ in reports):
             return None

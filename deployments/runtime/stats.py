@@ -130,3 +130,20 @@ def merge_snapshots(snapshots: list[list[dict[str, Any]]]) -> list[dict[str, Any
             v = entry["version"]
             by_version[v] = merge_model_stats(by_version[v], entry) if v in by_version else entry
     return [by_version[v] for v in sorted(by_version, key=lambda x: int(x) if x.isdigit() else x)]
+
+
+@dataclass
+class PushGate:
+    """When a replica's periodic report is worth sending: when it differs from the last one sent, or
+    ``heartbeat_s`` after it (the receiver counts a silent replica as gone after a few heartbeats)."""
+
+    heartbeat_s: float
+    _sent: Any = None
+    _sent_at: float | None = None
+
+    def due(self, report: Any, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        return self._sent_at is None or report != self._sent or now - self._sent_at >= self.heartbeat_s
+
+    def sent(self, report: Any, now: float | None = None) -> None:
+        self._sent, self._sent_at = report, time.monotonic() if now is None else now

@@ -19,6 +19,7 @@ from deployments.replica import replica_dataplane
 from deployments.runtime import response_cache
 from deployments.runtime.model import ModelRuntime
 from deployments.runtime.router import Ranks, Router
+from deployments.runtime.stats import PushGate
 from deployments.serve import grpc_ingress, hooks, ingress, ray_metrics, reloads
 from deployments.serve.devices import pin_replica_gpu
 from deployments.serve.names import hosted_key, model_app_name, model_route
@@ -243,17 +244,23 @@ class ModelDeployment:
             raise RuntimeError(hung)
 
     async def _push_stats(self) -> None:
-        """Every second: this replica's statistics and metrics (when the model has several replicas), and those of
-        the models an ensemble hosts in this replica, which count toward those models' own."""
+        """This replica's statistics and metrics, and those of the models an ensemble hosts in this
+        replica (they count toward those models' own): checked every ``stats_push_interval_s``, pushed
+        when they changed or ``stats_heartbeat_s`` after the last push. An idle replica costs the
+        server one call per heartbeat, not one a second."""
+        gate = PushGate(self.settings.stats_heartbeat_s)
         while True:
             await asyncio.sleep(self.settings.stats_push_interval_s)
+            current = (self.metrics_snapshot(), self.runtime.hosted_statistics())
+            if not gate.due(current):
+                continue
             try:
-                # statistics and metrics in one push (single replicas too: see __init__)
-                await self.server.report_metrics(self.model.name, self.replica_id, self.metrics_snapshot())
-                for name, snapshot in self.runtime.hosted_statistics().items():
+                await self.server.report_metrics(self.model.name, self.replica_id, current[0])
+                for name, snapshot in current[1].items():
                     await self.server.report_stats(
                         name, hosted_key(self.replica_id, self.model.name), snapshot
                     )
+                gate.sent(current)
             except Exception as exc:  # the server may be restarting; try again next round
                 logger.debug("stats push failed: %s", exc)
 

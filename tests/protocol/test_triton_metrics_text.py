@@ -168,3 +168,17 @@ async def test_compute_time_is_split_into_input_infer_and_output() -> None:
     assert 38 <= ms["compute_infer"] < 60, ms
     assert 9 <= ms["compute_output"] < 25, ms
     assert runtime.pending == 0
+
+
+def test_a_replica_pushes_a_report_when_it_changed_and_otherwise_once_a_heartbeat() -> None:
+    from deployments.runtime.stats import PushGate
+
+    gate = PushGate(heartbeat_s=5.0)
+    report = {"stats": [{"version": "1", "inference_count": 0}]}
+    assert gate.due(report, now=0.0)  # nothing sent yet
+    gate.sent(report, now=0.0)
+    assert not gate.due({"stats": [{"version": "1", "inference_count": 0}]}, now=1.0)  # an equal copy
+    assert gate.due({"stats": [{"version": "1", "inference_count": 1}]}, now=1.0)  # a request counted
+    assert not gate.due(report, now=4.9) and gate.due(report, now=5.0)  # idle: the heartbeat
+    gate.sent(report, now=5.0)
+    assert not gate.due(report, now=9.9)

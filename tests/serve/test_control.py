@@ -188,6 +188,20 @@ def test_a_restarted_controller_keeps_the_models_still_running_and_can_unload_th
     assert d.calls[-1] == ("delete", "b") and states(c)["b"] == "UNAVAILABLE"
 
 
+def test_a_restarted_controller_adopts_a_start_model_running_as_it_is_described_now(repo: Path) -> None:
+    """A start model redeployed on a restart of the server application would have its replicas
+    restarted; one running as the repository describes it now keeps them. A changed one is deployed."""
+    first, _ = controller([repo], model_control_mode="explicit", load_model=["a", "b"])
+    asyncio.run(first.start())
+    c, d = controller([repo], model_control_mode="explicit", load_model=["a", "b"])
+    running = {"a": first.entries["a"].model, "b": first.entries["b"].model}
+    d.already_running = running  # type: ignore[attr-defined]
+    add_model(repo, "b", versions=(1, 2))  # b changed while the server application was down
+    asyncio.run(c.start())
+    assert states(c) == {"a": "READY", "b": "READY"} and c.ready() and c.restarted
+    assert d.calls == [("deploy", "b")]  # a keeps its running replicas
+
+
 def test_a_restart_with_a_failing_start_model_keeps_what_runs(repo: Path) -> None:
     """exit_on_error fails a fresh start; a restart that finds models running logs the failure instead of
     failing (the server application would otherwise tear every model down and restart forever)."""
