@@ -9,7 +9,9 @@ answers exactly the service of ``proto/grpc_service.proto``.
 Errors are the gRPC status of the :class:`~repository_loader.errors.ServerError`
 raised (``ServerError.grpc_status``, the one table); anything else is INTERNAL.
 On ``ModelStreamInfer`` an error ends only the request it belongs to: it comes
-back as the ``error_message`` of one stream response and the stream stays open.
+back as the ``error_message`` of one stream response and the stream stays open;
+a stream started with the header ``triton_grpc_error: true`` (Triton's "gRPC
+status codes" mode) instead ends at its first error, with that error's status.
 
 Usage, in the process and event loop that will serve::
 
@@ -193,14 +195,18 @@ class GRPCInferenceServicer:
         return grpc_codec.encode_infer_response(response, infer_request.requested_outputs, schema)
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-        """Answer each request of the stream as it completes; a decoupled model may answer 0..N times."""
+        """Answer each request of the stream as it completes; a decoupled model may answer 0..N times.
+        In ``triton_grpc_error`` mode the first error ends the stream with its status (:class:`StreamEnded`)."""
         queue: asyncio.Queue[Any] = asyncio.Queue()
-        reader = asyncio.create_task(self._read_stream(requests, queue))
+        ends_on_error = _grpc_error_mode(context)
+        reader = asyncio.create_task(self._read_stream(requests, queue, ends_on_error))
         try:
             while True:
                 item = await queue.get()
                 if item is None:
                     break
+                if isinstance(item, StreamEnded):
+                    raise item
                 yield item
         finally:
             reader.cancel()
@@ -209,12 +215,14 @@ class GRPCInferenceServicer:
         if reader.done() and not reader.cancelled() and reader.exception() is not None:
             raise reader.exception()  # type: ignore[misc]
 
-    async def _read_stream(self, requests: AsyncIterator[Any], queue: asyncio.Queue[Any]) -> None:
+    async def _read_stream(
+        self, requests: AsyncIterator[Any], queue: asyncio.Queue[Any], ends_on_error: bool = False
+    ) -> None:
         """Start one task per request read; when the client half-closes, wait for them, then end."""
         tasks: set[asyncio.Task[None]] = set()
         try:
             async for message in requests:
-                task = asyncio.create_task(self._stream_one(message, queue.put_nowait))
+                task = asyncio.create_task(self._stream_one(message, queue.put_nowait, ends_on_error))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             if tasks:
@@ -224,7 +232,9 @@ class GRPCInferenceServicer:
                 task.cancel()  # the client went away: the model's work is cancelled too
             queue.put_nowait(None)
 
-    async def _stream_one(self, message: Any, put: Callable[[Any], None]) -> None:
+    async def _stream_one(
+        self, message: Any, put: Callable[[Any], None], ends_on_error: bool = False
+    ) -> None:
         try:
             description, schema = await self.calls.schema(message.model_name, message.model_version)
             request = grpc_codec.decode_infer_request(message)
@@ -244,10 +254,17 @@ class GRPCInferenceServicer:
                     encoded = grpc_codec.encode_infer_response(response, outputs, schema)
                     put(pb.ModelStreamInferResponse(infer_response=encoded))
         except ServerError as e:
-            put(_stream_error(message, e.message))
+            put(
+                StreamEnded(grpc.StatusCode[e.grpc_status], e.message)
+                if ends_on_error
+                else _stream_error(message, e.message)
+            )
         except Exception as e:
             logger.exception("internal error answering a stream request for model '%s'", message.model_name)
-            put(_stream_error(message, f"internal error: {type(e).__name__}: {e}"))
+            text = f"internal error: {type(e).__name__}: {e}"
+            put(
+                StreamEnded(grpc.StatusCode.INTERNAL, text) if ends_on_error else _stream_error(message, text)
+            )
 
     # --- configuration, statistics, repository ------------------------------------
 
@@ -415,6 +432,8 @@ def _guarded_stream(
                 yield item
         except TooLarge as e:
             await context.abort(grpc.StatusCode[e.grpc_status], e.message)
+        except StreamEnded as e:
+            await context.abort(e.code, e.message)
 
     return handle
 
@@ -461,6 +480,25 @@ def _guarded(method: RpcMethod, options: GrpcOptions | None = None) -> Callable[
 
     handle.__name__ = method.name
     return handle
+
+
+GRPC_ERROR_HEADER = "triton_grpc_error"
+
+
+class StreamEnded(Exception):
+    """The status a ``triton_grpc_error`` stream ends with: its first request's error."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def _grpc_error_mode(context: Any) -> bool:
+    """Whether the stream was started with ``triton_grpc_error: true`` (Triton reads it at the start)."""
+    if context is None:
+        return False
+    metadata = dict(context.invocation_metadata() or ())
+    return str(metadata.get(GRPC_ERROR_HEADER, "")).lower() == "true"
 
 
 def _stream_error(message: Any, text: str) -> Any:

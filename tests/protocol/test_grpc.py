@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -539,6 +541,41 @@ def test_stream_non_decoupled_and_errors_keep_the_stream_open(client):
     assert len(errors) == 1 and "unknown model" in errors[0].message()
     np.testing.assert_array_equal(results["first"].as_numpy("OUTPUT0"), 2 * a + 1)  # version 2 adds 1
     np.testing.assert_array_equal(results["third"].as_numpy("OUTPUT1"), -a)
+
+
+def test_a_stream_started_with_triton_grpc_error_ends_at_its_first_error_with_its_status(client):
+    """Triton's gRPC status-code mode: the header at the stream's start turns the first error into the
+    stream's status (NOT_FOUND for an unknown model); nothing after it is answered."""
+    answers: list[tuple[Any, Any]] = []
+    ended = threading.Event()
+
+    def callback(result: Any, error: Any) -> None:
+        answers.append((result, error))
+        if error is not None:
+            ended.set()
+
+    client.start_stream(callback, headers={"triton_grpc_error": "true"})
+    a = np.ones((1, 16), np.float32)
+    client.async_stream_infer("add_sub", add_sub_inputs(a, a), request_id="first")
+    assert _wait_for(lambda: len(answers) == 1)
+    client.async_stream_infer("nope", add_sub_inputs(a, a), request_id="lost")
+    assert ended.wait(10)
+    with contextlib.suppress(Exception):  # the stream is over: a later request is not answered
+        client.async_stream_infer("add_sub", add_sub_inputs(a, a), request_id="after")
+    time.sleep(0.5)
+    client.stop_stream()
+    (result, _), (_, error) = answers[0], answers[-1]
+    assert result.get_response().id == "first" and len(answers) == 2
+    assert status_of(error) == "StatusCode.NOT_FOUND" and "unknown model" in error.message()
+
+
+def _wait_for(check: Any, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.02)
+    return False
 
 
 def test_stream_decoupled_sync_client(client):

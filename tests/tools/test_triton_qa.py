@@ -185,3 +185,24 @@ def test_unittest_junit_records_each_case(tmp_path: Path, monkeypatch: pytest.Mo
         "sample_test.T.test_bad": "failed",
         "sample_test.T.test_sub": "failed",
     }
+
+
+def test_the_tests_find_the_stand_in_for_tritons_compiled_shm_monitor(tmp_path: Path) -> None:
+    """Triton's ``shm_util.ShmLeakDetector`` imports ``triton_shm_monitor`` (built by its qa image): the
+    test environment names the stand-in, whose regions never change size (no leak reported)."""
+    import subprocess
+    from types import SimpleNamespace
+
+    from tools.triton_qa.runner import HARNESS, test_env
+
+    ws, run = SimpleNamespace(qa=tmp_path / "qa"), SimpleNamespace(env={"BACKENDS": "python"})
+    env = test_env(ws, run, tmp_path / "server.log")  # type: ignore[arg-type]
+    assert str(HARNESS) in env["PYTHONPATH"].split(":") and env["BACKENDS"] == "python"
+    probe = (
+        "import triton_shm_monitor as m\n"
+        "r = m.SharedMemoryManager('triton_python_backend_shm_region_1')\n"
+        "assert r.free_memory() == r.free_memory()\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert out.stdout.strip() == "ok", out.stderr

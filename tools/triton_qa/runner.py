@@ -27,6 +27,7 @@ from tools.triton_qa.models import build_repository
 from tools.triton_qa.suites import Run, Suite
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+HARNESS = Path(__file__).resolve().parent / "harness"  # stand-ins for modules the qa build compiles
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 REFERENCE, THIS = "tritonserver", "this server"
 # both servers: a model one of them cannot load fails its tests, not the whole run
@@ -241,9 +242,10 @@ def pytest_command(test_file: str, tests: Sequence[str], junit: Path, per_test_t
 
 
 def test_env(ws: Workspace, run: Run, server_log: Path) -> dict[str, str]:
-    """The test process's environment: ``qa/common`` on ``PYTHONPATH``, the run's variables, the log."""
+    """The test process's environment: ``qa/common`` and the harness stand-ins (``harness/``) on
+    ``PYTHONPATH``, the run's variables, the log."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    pythonpath = [str(ws.qa / "common"), str(PROJECT_ROOT), env.get("PYTHONPATH", "")]
+    pythonpath = [str(ws.qa / "common"), str(HARNESS), str(PROJECT_ROOT), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in pythonpath if p)
     env.update(run.env)
     env["SERVER_LOG"] = str(server_log)
