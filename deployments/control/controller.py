@@ -22,7 +22,7 @@ from typing import Any
 from deployments.control.listing import list_repositories, local_model_folder
 from deployments.control.loading import ModelLoader
 from deployments.control.overlay import parse_overrides
-from deployments.control.registry import ModelEntry, check_model_name
+from deployments.control.registry import UNLOADED, ModelEntry, check_model_name, reason_of
 from repository_loader.ensemble_rules import composing_models
 from repository_loader.errors import InvalidArgument, NotFound, ServerError, Unavailable
 from repository_loader.model import ModelDescription, ModelState
@@ -60,13 +60,20 @@ class ModelController(ModelLoader):
                 self._fail(name, f"model '{name}' appears in more than one model repository")
             elif name not in self.listing.where:
                 self._fail(name, f"failed to load '{name}', failed to poll from model repository")
-        names = [n for n in wanted if n in self.listing.where]
+        # a restarted server application does not load again what the repository API unloaded
+        gone = await self._recorded_unloads()
+        for name in [n for n in wanted if n in gone]:
+            self.entries[name] = ModelEntry(name, ModelState.UNAVAILABLE, UNLOADED)
+        names = [n for n in wanted if n in self.listing.where and n not in gone]
         # a restarted server application finds the models loaded before it still running: they stay
         # loaded and listed (the repository API loaded them, perhaps with an override)
         running = await self.deployer.running()
-        self.restarted = bool(running)
+        self.restarted = bool(running) or bool(gone)
         for name, model in running.items():
-            if name not in names:
+            if name in gone:  # its unload was under way when the server application stopped
+                self.entries[name] = ModelEntry(name, ModelState.UNAVAILABLE, UNLOADED)
+                await self._finish_unload(name)
+            elif name not in names:
                 self.entries[name] = ModelEntry(name, ModelState.READY, "", model, requested=True)
                 logger.info("model '%s' was loaded before this start and keeps serving", name)
         models, failed = await asyncio.to_thread(self._read_all, names)
@@ -92,6 +99,19 @@ class ModelController(ModelLoader):
             )
         if mode == "poll":
             self._poller = asyncio.get_running_loop().create_task(self._poll_forever())
+
+    async def _recorded_unloads(self) -> set[str]:
+        try:
+            return await self.deployer.unloaded()
+        except Exception as exc:  # the record is unreachable: start as configured
+            logger.warning("models unloaded before this start are not known: %s", reason_of(exc))
+            return set()
+
+    async def _finish_unload(self, name: str) -> None:
+        try:
+            await self.deployer.delete(name)
+        except Exception as exc:
+            logger.error("model '%s' did not unload cleanly: %s", name, reason_of(exc))
 
     async def stop(self) -> None:
         if self._poller is not None:
@@ -168,6 +188,7 @@ class ModelController(ModelLoader):
         config, files = parse_overrides(parameters or {}, self.settings.allow_model_file_upload)
         async with self._lock:
             try:
+                await self._record_unloaded(name, False)
                 await self._load_named(name, config, files)
             finally:
                 self._release_overlays()

@@ -159,3 +159,11 @@ class ModelLoader(Registry):
             except Exception as exc:
                 logger.error("model '%s' did not unload cleanly: %s", name, reason_of(exc))
         entry.state, entry.reason, entry.requested = ModelState.UNAVAILABLE, UNLOADED, False
+        await self._record_unloaded(name, True)
+
+    async def _record_unloaded(self, name: str, unloaded: bool) -> None:
+        """Keep what a restart of the server application must know; model control goes on without it."""
+        try:
+            await self.deployer.record_unloaded(name, unloaded)
+        except Exception as exc:
+            logger.warning("model '%s': the record of its unload was not kept: %s", name, reason_of(exc))

@@ -55,6 +55,13 @@ class Deployer(Protocol):
         """Deployed models that have no running replica now (a lost node, replicas not yet placed
         again), each with the reason; they are UNAVAILABLE in the index until a replica runs."""
 
+    async def unloaded(self) -> set[str]:
+        """Models unloaded through the repository API (and not loaded since) by this server, as kept
+        where a restart of the server application finds them: the restart does not load them again."""
+
+    async def record_unloaded(self, name: str, unloaded: bool) -> None:
+        """Keep (``unloaded``) or drop ``name`` from :meth:`unloaded`."""
+
 
 def check_model_name(name: str) -> None:
     """Refuse a name no repository folder can have, before any work is done for it."""

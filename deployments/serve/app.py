@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
 import time
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -60,9 +62,12 @@ class RayDeployer:
     """Applies the deployment plan's entries to the running Serve instance, one model at a time: one
     Serve application per instance group of the model."""
 
-    def __init__(self, settings: ServerSettings, resources: ClusterResources) -> None:
+    def __init__(self, settings: ServerSettings, resources: ClusterResources, instance: str = "") -> None:
         self.settings = settings
         self.resources = resources
+        # this server's record in the cluster's key-value store (none without an instance: kept here)
+        self._unloads_key = f"{instance}/unloaded" if instance else ""
+        self._unloads: set[str] = set()
         self.plan: DeploymentPlan | None = None
         self.models: dict[str, ModelDescription] = {}
         self.deployed: dict[str, tuple[DeploymentEntry, ...]] = {}  # model -> its entries, group order
@@ -217,6 +222,20 @@ class RayDeployer:
                 self.deployed[model.name] = ()
         return found
 
+    async def unloaded(self) -> set[str]:
+        if self._unloads_key:
+            value = await asyncio.to_thread(hooks.kv_get, self._unloads_key)
+            self._unloads = set(json.loads(value)) if value else set()
+        return set(self._unloads)
+
+    async def record_unloaded(self, name: str, unloaded: bool) -> None:
+        changed = (self._unloads | {name}) if unloaded else (self._unloads - {name})
+        if changed == self._unloads:
+            return
+        if self._unloads_key:
+            await asyncio.to_thread(hooks.kv_put, self._unloads_key, json.dumps(sorted(changed)).encode())
+        self._unloads = changed
+
     async def unserved(self) -> dict[str, str]:
         """Deployed models none of whose applications has a running replica now, with Serve's reason
         (a lost node: replicas waiting to be placed again, or for resources no live node has)."""
@@ -290,7 +309,9 @@ def _same_shape(a: tuple[DeploymentEntry, ...], b: tuple[DeploymentEntry, ...]) 
 )
 @serve.ingress()
 class ServerDeployment:
-    async def __init__(self, settings: ServerSettings) -> None:  # type: ignore[misc]  # Serve awaits it
+    async def __init__(self, settings: ServerSettings, instance: str = "") -> None:  # type: ignore[misc]  # Serve awaits it
+        """``instance`` names this server (one per ``serve run`` / ``serve deploy``, kept by Serve across
+        restarts of this replica): what the server keeps in the cluster is under that name."""
         import ray
 
         from deployments.serve.response_writes import coalesce_response_writes
@@ -300,7 +321,7 @@ class ServerDeployment:
         resources = ClusterResources(
             num_cpus=float(cluster.get("CPU", 1)), num_gpus=int(cluster.get("GPU", 0))
         )
-        self.deployer = RayDeployer(settings, resources)
+        self.deployer = RayDeployer(settings, resources, instance)
         self._stats: Snapshots = {}
         self._sequence_members: dict[str, dict[int, Member]] = {}
         # the server reads its deployer for a model's instance groups on every call (no Ray call)
@@ -525,8 +546,9 @@ def build_app(args: dict[str, Any]) -> Any:
 
 
 def bind_server(settings: ServerSettings) -> Any:
-    """The server application for ``settings``."""
-    return ServerDeployment.bind(settings)  # type: ignore[attr-defined]
+    """The server application for ``settings``, named afresh: a server deployed again starts clean,
+    while a restart of its replica (the same arguments) finds what this one kept."""
+    return ServerDeployment.bind(settings, instance=uuid.uuid4().hex)  # type: ignore[attr-defined]
 
 
 __all__ = ["MODEL_DEPLOYMENT", "SERVER_APP", "RayDeployer", "ServerDeployment", "bind_server", "build_app"]

@@ -53,6 +53,9 @@ versions without starting Ray, so an upgrade that moves one fails there, by name
   message with :data:`UNSCHEDULED_MARK` and the resources asked for and free
   (``deployment_state.py``, ``_check_and_update_transitioning_replicas``); the deployer fails a
   load that stays so past ``placement_timeout_s``.
+* ``cluster_kv``: Ray's key-value store in the GCS (``ray.experimental.internal_kv``:
+  ``_internal_kv_get`` / ``_internal_kv_put`` with a namespace), which outlives any worker: the
+  server application keeps there what its restart must know (models unloaded through the API).
 * ``haproxy_grpc_frontend``: Serve's HAProxy template writes ``frontend grpc_frontend`` and one
   backend ``grpc-<application>`` per application (``haproxy.py``, ``haproxy_templates.py``), which
   ``deployments.serve.haproxy_shim`` routes by model name.
@@ -93,7 +96,10 @@ HOOKS = (
     "haproxy_grpc_frontend",
     "grpc_max_message_env",
     "unscheduled_replicas",
+    "cluster_kv",
 )
+
+KV_NAMESPACE = "triton_serve"
 
 GRPC_FRONTEND = "grpc_frontend"
 GRPC_BACKEND_PREFIX = "grpc-"
@@ -150,6 +156,21 @@ def serve_status() -> Any:
 
     with _RUN_LOCK:
         return serve.status()
+
+
+def kv_get(key: str) -> bytes | None:
+    """``key``'s value in the cluster's key-value store (None: not there)."""
+    from ray.experimental import internal_kv
+
+    value = internal_kv._internal_kv_get(key, namespace=KV_NAMESPACE)
+    return None if value is None else bytes(value)
+
+
+def kv_put(key: str, value: bytes) -> None:
+    """Set ``key`` in the cluster's key-value store (it outlives this process)."""
+    from ray.experimental import internal_kv
+
+    internal_kv._internal_kv_put(key, value, overwrite=True, namespace=KV_NAMESPACE)
 
 
 def delete_application(name: str) -> None:

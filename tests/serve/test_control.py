@@ -72,6 +72,7 @@ class RecordingDeployer:
         self.fail: set[str] = set()
         self.lost: dict[str, str] = {}  # model -> why it has no running replica
         self.gpu_models: set[str] = set()  # models placed on GPUs
+        self.kept_unloads: set[str] = set()  # the record a restart finds (the cluster's key-value store)
 
     def prepare(self, models: dict[str, ModelDescription]) -> None:
         pass
@@ -100,6 +101,15 @@ class RecordingDeployer:
 
     async def unserved(self) -> dict[str, str]:
         return dict(self.lost)
+
+    async def unloaded(self) -> set[str]:
+        return set(self.kept_unloads)
+
+    async def record_unloaded(self, name: str, unloaded: bool) -> None:
+        if unloaded:
+            self.kept_unloads.add(name)
+        else:
+            self.kept_unloads.discard(name)
 
 
 def controller(repos: list[Path], **args: Any) -> tuple[ModelController, RecordingDeployer]:

@@ -215,7 +215,17 @@ def _check_unscheduled_replicas() -> None:
     assert hooks.unscheduled_message(SimpleNamespace(deployments={})) is None
 
 
+def _check_cluster_kv() -> None:
+    from ray.experimental import internal_kv
+
+    for name in ("_internal_kv_get", "_internal_kv_put"):
+        params = inspect.signature(getattr(internal_kv, name)).parameters
+        assert "namespace" in params, f"{name} no longer takes a namespace"
+    assert "overwrite" in inspect.signature(internal_kv._internal_kv_put).parameters
+
+
 CHECKS = {
+    "cluster_kv": _check_cluster_kv,
     "unscheduled_replicas": _check_unscheduled_replicas,
     "grpc_max_message_env": _check_grpc_max_message_env,
     "grpc_passthrough": _check_grpc_passthrough,

@@ -176,26 +176,32 @@ def _index(server: Server) -> dict[str, dict[str, str]]:
 
 def test_a_restarted_server_application_keeps_the_models_the_api_loaded(server: Server) -> None:
     """The server application's replica killed: Serve starts a new one, which finds ``api_loaded`` (loaded
-    through the repository API, not at start) still running and lists it READY; unload then stops it."""
+    through the repository API, not at start) still running and lists it READY, keeps a start model the
+    API unloaded (``hangs``, by the test before) unloaded, and is ready again; unload then stops it."""
     assert http(f"{server.url}/v2/repository/models/api_loaded/load", {})[0] == 200
     assert one_request(server.url, "api_loaded", 2.0).correct
+    before = {name: (row.get("state"), row.get("reason")) for name, row in _index(server).items()}
     (server_pid,) = [
         p for p in processes.alive(server.track()) if "ServeReplica:triton:" in processes.command(p)
     ]
     os.kill(server_pid, signal.SIGKILL)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+    killed_at = time.monotonic()
+    last: object = None
+    while time.monotonic() < killed_at + 120:
         try:
-            if http(f"{server.url}/v2/health/ready", timeout=2)[
-                0
-            ] == 200 and server_pid not in processes.alive(server.track()):
+            last = http(f"{server.url}/v2/health/ready", timeout=2)[0]
+            if last == 200 and server_pid not in processes.alive(server.track()):
                 break
-        except OSError:
-            pass
+        except OSError as exc:
+            last = exc
         time.sleep(0.5)
+    print(f"ready again {time.monotonic() - killed_at:.1f}s after the kill")
     rows = _index(server)
+    assert last == 200, (rows, _server_log(server))
     assert rows["api_loaded"].get("state") == "READY", (rows, _server_log(server))
     assert rows["add_one"].get("state") == "READY", rows
+    after = {name: (row.get("state"), row.get("reason")) for name, row in rows.items()}
+    assert after == before, rows  # unloaded models (``hangs``) too
     assert one_request(server.url, "api_loaded", 3.0).correct
     assert http(f"{server.url}/v2/repository/models/api_loaded/unload", {})[0] == 200
     deadline = time.monotonic() + 60

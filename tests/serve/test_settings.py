@@ -96,6 +96,12 @@ class _Deployer:
     async def unserved(self) -> dict[str, str]:
         return {}
 
+    async def unloaded(self) -> set[str]:
+        return set()
+
+    async def record_unloaded(self, name: str, unloaded: bool) -> None:
+        pass
+
 
 def _model(name: str) -> ModelDescription:
     spec = TensorSpec("x", "FP32", (4,))
