@@ -120,6 +120,8 @@ def test_pytest_command_selects_unittest_classes_and_methods(tmp_path: Path) -> 
     cmd = pytest_command("batcher_test.py", ["BatcherTest.test_a", "Other"], tmp_path / "j.xml", 60)
     assert cmd[-2:] == ["batcher_test.py::BatcherTest::test_a", "batcher_test.py::Other"]
     assert f"--junitxml={tmp_path / 'j.xml'}" in cmd
+    left_out = pytest_command("d.py", [], tmp_path / "j.xml", 60, not_here=["DecoupledTest.test_gpu"])
+    assert "--deselect=d.py::DecoupledTest::test_gpu" in left_out and left_out[-1] == "d.py"
 
 
 def test_junit_outcomes_carry_status_and_first_message_line() -> None:

@@ -74,6 +74,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     records: list[RunRecord] = []
     cannot_run = [{"suite": s.name, "what": what, "why": why} for s in suites for what, why in s.cannot_run]
+    cannot_run += [
+        {"suite": s.name, "what": f"{run.test_file}: {test}", "why": why}
+        for s in suites
+        for run in s.runs
+        for test, why in run.not_here
+    ]
     meta: dict[str, Any] = {
         "command": "python -m tools.triton_qa " + shlex.join(sys.argv[1:] if argv is None else list(argv)),
         "commit": git_commit(),

@@ -202,7 +202,9 @@ def unittest_command(test_file: str, tests: Sequence[str], junit: Path) -> list[
 def test_command(run: Run, tests: Sequence[str], junit: Path) -> list[str]:
     """The command that runs ``tests`` (all when empty) of ``run`` the way its ``test.sh`` does."""
     if run.runner == "pytest":
-        return pytest_command(run.test_file, tests, junit, per_test_timeout=300)
+        return pytest_command(
+            run.test_file, tests, junit, per_test_timeout=300, not_here=[t for t, _ in run.not_here]
+        )
     return unittest_command(run.test_file, tests, junit)
 
 
@@ -222,9 +224,17 @@ def models_not_ready(save_to: Path) -> list[str]:
     ]
 
 
-def pytest_command(test_file: str, tests: Sequence[str], junit: Path, per_test_timeout: float) -> list[str]:
-    """``pytest`` on ``test_file`` (only ``tests``: ``Class`` or ``Class.method``) writing ``junit``."""
+def pytest_command(
+    test_file: str,
+    tests: Sequence[str],
+    junit: Path,
+    per_test_timeout: float,
+    not_here: Sequence[str] = (),
+) -> list[str]:
+    """``pytest`` on ``test_file`` (only ``tests``: ``Class`` or ``Class.method``; never ``not_here``)
+    writing ``junit``."""
     targets = [f"{test_file}::{t.replace('.', '::')}" for t in tests] or [test_file]
+    deselect = [f"--deselect={test_file}::{t.replace('.', '::')}" for t in not_here]
     return [
         sys.executable,
         "-m",
@@ -237,6 +247,7 @@ def pytest_command(test_file: str, tests: Sequence[str], junit: Path, per_test_t
         "-o",
         "junit_family=xunit1",
         f"--timeout={int(per_test_timeout)}",
+        *deselect,
         *targets,
     ]
 

@@ -58,6 +58,8 @@ class Run:
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     tests: tuple[str, ...] = ()
     server_per_test: bool = False  # a fresh server for each test (test.sh does so)
+    # tests left out on both servers, each ``(Class.method, why)``: they need what this machine lacks
+    not_here: tuple[tuple[str, str], ...] = ()
     runner: str = "unittest"  # how test.sh runs the file: "unittest" (python file.py) or "pytest"
     timeout_s: float = 900.0
 
@@ -269,6 +271,13 @@ L0_BACKEND_PYTHON = Suite(
             _DECOUPLED_MODELS,
             ("--log-verbose=1",),
             runner="pytest",
+            not_here=(
+                (
+                    "DecoupledTest.test_decoupled_bls",
+                    "the model's response thread runs its BLS checks on a CUDA device; without one no "
+                    "response comes and the test waits out its timeout on either server",
+                ),
+            ),
         ),
         Run(
             "lifecycle",
@@ -294,7 +303,11 @@ L0_BACKEND_PYTHON = Suite(
             "lifecycle init_error / fini_error / auto_complete_error",
             "test.sh checks the server's log and exit",
         ),
-        ("decoupled_test.py, lifecycle_test.py", "import triton_shm_monitor, a C++ extension of Triton's CI"),
+        (
+            "the shared-memory leak probe of decoupled_test.py, lifecycle_test.py",
+            "triton_shm_monitor is a C++ extension of Triton's CI; a stand-in (tools/triton_qa/harness) "
+            "lets the tests run and reports no leak on either server",
+        ),
         (
             "lifecycle shared-memory page count",
             "test.sh compares /dev/shm before and after; not a Python test",
