@@ -7,9 +7,10 @@ The serving layer calls ``load`` then ``await start()``, and ``await stop()`` th
 from __future__ import annotations
 
 import abc
+import asyncio
 import contextvars
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -121,6 +122,15 @@ class Backend(abc.ABC):
         """Decoupled models: every response of one request, the last with ``final``."""
         for response in await self.execute([request]):
             yield response
+
+    def stream_batch(
+        self, requests: Sequence[InferRequest]
+    ) -> tuple[list[AsyncIterator[InferResponse]], Awaitable[None]]:
+        """Decoupled models under the dynamic batcher: one execution for the batch. Returns each
+        request's responses (as :meth:`stream`) and the execution to await, which ends when the
+        model's ``execute`` returns (responses may go on after it). By default each request streams
+        on its own when read."""
+        return [self.stream(r) for r in requests], asyncio.sleep(0)
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """After ``load``, on the serving event loop: load what needs the loop (an ensemble's hosted models)."""

@@ -31,7 +31,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
@@ -334,6 +334,37 @@ class PythonBackend(Backend):
             if not finished:
                 channel.cancelled = True
             await task
+
+    def stream_batch(
+        self, requests: Sequence[InferRequest]
+    ) -> tuple[list[AsyncIterator[InferResponse]], Awaitable[None]]:
+        """One ``execute`` for a batch of decoupled requests, each with its own response sender (Triton's
+        dynamic batcher batches decoupled requests too): each request's responses as the model sends
+        them, and the call to await (it ends when ``execute`` returns)."""
+        if not self.model.decoupled:
+            return super().stream_batch(requests)
+        loop = asyncio.get_running_loop()
+        channels = [ResponseChannel(loop) for _ in requests]
+        pb_requests = [
+            InferenceRequest.from_server(r, self._output_names, c, self._host_inputs)
+            for r, c in zip(requests, channels, strict=True)
+        ]
+        return (
+            [self._responses(r, c) for r, c in zip(requests, channels, strict=True)],
+            self._run(pb_requests, channels),
+        )
+
+    async def _responses(
+        self, request: InferRequest, channel: ResponseChannel
+    ) -> AsyncIterator[InferResponse]:
+        finished = False
+        try:
+            async for item in channel.items():
+                finished = item[1]
+                yield self._from_item(request, item)
+        finally:
+            if not finished:  # the consumer stopped early (a cancelled client)
+                channel.cancelled = True
 
     async def _run(self, pb_requests: list[InferenceRequest], channels: list[ResponseChannel]) -> None:
         """Call ``execute`` for the batch, then again for the requests it rescheduled, as Triton does.

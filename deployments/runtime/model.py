@@ -15,10 +15,11 @@ in ``error``, as everything behind it does (see :mod:`deployments.inference`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from deployments import custom_metrics
 from deployments.backends.base import (
@@ -36,6 +37,9 @@ from deployments.runtime.stats import ModelStats
 from deployments.runtime.warmup import warmup_requests
 from repository_loader.errors import ExecutionTimeout, InvalidArgument, NotFound, ServerError, Unavailable
 from repository_loader.model import InstanceKind, ModelDescription
+
+if TYPE_CHECKING:
+    from deployments.runtime.batching import Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +74,14 @@ class VersionRuntime:
         self._metrics = metrics
         self._tags = tags_for(model.name, version)
         self.scheduler = make_scheduler(model, self._execute, max_concurrent_batches=max_concurrent)
+        # a decoupled model's streamed requests go through the dynamic batcher too, as in Triton: one
+        # ``execute`` for the batch, each request answered through its own response sender
+        self._stream_batcher: Scheduler | None = None
+        self._stream_starts: dict[int, asyncio.Future[AsyncIterator[InferResponse]]] = {}
+        if model.decoupled and model.dynamic_batching is not None and model.sequence_batching is None:
+            self._stream_batcher = make_scheduler(
+                model, self._execute_streams, max_concurrent_batches=max_concurrent
+            )
         self.ready = False
         self.schema = ModelSchema.from_description(model)
         self._waiting: set[int] = set()  # requests accepted and not yet handed to the backend
@@ -107,6 +119,60 @@ class VersionRuntime:
         self.stats.record_batch(rows, len(requests), queue, input_ns, infer_ns, output_ns)
         self._metrics.batch(self._tags, rows, sum(queue), input_ns, infer_ns, output_ns, len(requests))
         return responses
+
+    async def _execute_streams(self, requests: Sequence[InferRequest]) -> list[InferResponse]:
+        """The dynamic batcher's execution of streamed decoupled requests: hands each waiting request its
+        response stream, then holds the instance until the model's ``execute`` returns."""
+        start = time.monotonic_ns()
+        queue = [start - (r.arrival_ns or start) for r in requests]
+        streams, execution = self.backend.stream_batch(requests)
+        for request, stream in zip(requests, streams, strict=True):
+            self._waiting.discard(id(request))
+            started = self._stream_starts.pop(id(request), None)
+            if started is not None and not started.done():
+                started.set_result(stream)
+        await execution
+        infer_ns = time.monotonic_ns() - start
+        rows = sum(r.batch_rows() for r in requests) if self.model.max_batch_size > 0 else len(requests)
+        self.stats.record_batch(rows, len(requests), queue, 0, infer_ns, 0)
+        self._metrics.batch(self._tags, rows, sum(queue), 0, infer_ns, 0, len(requests))
+        return [InferResponse(id=r.id) for r in requests]  # the answers went through the streams
+
+    async def _batched_stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
+        """``request`` through the stream batcher: its responses once its batch starts, or the batcher's
+        refusal (a full queue, a queue timeout, an unload)."""
+        assert self._stream_batcher is not None
+        started: asyncio.Future[AsyncIterator[InferResponse]] = asyncio.get_running_loop().create_future()
+        self._stream_starts[id(request)] = started
+        self._waiting.add(id(request))
+        submitted = asyncio.ensure_future(self._stream_batcher.submit(request))
+        submitted.add_done_callback(lambda t: t.cancelled() or t.exception())
+        try:
+            waiting: set[asyncio.Future[Any]] = {started, submitted}
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            if not started.done():
+                refused = submitted.result()
+                yield (
+                    refused
+                    if refused.error is not None
+                    else InferResponse.failed(
+                        request, Unavailable(f"model '{self.model.name}' did not run the request")
+                    )
+                )
+                return
+            stream = started.result()
+            try:
+                async for response in stream:
+                    yield response
+            finally:
+                aclose = getattr(stream, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+        finally:
+            self._stream_starts.pop(id(request), None)
+            self._waiting.discard(id(request))
+            if not started.done():  # left while queued: the batcher drops it
+                submitted.cancel()
 
     async def _execute_within_limit(
         self, requests: Sequence[InferRequest], limit_s: float
@@ -168,9 +234,10 @@ class VersionRuntime:
     async def infer_stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
         """Check ``request``, then every response the backend streams for it (the last ``final``).
 
-        Decoupled requests bypass the scheduler (Triton does not batch them across streams); the
-        request counts once in the statistics, its execution as one batch of one. A consumer that
-        stops early (a cancelled client) closes the backend's stream, which cancels the request.
+        With dynamic batching, decoupled requests are batched as Triton batches them (one ``execute``
+        per batch, a response sender per request); otherwise each runs alone, counted as a batch of
+        one. A consumer that stops early (a cancelled client) closes the backend's stream, which
+        cancels the request.
         """
         arrival = request.arrival_ns = request.arrival_ns or time.monotonic_ns()
         ok = False
@@ -179,6 +246,13 @@ class VersionRuntime:
                 self.schema.check_request(request)
             except ServerError as error:
                 yield InferResponse.failed(request, error)
+                return
+            if self._stream_batcher is not None:
+                ok = True
+                async with contextlib.aclosing(self._batched_stream(request)) as responses:
+                    async for response in responses:
+                        ok = ok and response.error is None
+                        yield response
                 return
             start = time.monotonic_ns()
             ok = True
@@ -217,6 +291,8 @@ class VersionRuntime:
         self.ready = False
         try:
             await self.scheduler.close()
+            if self._stream_batcher is not None:
+                await self._stream_batcher.close()
         finally:
             await release_backend(self.backend)
 

@@ -102,3 +102,72 @@ async def test_ongoing_counts_the_requests_inside_the_replica(tmp_path: Path) ->
         assert bad.error is not None and runtime.ongoing == 0
     finally:
         await runtime.close()
+
+
+# Decoupled, dynamically batched: each request of a batch answered from a thread with the batch's size
+# and its index in the batch; the first request of every batch gets an error instead.
+BATCH_REPORT_PY = """
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for index, request in enumerate(requests):
+            threading.Thread(target=self._answer, args=(request.get_response_sender(), index, len(requests))).start()
+        return None
+
+    def _answer(self, sender, index, size):
+        if index == 0:
+            error = pb_utils.TritonError("the first of the batch fails")
+            sender.send(pb_utils.InferenceResponse(error=error), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return
+        out = pb_utils.Tensor("SEEN", np.array([[index, size]], np.int32))
+        sender.send(pb_utils.InferenceResponse([out]))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+
+async def test_decoupled_requests_share_a_dynamic_batch_and_each_gets_its_own_answers(tmp_path: Path) -> None:
+    """As in Triton, the dynamic batcher batches a decoupled model's requests: one ``execute`` for the
+    batch, one response sender per request (before: each request ran alone, so each was the first)."""
+    from repository_loader.model import DynamicBatching
+
+    folder = tmp_path / "batch_report"
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.py").write_text(BATCH_REPORT_PY)
+    model = describe(
+        "batch_report",
+        folder,
+        "python",
+        [spec("IN", "INT32", [1])],
+        [spec("SEEN", "INT32", [2])],
+        max_batch_size=8,
+        decoupled=True,
+        dynamic_batching=DynamicBatching(preferred_batch_size=(3,), max_queue_delay_microseconds=2_000_000),
+    )
+    runtime = await _runtime(model)
+    try:
+
+        async def stream(value: int) -> list:
+            req = request("batch_report", IN=np.array([[value]], np.int32))
+            return [r async for r in runtime.infer_stream(req)]
+
+        answers = await asyncio.gather(*(stream(v) for v in range(3)))
+        errors = [a for a in answers if a[0].error is not None]
+        assert len(errors) == 1 and "the first of the batch fails" in errors[0][0].error.message
+        seen = sorted(tuple(a[0].outputs["SEEN"][0]) for a in answers if a[0].error is None)
+        assert seen == [(1, 3), (2, 3)]  # one batch of three
+        assert all(a[-1].final for a in answers)
+        for _ in range(100):  # the batch is counted when ``execute`` returns, which may follow the answers
+            stats = runtime.statistics()[0]
+            if stats["execution_count"]:
+                break
+            await asyncio.sleep(0.01)
+        assert stats["execution_count"] == 1 and stats["inference_count"] == 3
+        assert stats["inference_stats"]["success"]["count"] == 2
+        assert stats["inference_stats"]["fail"]["count"] == 1
+    finally:
+        await runtime.close()
