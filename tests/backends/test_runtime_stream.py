@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from deployments.runtime.model import ModelRuntime
 from repository_loader.model import ModelDescription
@@ -21,8 +22,11 @@ async def _runtime(model: ModelDescription) -> ModelRuntime:
     return runtime
 
 
-async def _until_cancelled(tmp_path: Path) -> ModelRuntime:
-    """The decoupled model that streams until its request is cancelled (it marks that in ``tmp_path``)."""
+async def _until_cancelled(tmp_path: Path, batched: bool = False) -> ModelRuntime:
+    """The decoupled model that streams until its request is cancelled (it marks that in ``tmp_path``);
+    ``batched``: under the dynamic batcher."""
+    from repository_loader.model import DynamicBatching
+
     folder = tmp_path / "until_cancelled"
     (folder / "1").mkdir(parents=True)
     (folder / "1" / "model.py").write_text(UNTIL_CANCELLED_PY)
@@ -34,6 +38,7 @@ async def _until_cancelled(tmp_path: Path) -> ModelRuntime:
         [spec("Y", "INT32", [1])],
         decoupled=True,
         parameters={"MARKER_DIR": str(tmp_path)},
+        **({"max_batch_size": 4, "dynamic_batching": DynamicBatching()} if batched else {}),
     )
     return await _runtime(model)
 
@@ -64,10 +69,12 @@ async def test_infer_stream_yields_every_response_and_counts_the_request() -> No
         await runtime.close()
 
 
-async def test_closing_the_stream_cancels_the_request(tmp_path: Path) -> None:
-    runtime = await _until_cancelled(tmp_path)
+@pytest.mark.parametrize("batched", [False, True], ids=["alone", "dynamic_batching"])
+async def test_closing_the_stream_cancels_the_request(tmp_path: Path, batched: bool) -> None:
+    runtime = await _until_cancelled(tmp_path, batched)
     try:
-        stream = runtime.infer_stream(request("until_cancelled", X=np.array([9], np.int32)))
+        x = np.array([[9]] if batched else [9], np.int32)
+        stream = runtime.infer_stream(request("until_cancelled", X=x))
         seen = [await stream.__anext__() for _ in range(3)]
         assert [int(r.outputs["Y"][0]) for r in seen] == [0, 1, 2]
         await asyncio.wait_for(stream.aclose(), 10)
