@@ -208,3 +208,21 @@ def test_the_tests_find_the_stand_in_for_tritons_compiled_shm_monitor(tmp_path: 
     )
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, cwd=tmp_path)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_the_server_log_is_where_the_tests_open_it_under_test_shs_name(tmp_path: Path) -> None:
+    from tools.triton_qa.runner import link_server_log
+
+    log = tmp_path / "runs" / "server-this.log"
+    log.parent.mkdir()
+    log.write_text("[execute_cancel] Request cancelled at 2.0 s\n")
+    suite_dir = tmp_path / "L0_backend_python"
+    suite_dir.mkdir()
+    assert link_server_log(suite_dir, "", log) is None
+    link = link_server_log(suite_dir, "decoupled_server.log", log)
+    assert link is not None and "Request cancelled" in (suite_dir / "decoupled_server.log").read_text()
+    assert link_server_log(suite_dir, "decoupled_server.log", log) == link  # a leftover is replaced
+    from tools.triton_qa.suites import SUITES
+
+    names = {r.label: r.server_log_name for r in SUITES["L0_backend_python"].runs}
+    assert names["decoupled"] == "decoupled_server.log" and names["lifecycle"] == "lifecycle_server.log"

@@ -288,10 +288,12 @@ def run_tests(
         result.error = f"{which} did not start: {str(exc).strip().splitlines()[0][:300]}"
         result.seconds = time.monotonic() - started
         return result
+    named_log: Path | None = None
     try:
         result.not_ready = models_not_ready(slot / f"index-{tag}{suffix}.json")
         suite_dir = ws.qa / suite.name
         cmd = test_command(run, tests or run.tests, junit)
+        named_log = link_server_log(suite_dir, run.server_log_name, log_path)
         with open(slot / f"client-{tag}{suffix}.log", "wb") as out:
             try:
                 subprocess.run(
@@ -306,12 +308,24 @@ def run_tests(
                 result.error = f"the test process ran past {run.timeout_s:.0f} s"
     finally:
         handle.stop()
+        if named_log is not None:
+            named_log.unlink(missing_ok=True)
     if junit.exists():
         result.outcomes = parse_junit(junit)
     elif not result.error:
         result.error = "pytest wrote no report (see the client log)"
     result.seconds = time.monotonic() - started
     return result
+
+
+def link_server_log(folder: Path, name: str, log_path: Path) -> Path | None:
+    """``folder/name`` pointing at the server's log, as ``test.sh`` names it for the tests that open it."""
+    if not name:
+        return None
+    link = folder / name
+    link.unlink(missing_ok=True)
+    link.symlink_to(log_path)
+    return link
 
 
 def run_both(

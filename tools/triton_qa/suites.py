@@ -58,6 +58,8 @@ class Run:
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     tests: tuple[str, ...] = ()
     server_per_test: bool = False  # a fresh server for each test (test.sh does so)
+    # the name ``test.sh`` gives the server's log, which some tests open by that name (in their folder)
+    server_log_name: str = ""
     # tests left out on both servers, each ``(Class.method, why)``: they need what this machine lacks
     not_here: tuple[tuple[str, str], ...] = ()
     runner: str = "unittest"  # how test.sh runs the file: "unittest" (python file.py) or "pytest"
@@ -271,6 +273,7 @@ L0_BACKEND_PYTHON = Suite(
             _DECOUPLED_MODELS,
             ("--log-verbose=1",),
             runner="pytest",
+            server_log_name="decoupled_server.log",
             not_here=(
                 (
                     "DecoupledTest.test_decoupled_bls",
@@ -285,6 +288,7 @@ L0_BACKEND_PYTHON = Suite(
             _LIFECYCLE_MODELS,
             ("--log-verbose=1",),
             runner="pytest",
+            server_log_name="lifecycle_server.log",
         ),
         Run(
             "async_execute",
