@@ -71,7 +71,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-metrics", default="true", help="false: no metrics endpoint (Triton's flag)")
     p.add_argument("--model-config-name", default=None)
     p.add_argument("--disable-auto-complete-config", action="store_true")
-    p.add_argument("--no-strict-readiness", action="store_true")
+    p.add_argument(
+        "--strict-readiness",
+        default=None,
+        help="false: ready once started, whatever the models' state (Triton's flag; default true)",
+    )
+    p.add_argument("--no-strict-readiness", action="store_true", help="the same as --strict-readiness=false")
     p.add_argument("--access-log", action="store_true", help="log every model request (costs throughput)")
     p.add_argument(
         "--cache-config",
@@ -113,7 +118,7 @@ def server_args(args: argparse.Namespace) -> dict[str, Any]:
         "grpc_restricted_api": args.grpc_restricted_api,
         "model_config_name": args.model_config_name,
         "disable_auto_complete_config": args.disable_auto_complete_config,
-        "strict_readiness": not args.no_strict_readiness,
+        "strict_readiness": "false" if args.no_strict_readiness else args.strict_readiness,
         "access_log": args.access_log,
         "cache_config": args.cache_config,
         "response_cache_byte_size": args.response_cache_byte_size,

@@ -74,6 +74,18 @@ def test_cli_flags_are_the_same_arguments() -> None:
     assert (settings.http_port, settings.load_models, settings.strict_readiness) == (9000, ("m",), False)
 
 
+@pytest.mark.parametrize(
+    ("flags", "strict"),
+    [([], True), (["--strict-readiness=false"], False), (["--strict-readiness", "true"], True)],
+)
+def test_tritons_own_strict_readiness_flag_is_accepted(flags: list[str], strict: bool) -> None:
+    """A Triton user's ``--strict-readiness=false`` works as typed (before: an unrecognized argument)."""
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    settings = ServerSettings.from_args(server_args(parser.parse_args(["serve", "/repo", *flags])), {})
+    assert settings.strict_readiness is strict
+
+
 class _Deployer:
     def __init__(self) -> None:
         self.deployed: list[str] = []
