@@ -23,6 +23,7 @@ keeps its code instead.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import importlib.util
 import inspect
@@ -31,7 +32,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
@@ -325,14 +326,11 @@ class PythonBackend(Backend):
         channel = ResponseChannel(asyncio.get_running_loop())
         pb_request = InferenceRequest.from_server(request, self._output_names, channel, self._host_inputs)
         task = asyncio.ensure_future(self._run([pb_request], [channel]))
-        finished = False
         try:
-            async for item in channel.items():
-                finished = item[1]
-                yield self._from_item(request, item)
+            async with contextlib.aclosing(self._responses(request, channel)) as responses:
+                async for response in responses:
+                    yield response
         finally:
-            if not finished:
-                channel.cancelled = True
             await task
 
     def stream_batch(
@@ -356,7 +354,7 @@ class PythonBackend(Backend):
 
     async def _responses(
         self, request: InferRequest, channel: ResponseChannel
-    ) -> AsyncIterator[InferResponse]:
+    ) -> AsyncGenerator[InferResponse, None]:
         finished = False
         try:
             async for item in channel.items():
