@@ -70,9 +70,9 @@ class ModelController(ModelLoader):
         running = await self.deployer.running()
         self.restarted = bool(running) or bool(gone)
         for name, model in running.items():
-            if name in gone:  # its unload was under way when the server application stopped
-                self.entries[name] = ModelEntry(name, ModelState.UNAVAILABLE, UNLOADED)
-                await self._finish_unload(name)
+            if name in gone:  # its unload was under way when the server application stopped: finish it
+                self.entries[name] = ModelEntry(name, ModelState.READY, "", model)
+                await self._unload_one(name)
             elif name not in names:
                 self.entries[name] = ModelEntry(name, ModelState.READY, "", model, requested=True)
                 logger.info("model '%s' was loaded before this start and keeps serving", name)
@@ -106,12 +106,6 @@ class ModelController(ModelLoader):
         except Exception as exc:  # the record is unreachable: start as configured
             logger.warning("models unloaded before this start are not known: %s", reason_of(exc))
             return set()
-
-    async def _finish_unload(self, name: str) -> None:
-        try:
-            await self.deployer.delete(name)
-        except Exception as exc:
-            logger.error("model '%s' did not unload cleanly: %s", name, reason_of(exc))
 
     async def stop(self) -> None:
         if self._poller is not None:

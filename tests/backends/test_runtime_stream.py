@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from deployments.runtime.model import ModelRuntime
-from repository_loader.model import ModelDescription
+from repository_loader.model import DynamicBatching, ModelDescription, TensorSpec
 from tests.backends.helpers import describe, request, spec
 from tests.serve.streaming_models import UNTIL_CANCELLED_PY
 
@@ -22,18 +23,23 @@ async def _runtime(model: ModelDescription) -> ModelRuntime:
     return runtime
 
 
+def _written_model(
+    tmp_path: Path, name: str, source: str, inputs: list[TensorSpec], outputs: list[TensorSpec], **kw: Any
+) -> ModelDescription:
+    """A Python model ``name`` whose ``model.py`` is ``source``, written under ``tmp_path``."""
+    folder = tmp_path / name
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.py").write_text(source)
+    return describe(name, folder, "python", inputs, outputs, **kw)
+
+
 async def _until_cancelled(tmp_path: Path, batched: bool = False) -> ModelRuntime:
     """The decoupled model that streams until its request is cancelled (it marks that in ``tmp_path``);
     ``batched``: under the dynamic batcher."""
-    from repository_loader.model import DynamicBatching
-
-    folder = tmp_path / "until_cancelled"
-    (folder / "1").mkdir(parents=True)
-    (folder / "1" / "model.py").write_text(UNTIL_CANCELLED_PY)
-    model = describe(
+    model = _written_model(
+        tmp_path,
         "until_cancelled",
-        folder,
-        "python",
+        UNTIL_CANCELLED_PY,
         [spec("X", "INT32", [1])],
         [spec("Y", "INT32", [1])],
         decoupled=True,
@@ -140,15 +146,10 @@ class TritonPythonModel:
 async def test_decoupled_requests_share_a_dynamic_batch_and_each_gets_its_own_answers(tmp_path: Path) -> None:
     """As in Triton, the dynamic batcher batches a decoupled model's requests: one ``execute`` for the
     batch, one response sender per request (before: each request ran alone, so each was the first)."""
-    from repository_loader.model import DynamicBatching
-
-    folder = tmp_path / "batch_report"
-    (folder / "1").mkdir(parents=True)
-    (folder / "1" / "model.py").write_text(BATCH_REPORT_PY)
-    model = describe(
+    model = _written_model(
+        tmp_path,
         "batch_report",
-        folder,
-        "python",
+        BATCH_REPORT_PY,
         [spec("IN", "INT32", [1])],
         [spec("SEEN", "INT32", [2])],
         max_batch_size=8,

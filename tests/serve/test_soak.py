@@ -82,10 +82,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         srv.close()
 
 
-def _send(url: str, model: str, body: bytes, timeout: float = 30.0) -> tuple[int, Any, float, float]:
-    request = urllib.request.Request(
-        f"{url}/v2/models/{model}/infer", data=body, headers={"Content-Type": "application/json"}
-    )
+def _send(url: str, path: str, body: bytes, timeout: float = 30.0) -> tuple[int, Any, float, float]:
+    """POST ``body`` to ``path``: ``(status, JSON or None, started, ended)``; status REFUSED or 0 without an answer."""
+    request = urllib.request.Request(f"{url}{path}", data=body, headers={"Content-Type": "application/json"})
     started = time.monotonic()
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -120,7 +119,7 @@ def _traffic(
             draw = local.random()
             if draw < 0.1:
                 kind, valid, value = "index", True, 0.0
-                status, doc, started, ended = _send_index(url)
+                status, doc, started, ended = _send(url, "/v2/repository/index", b"{}")
             else:
                 if draw < 0.4:
                     kind, body = local.choice(INVALID)
@@ -129,7 +128,7 @@ def _traffic(
                     value = float(worker * 1_000_000 + n)
                     kind, body = "valid", json.dumps(recovery_models.infer_body(value)).encode()
                     valid = True
-                status, doc, started, ended = _send(url, model, body)
+                status, doc, started, ended = _send(url, f"/v2/models/{model}/infer", body)
             is_json_error = isinstance(doc, dict) and isinstance(doc.get("error"), str)
             if kind == "index" and status == 200:
                 outcome = "correct" if isinstance(doc, list) else "wrong"
@@ -159,29 +158,6 @@ def _traffic(
     for t in threads:
         t.start()
     return threads
-
-
-def _send_index(url: str) -> tuple[int, Any, float, float]:
-    request = urllib.request.Request(f"{url}/v2/repository/index", data=b"{}", method="POST")
-    started = time.monotonic()
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read()), started, time.monotonic()
-    except urllib.error.HTTPError as error:
-        try:
-            doc: Any = json.loads(error.read())
-        except ValueError:
-            doc = None
-        return error.code, doc, started, time.monotonic()
-    except urllib.error.URLError as error:
-        return (
-            (REFUSED if isinstance(error.reason, ConnectionRefusedError) else 0),
-            None,
-            started,
-            time.monotonic(),
-        )
-    except (OSError, ValueError):
-        return 0, None, started, time.monotonic()
 
 
 def _counts(rows: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
