@@ -302,25 +302,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-# Triton's metrics endpoint of the shared server (the server application's replica binds it).
-METRICS_PORT = _free_port()
-
-
-@pytest.fixture(scope="session")
-def metrics_url(server_url: str) -> str:
-    """``host:port`` of the shared server's metrics endpoint (``/metrics``)."""
-    return f"127.0.0.1:{METRICS_PORT}"
-
-
-# The gRPC service of the shared server (the server application's replica binds it).
-GRPC_PORT = _free_port()
 SESSION_PORT_BLOCK = 9  # ports of its own for the session's Serve instance (request_path.instance_ports_env)
 
 
 @pytest.fixture(scope="session")
-def grpc_url(server_url: str) -> str:
+def session_ports() -> dict[str, int]:
+    """The shared server's HTTP, gRPC and metrics ports, chosen as it starts: the modules that use it
+    run last (tests/conftest.py), and a port picked at collection could be taken by then."""
+    return {"http": _free_port(), "grpc": _free_port(), "metrics": _free_port()}
+
+
+@pytest.fixture(scope="session")
+def metrics_url(server_url: str, session_ports: dict[str, int]) -> str:
+    """``host:port`` of the shared server's metrics endpoint (``/metrics``)."""
+    return f"127.0.0.1:{session_ports['metrics']}"
+
+
+@pytest.fixture(scope="session")
+def grpc_url(server_url: str, session_ports: dict[str, int]) -> str:
     """``host:port`` of the shared server's gRPC service."""
-    return f"127.0.0.1:{GRPC_PORT}"
+    return f"127.0.0.1:{session_ports['grpc']}"
 
 
 @pytest.fixture(scope="session")
@@ -335,7 +336,7 @@ def test_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def server_url(test_repository: Path) -> Iterator[str]:
+def server_url(test_repository: Path, session_ports: dict[str, int]) -> Iterator[str]:
     """``host:port`` of the shared server (HAProxy in front of every model replica).
 
     Ray's temporary folder and HAProxy's files are this session's own; the teardown ends, by pid, the
@@ -345,7 +346,7 @@ def server_url(test_repository: Path) -> Iterator[str]:
     from deployments.settings import ServerSettings
 
     tmp = Path(tempfile.mkdtemp(prefix="trs-", dir="/tmp"))
-    port = _free_port()
+    port = session_ports["http"]
     # ports of its own (HAProxy's listeners, Serve's fallback proxies, replica ranges), apart from a running
     # server's defaults and from the standalone and bench servers' blocks
     os.environ.update(instance_ports_env(SESSION_PORT_BLOCK))
@@ -354,8 +355,8 @@ def server_url(test_repository: Path) -> Iterator[str]:
         {
             "model_repository": str(test_repository),
             "http_port": port,
-            "metrics_port": METRICS_PORT,
-            "grpc_port": GRPC_PORT,
+            "metrics_port": session_ports["metrics"],
+            "grpc_port": session_ports["grpc"],
             "model_control_mode": "explicit",
             "load_model": ["*"],
             "exit_on_error": False,  # broken_config and failing_init are meant to fail
