@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import tempfile
 import textwrap
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ import pytest
 
 from deployments.serve.request_path import haproxy_files_env, instance_ports_env
 from tests.serve import processes
+from tests.serve.standalone import free_port
 from tests.serve.streaming_models import add_streaming_models
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -296,12 +296,6 @@ def _bls_config(name: str, outputs: tuple[str, ...]) -> str:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 SESSION_PORT_BLOCK = 9  # ports of its own for the session's Serve instance (request_path.instance_ports_env)
 
 
@@ -309,7 +303,7 @@ SESSION_PORT_BLOCK = 9  # ports of its own for the session's Serve instance (req
 def session_ports() -> dict[str, int]:
     """The shared server's HTTP, gRPC and metrics ports, chosen as it starts: the modules that use it
     run last (tests/conftest.py), and a port picked at collection could be taken by then."""
-    return {"http": _free_port(), "grpc": _free_port(), "metrics": _free_port()}
+    return {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -34,10 +35,22 @@ STANDALONE_PORT_BLOCK = 2  # replica ports apart from the session's Serve instan
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# Ports a test server binds some seconds after they are chosen: outside the kernel's ephemeral range
+# (32768-60999 here), which every Ray process's outgoing and port-0 sockets draw from, and outside
+# Ray's worker ports (10002-19999), so nothing else takes one in between.
+TEST_PORTS = range(20000, 30000)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port of :data:`TEST_PORTS` that nothing listens on now."""
+    for port in random.sample(TEST_PORTS, 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {TEST_PORTS}")
 
 
 def port_is_bound(port: int) -> bool:
