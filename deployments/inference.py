@@ -51,6 +51,8 @@ class InferRequest:
     timeout_us: int = 0
     # nanosecond timestamps filled by the serving layer, for statistics
     arrival_ns: int = 0
+    # the client went away (a cancelled gRPC call): the model sees it as ``request.is_cancelled()``
+    cancelled: bool = field(default=False, compare=False)
 
     def batch_rows(self) -> int:
         """Rows this request adds to a batch (first dimension of its inputs)."""

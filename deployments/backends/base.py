@@ -10,16 +10,42 @@ import abc
 import asyncio
 import contextvars
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Executor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 from deployments.inference import InferRequest, InferResponse, ModelExecutor
 from repository_loader.errors import InvalidArgument
 from repository_loader.model import InstanceKind, ModelDescription, TensorSpec
 
 EXECUTION_TIMEOUT_PARAMETER = "execution_timeout_ms"
+T = TypeVar("T")
+
+
+async def in_thread(
+    executor: Executor | None,
+    fn: Callable[..., T],
+    *args: object,
+    on_cancel: Callable[[], None] | None = None,
+) -> T:
+    """``fn(*args)`` in a worker thread of ``executor`` (None: the loop's default), in the caller's context.
+
+    A thread cannot be stopped: when the caller is cancelled (its client went away), ``on_cancel``
+    tells the running code (a Python model sees its requests cancelled), and this still waits for
+    ``fn`` to return before the cancellation goes on, so the instance stays busy until it is really
+    free and no second ``execute`` overlaps the first.
+    """
+    context = contextvars.copy_context()
+    future = asyncio.get_running_loop().run_in_executor(executor, context.run, fn, *args)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        if on_cancel is not None:
+            on_cancel()
+        await asyncio.wait((future,))
+        raise
 
 
 def execution_timeout_s(model: ModelDescription) -> float | None:

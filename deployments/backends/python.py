@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import importlib.util
 import inspect
 import itertools
@@ -38,7 +37,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from deployments.backends.base import Backend, BackendContext, execution_timeout_s, timed
+from deployments.backends.base import Backend, BackendContext, execution_timeout_s, in_thread, timed
 from deployments.backends.python_api.bls import BlsBridge, NeedsWorkerThread
 from deployments.backends.python_api.context import reset_bridge, set_bridge
 from deployments.backends.python_api.errors import TritonError, TritonModelException, to_server_error
@@ -468,9 +467,8 @@ class PythonBackend(Backend):
                 placement.pin_to_thread()  # nothing was answered yet: run the batch again in the thread
             finally:
                 self._bridge.inline = False
-        context = contextvars.copy_context()
-        return await asyncio.get_running_loop().run_in_executor(
-            self._pool, context.run, self._timed_execute, pb_requests
+        return await in_thread(
+            self._pool, self._timed_execute, pb_requests, on_cancel=lambda: _cancel(pb_requests)
         )
 
     def _timed_execute(self, pb_requests: list[InferenceRequest]) -> Any:
@@ -521,6 +519,11 @@ class PythonBackend(Backend):
                 id=request.id,
             )
         return self._convert(request, response, final)
+
+
+def _cancel(requests: list[InferenceRequest]) -> None:
+    for request in requests:
+        request.mark_cancelled()
 
 
 def _collected(responses: list[InferResponse]) -> list[InferResponse]:

@@ -15,13 +15,12 @@ groups are unaffected.
 from __future__ import annotations
 
 import abc
-import asyncio
 import time
 from collections.abc import Hashable, Sequence
 from typing import Any
 
 from deployments import tensors
-from deployments.backends.base import Backend, BackendContext, timed
+from deployments.backends.base import Backend, BackendContext, in_thread, timed
 from deployments.inference import InferRequest, InferResponse, Tensor
 from repository_loader.errors import InternalError, ServerError
 from repository_loader.model import TensorSpec
@@ -141,7 +140,7 @@ class TensorBackend(Backend):
         estimate = self._seconds_per_row
         if estimate is not None and estimate * rows < self.inline_threshold_s:
             return self._timed_run(inputs, names, rows)
-        return await asyncio.to_thread(self._timed_run, inputs, names, rows)
+        return await in_thread(None, self._timed_run, inputs, names, rows)
 
     def _timed_run(self, inputs: dict[str, Tensor], names: list[str], rows: int) -> dict[str, Tensor]:
         start = time.perf_counter()

@@ -24,6 +24,8 @@ trailers-only answer (``grpc-status`` in the response head, no body), which need
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import zlib
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, MutableMapping
 from typing import Any
@@ -38,6 +40,7 @@ from repository_loader.errors import ServerError, TooLarge
 PATH_PREFIX = f"/{SERVICE}/"
 TRAILERS_EXTENSION = "http.response.trailers"
 _FRAME = 5  # compressed flag and length
+CANCEL_WATCH_AFTER_S = 0.05  # a call still running after this starts watching for its client's cancel
 _CONTENT_TYPE = (b"content-type", b"application/grpc")
 
 Scope = MutableMapping[str, Any]
@@ -103,14 +106,56 @@ class GrpcOverHttp1:
             await _answer_status(send, grpc.StatusCode.INTERNAL, f"failed to parse the request message: {e}")
             return
         try:
-            response = await self._run(
-                answer_unary(method, request, lambda: headers, self.options.max_send_message_bytes)
+            response = await self._until_cancelled(
+                receive, answer_unary(method, request, lambda: headers, self.options.max_send_message_bytes)
             )
+            if response is None:
+                return  # the client cancelled the call: nobody reads an answer
         except Exception as e:
             code, message = status_of(e, method.name)
             await _answer_status(send, code, message)
             return
         await self._answer(send, method, response, headers)
+
+    async def _until_cancelled(self, receive: Receive, call: Coroutine[Any, Any, Any]) -> Any:
+        """``call``'s result, or None when the client cancels the call first.
+
+        A cancelled gRPC call (RST_STREAM) reaches this server as the proxy closing the connection.
+        As Triton does, the request is then cancelled: a queued request is dropped and a running
+        one's model sees ``request.is_cancelled()``. A call that answers within
+        ``CANCEL_WATCH_AFTER_S`` costs only a timer: the connection is watched after that.
+        """
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        gone = False
+        watcher: asyncio.Task[None] | None = None
+
+        async def watch() -> None:
+            nonlocal gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            task.cancel()
+
+        def start_watching() -> None:
+            nonlocal watcher
+            watcher = loop.create_task(watch())
+
+        timer = loop.call_later(CANCEL_WATCH_AFTER_S, start_watching)
+        try:
+            return await self._run(call)
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+            task.uncancel()
+            return None
+        finally:
+            timer.cancel()
+            if watcher is not None and not watcher.done():
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
 
     async def _message(self, receive: Receive, headers: Mapping[str, str]) -> bytes | memoryview:
         """The request message: read from the body, refused over the receive limit, inflated."""

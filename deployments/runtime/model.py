@@ -215,7 +215,11 @@ class VersionRuntime:
                 lookup = time.monotonic_ns() - lookup
             self._waiting.add(id(request))
             reason = "BACKEND"
-            response = await self.scheduler.submit(request)
+            try:
+                response = await self.scheduler.submit(request)
+            except asyncio.CancelledError:
+                request.cancelled = True  # the caller left: a running model sees it cancelled
+                raise
             ok = response.error is None
             if key is not None and self.cache is not None:
                 insert = time.monotonic_ns()

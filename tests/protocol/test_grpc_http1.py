@@ -4,6 +4,7 @@ RPC of ``test_grpc.py`` over this path too (its ``http1`` transport)."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,12 @@ from typing import Any
 import pytest
 
 from deployments.protocol.grpc import GRPCInferenceServicer, GrpcOptions
-from deployments.protocol.grpc_http1 import TRAILERS_EXTENSION, GrpcOverHttp1, percent_encoded
+from deployments.protocol.grpc_http1 import (
+    CANCEL_WATCH_AFTER_S,
+    TRAILERS_EXTENSION,
+    GrpcOverHttp1,
+    percent_encoded,
+)
 from deployments.protocol.proto import grpc_service_pb2 as pb
 from deployments.settings import RestrictedApi
 from tests.protocol.grpc_fakes import StreamingFakeDataPlane, grpc_models
@@ -164,3 +170,57 @@ async def test_the_servicer_runs_where_run_puts_it(dataplane: Any) -> None:
 
 def test_grpc_message_is_percent_encoded() -> None:
     assert percent_encoded("model 'ä' 100%\n") == b"model '%C3%A4' 100%25%0A"
+
+
+async def test_a_client_that_leaves_cancels_its_call() -> None:
+    """The proxy closes the connection when the client cancels (RST_STREAM): the running call is
+    cancelled and nothing is answered; the lane itself returns normally."""
+    started = asyncio.Event()
+    cancelled = asyncio.Event()
+    left = asyncio.Event()
+
+    async def run(call: Any) -> Any:
+        call.close()  # the servicer's part is not needed: this call runs until it is cancelled
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    lane = GrpcOverHttp1(GRPCInferenceServicer(StreamingFakeDataPlane([])), run=run)
+    messages = [{"type": "http.request", "body": _frame(b""), "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop()
+        await left.wait()
+        return {"type": "http.disconnect"}
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": PATH + "ModelInfer",
+        "headers": [(b"content-type", b"application/grpc")],
+        "extensions": {TRAILERS_EXTENSION: {}},
+    }
+    served = asyncio.ensure_future(lane(scope, receive, send))
+    await asyncio.wait_for(started.wait(), 5)
+    await asyncio.sleep(CANCEL_WATCH_AFTER_S * 2)
+    assert not cancelled.is_set()
+    left.set()
+    await asyncio.wait_for(served, 5)
+    assert cancelled.is_set() and sent == []
+
+
+async def test_a_call_that_answers_at_once_does_not_watch_its_connection(dataplane: Any) -> None:
+    lane = GrpcOverHttp1(GRPCInferenceServicer(dataplane))
+    _, _, tail, _ = await _call(lane, "ServerLive", _frame(b""))
+    assert tail == {"grpc-status": "0"}
+    # no watcher was left behind: only this test's own task runs
+    assert {t for t in asyncio.all_tasks() if not t.done()} == {asyncio.current_task()}

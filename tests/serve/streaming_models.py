@@ -3,7 +3,8 @@
 ``word_stream`` answers a request with one response per word of ``text_input`` (at most
 ``max_tokens``) through its response sender, then the final flag alone; the word ``!error`` is
 answered with an error that ends the request. ``until_cancelled`` answers every 10 ms until its
-request is cancelled, then writes ``<marker dir>/<X>.cancelled``.
+request is cancelled, then writes ``<marker dir>/<X>.cancelled``; ``until_cancelled_unary`` (not
+decoupled) waits in ``execute`` for the same, and answers CANCELLED.
 """
 
 from __future__ import annotations
@@ -117,12 +118,46 @@ UNTIL_CANCELLED_PY = textwrap.dedent(
 )
 
 
-def until_cancelled_config(marker_dir: Path) -> str:
+UNTIL_CANCELLED_UNARY_PY = textwrap.dedent(
+    """
+    import json
+    import os
+    import time
+
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            config = json.loads(args["model_config"])
+            self.marker_dir = config["parameters"]["MARKER_DIR"]["string_value"]
+
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                x = int(pb_utils.get_input_tensor_by_name(request, "X").as_numpy().reshape(-1)[0])
+                error = None
+                for step in range(3000):
+                    if request.is_cancelled():
+                        with open(os.path.join(self.marker_dir, f"{x}.cancelled"), "w") as f:
+                            f.write(str(step))
+                        error = pb_utils.TritonError("cancelled", pb_utils.TritonError.CANCELLED)
+                        break
+                    time.sleep(0.01)
+                out = pb_utils.Tensor("Y", np.array([x], dtype=np.int32))
+                responses.append(pb_utils.InferenceResponse(output_tensors=[out], error=error))
+            return responses
+    """
+)
+
+
+def until_cancelled_config(marker_dir: Path, name: str = "until_cancelled", decoupled: bool = True) -> str:
     return f"""
-name: "until_cancelled"
+name: "{name}"
 backend: "python"
 max_batch_size: 0
-model_transaction_policy {{ decoupled: true }}
+model_transaction_policy {{ decoupled: {str(decoupled).lower()} }}
 input [ {{ name: "X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
 output [ {{ name: "Y" data_type: TYPE_INT32 dims: [ 1 ] }} ]
 parameters {{ key: "MARKER_DIR" value: {{ string_value: "{marker_dir}" }} }}
@@ -131,12 +166,18 @@ instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 
 
 def add_streaming_models(repo: Path) -> Path:
-    """Write both models into ``repo``; returns the folder where ``until_cancelled`` leaves its markers."""
+    """Write the models into ``repo``; returns the folder where the ``until_cancelled`` models leave
+    their markers."""
     markers = repo.parent / "cancel_markers"
     markers.mkdir(exist_ok=True)
     for name, source, config in (
         ("word_stream", WORD_STREAM_PY, WORD_STREAM_CONFIG),
         ("until_cancelled", UNTIL_CANCELLED_PY, until_cancelled_config(markers)),
+        (
+            "until_cancelled_unary",
+            UNTIL_CANCELLED_UNARY_PY,
+            until_cancelled_config(markers, "until_cancelled_unary", decoupled=False),
+        ),
     ):
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "1" / "model.py").write_text(source)

@@ -324,6 +324,26 @@ def test_a_cancelled_stream_cancels_the_model(grpc_url: str, cancel_markers: Pat
     assert int(marker.read_text()) < 1000
 
 
+def test_a_cancelled_model_infer_cancels_the_model(grpc_url: str, cancel_markers: Path) -> None:
+    """A unary call the client cancels reaches the model as ``request.is_cancelled()``, as in Triton
+    (the call goes through HAProxy to the replica's HTTP/1.1 lane)."""
+    marker = cancel_markers / "42.cancelled"
+    with grpcclient.InferenceServerClient(grpc_url) as c:
+        x = grpcclient.InferInput("X", [1], "INT32")
+        x.set_data_from_numpy(np.array([42], dtype=np.int32))
+        answers: list[Any] = []
+        call = c.async_infer("until_cancelled_unary", [x], lambda result, error: answers.append(error))
+        time.sleep(1.0)  # the request is running in the model
+        assert answers == [] and not marker.exists()
+        call.cancel()
+        deadline = time.monotonic() + 20
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert marker.exists(), "the model never saw its request cancelled"
+    assert int(marker.read_text()) < 1000  # seen within seconds, not at the model's 30 s end
+    assert len(answers) == 1 and answers[0].status() == "StatusCode.CANCELLED"
+
+
 def test_streamed_requests_count_in_statistics(client: grpcclient.InferenceServerClient) -> None:
     deadline = time.monotonic() + 10  # replicas push their statistics every second
     while True:

@@ -126,6 +126,11 @@ class InferenceRequest:
     def is_cancelled(self) -> bool:
         return self._sender.is_cancelled() if self._sender else False
 
+    def mark_cancelled(self) -> None:
+        """The server's side: the client went away, so :meth:`is_cancelled` answers True from now on."""
+        if self._sender is not None:
+            self._sender._channel.cancelled = True
+
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
             raise TritonModelException("only requests the model receives have a response sender")
@@ -199,6 +204,7 @@ class InferenceRequest:
         received._trace = None
         received._parameters = json.dumps(request.parameters)
         received._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        channel.origin = request
         received._sender = InferenceResponseSender(channel)
         return received
 

@@ -64,7 +64,17 @@ class ResponseChannel:
         self.sent = 0
         self.closed = False
         self.answered = False
-        self.cancelled = False
+        self._cancelled = False
+        self.origin: Any = None  # the server's request (``InferRequest``): its client may cancel it
+
+    @property
+    def cancelled(self) -> bool:
+        """The request was cancelled: its stream's reader stopped, or its client went away."""
+        return self._cancelled or (self.origin is not None and self.origin.cancelled)
+
+    @cancelled.setter
+    def cancelled(self, value: bool) -> None:
+        self._cancelled = value
 
     def put(self, response: InferenceResponse | None, final: bool) -> None:
         """Send ``response`` (None: only the flag), after Triton's checks of the sender's state."""
