@@ -7,6 +7,7 @@ turns two snapshots into cores used per role over the interval between them:
 
 - ``model replicas``: Serve replicas of model deployments (HTTP, batching and the framework);
 - ``HAProxy``: Serve's HAProxy ingress;
+- ``tritonserver``: the reference server, where it runs;
 - ``bench client``: the processes the caller names (by default this one, the load generator) and
   their descendants (load-generating worker processes);
 - ``everything else``: Ray's controller, raylet, GCS and dashboard, the kernel's own threads.
@@ -25,9 +26,10 @@ from pathlib import Path
 
 REPLICAS = "model replicas"
 HAPROXY = "HAProxy"
+TRITONSERVER = "tritonserver"
 CLIENT = "bench client"
 OTHER = "everything else"
-ROLES = (REPLICAS, HAPROXY, CLIENT, OTHER)
+ROLES = (REPLICAS, HAPROXY, TRITONSERVER, CLIENT, OTHER)
 
 _PROC = Path("/proc")
 _MODEL_REPLICA_MARK = "ServeReplica:model-"
@@ -102,8 +104,11 @@ def role_of(pid: int, cmdline: str, client_pids: Collection[int]) -> str:
         return CLIENT
     if _MODEL_REPLICA_MARK in cmdline:
         return REPLICAS
-    if "haproxy" in cmdline.split(" ", 1)[0]:
+    program = cmdline.split(" ", 1)[0]
+    if "haproxy" in program:
         return HAPROXY
+    if program.endswith("tritonserver"):
+        return TRITONSERVER
     return OTHER
 
 

@@ -2,7 +2,8 @@
 
 Each load level is its own perf_analyzer invocation, so a level that never stabilises does not end
 the sweep: it is measured again with the stability check relaxed and reported as unstable. Server
-statistics are snapshotted around each invocation, which gives the batch sizes the server formed.
+statistics are snapshotted around each invocation, which gives the batch sizes the server formed,
+and so is every process's CPU time (``bench.cpu_split``), which gives the CPU per request by role.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench import peers, server_stats
+from bench import cpu_split, peers, server_stats
 from bench.pa_csv import read_perf_analyzer_csv
 from bench.results import Point, Run
 
@@ -90,6 +91,7 @@ def run_level(
             )
 
         before = _snapshot(url) if protocol == "http" else {}  # statistics are read over HTTP
+        machine0 = cpu_split.take_snapshot()
         cpu0, wall0 = _children_cpu(), time.perf_counter()
         proc = _run_once(cmd(stability), timeout)
         points = read_perf_analyzer_csv(csv_path, model, batch_size)
@@ -97,14 +99,20 @@ def run_level(
         if not points:
             proc = _run_once(cmd(1000), timeout)
             points = read_perf_analyzer_csv(csv_path, model, batch_size)
-        after = _snapshot(url) if protocol == "http" else {}
         cores = (_children_cpu() - cpu0) / max(1e-9, time.perf_counter() - wall0)
+        machine1 = cpu_split.take_snapshot()
+        after = _snapshot(url) if protocol == "http" else {}
     if not points:
         print(f"perf_analyzer failed at {level:g}: {(proc.stdout + proc.stderr)[-800:]}", file=sys.stderr)
         return None
     point = points[-1]
     point.stable = stable
     point.client_cores = cores
+    # every trial of the run held the same load, so its average cores over the measured rate give the
+    # CPU per request of each role; perf_analyzer has ended, so the client's share is read apart
+    by_role = cpu_split.cores_by_role(machine0, machine1, client_pids=())
+    by_role[cpu_split.CLIENT] = cores
+    point.cpu_ms = cpu_split.per_request_ms(by_role, point.infer_per_s / max(batch_size, 1))
     for name, b in server_stats.breakdowns(before, after).items():
         entry = point.server.setdefault(name, {})
         entry["batch_sizes"] = {str(k): v for k, v in b.batch_sizes.items()}

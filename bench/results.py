@@ -64,6 +64,8 @@ class Point:
     windows: int = 0
     server: dict[str, dict[str, Any]] = field(default_factory=dict)
     client_cores: float | None = None
+    # CPU milliseconds per request by role (``bench.cpu_split``) over the level's run, where measured
+    cpu_ms: dict[str, float] | None = None
 
     @property
     def level(self) -> float:
@@ -134,7 +136,7 @@ def report_from_dict(data: dict[str, Any]) -> Report:
         for p in r.get("points", []):
             floats = {k: _nan(p.get(k)) for k in ("infer_per_s", "requests_per_s", "latency_avg_us")}
             floats |= {k: _nan(p.get(k)) for k in ("p50_us", "p90_us", "p95_us", "p99_us")}
-            keys = ("requests", "errors", "stable", "windows", "server", "client_cores")
+            keys = ("requests", "errors", "stable", "windows", "server", "client_cores", "cpu_ms")
             rest = {k: p[k] for k in keys if k in p}
             points.append(Point(p.get("concurrency"), p.get("request_rate"), **floats, **rest))  # type: ignore[arg-type]
         fields = {k: r[k] for k in ("label", "tool", "model", "url", "mode", "options") if k in r}

@@ -5,7 +5,8 @@ revision (``BENCH_BASE_REV``, a git revision; default ``HEAD~1``), checked out i
 ``bench/.work/``. The two alternate for ``BENCH_ROUNDS`` rounds (default 2), each measured over HTTP
 with perf_analyzer and this tool and over gRPC (``ModelInfer``) with perf_analyzer ``-i grpc``, after
 one tritonserver run for scale; the notes hold head / base per round and tool (``grpc`` for the gRPC
-sweep), and their median.
+sweep), and their median, and for the perf_analyzer sweeps the CPU milliseconds per request of each
+role (replicas, HAProxy, the client, everything else), median over rounds, on each side.
 """
 
 from __future__ import annotations
@@ -121,7 +122,22 @@ def summarize(runs: list[Run], base: str, rounds: int) -> dict[str, Any]:
         out[f"head_over_base_{tool}_median"] = {
             k: statistics.median(r[k] for r in per_round if k in r) for k in levels
         }
+        cpu = {side: _cpu_ms(runs, side, tool, rounds) for side in (HEAD, base)}
+        if any(cpu.values()):
+            out[f"cpu_ms_{tool}"] = {HEAD if side == HEAD else "base": v for side, v in cpu.items()}
     return out
+
+
+def _cpu_ms(runs: list[Run], side: str, tool: str, rounds: int) -> dict[str, dict[str, float]]:
+    """The median over rounds of each role's CPU milliseconds per request, by level (perf_analyzer
+    runs record them)."""
+    seen: dict[str, dict[str, list[float]]] = {}
+    for n in range(1, rounds + 1):
+        run = next((r for r in runs if r.label == f"{side} #{n} ({tool})"), None)
+        for point in run.points if run is not None else ():
+            for role, value in (point.cpu_ms or {}).items():
+                seen.setdefault(f"{point.level:g}", {}).setdefault(role, []).append(value)
+    return {level: {role: statistics.median(v) for role, v in roles.items()} for level, roles in seen.items()}
 
 
 def _by_level(runs: list[Run], label: str, tool: str) -> dict[float, float]:
