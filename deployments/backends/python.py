@@ -372,10 +372,8 @@ class PythonBackend(Backend):
         is checked and delivered before the next. When a call fails, every
         request of it that has no answer yet gets the error, and the error is logged.
         """
-        current = list(range(len(pb_requests)))
-        while current:
-            requests = [pb_requests[i] for i in current]
-            senders = [channels[i] for i in current]
+        requests, senders = pb_requests, channels
+        while True:
             returned, error = await self._invoke(requests)
             if error is None:
                 error = self._deliver(requests, senders, returned)
@@ -384,7 +382,11 @@ class PythonBackend(Backend):
                 for channel in senders:
                     channel.fail(error)
                 return
-            current = [i for i in current if pb_requests[i].take_reschedule()]
+            again = [i for i, request in enumerate(requests) if request.take_reschedule()]
+            if not again:
+                return
+            requests = [requests[i] for i in again]
+            senders = [senders[i] for i in again]
 
     def _deliver(
         self, requests: list[InferenceRequest], channels: list[ResponseChannel], returned: Any

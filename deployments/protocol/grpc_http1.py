@@ -40,7 +40,7 @@ from repository_loader.errors import ServerError, TooLarge
 PATH_PREFIX = f"/{SERVICE}/"
 TRAILERS_EXTENSION = "http.response.trailers"
 _FRAME = 5  # compressed flag and length
-CANCEL_WATCH_AFTER_S = 0.05  # a call still running after this starts watching for its client's cancel
+CANCEL_WATCH_AFTER_S = 0.05  # how often running calls are swept: one running a whole interval is watched
 _CONTENT_TYPE = (b"content-type", b"application/grpc")
 
 Scope = MutableMapping[str, Any]
@@ -64,6 +64,26 @@ class _Refused(Exception):
         self.close = close
 
 
+class _Running:
+    """A unary call in progress: how to read its connection, and whether its client left."""
+
+    __slots__ = ("receive", "seen", "watcher", "gone")
+
+    def __init__(self, receive: Receive) -> None:
+        self.receive = receive
+        self.seen = False  # a sweep saw it running
+        self.watcher: asyncio.Task[None] | None = None
+        self.gone = False
+
+
+async def _watch(task: asyncio.Task[Any], running: _Running) -> None:
+    """Cancel ``task`` when the connection of its call closes."""
+    while (await running.receive())["type"] != "http.disconnect":
+        pass
+    running.gone = True
+    task.cancel()
+
+
 class GrpcOverHttp1:
     """An ASGI application answering the unary RPCs of ``servicer`` (see the module's description).
 
@@ -77,6 +97,8 @@ class GrpcOverHttp1:
         self.options = servicer.options
         self._methods = servicer.methods()
         self._run = run or _await
+        self._running: dict[asyncio.Task[Any], _Running] = {}
+        self._sweeper: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope.get("path") or ""
@@ -122,40 +144,43 @@ class GrpcOverHttp1:
 
         A cancelled gRPC call (RST_STREAM) reaches this server as the proxy closing the connection.
         As Triton does, the request is then cancelled: a queued request is dropped and a running
-        one's model sees ``request.is_cancelled()``. A call that answers within
-        ``CANCEL_WATCH_AFTER_S`` costs only a timer: the connection is watched after that.
+        one's model sees ``request.is_cancelled()``. Watching a connection takes a task, so only
+        calls still running at a sweep (every ``CANCEL_WATCH_AFTER_S``, while calls run) are
+        watched; the others cost a dictionary entry.
         """
-        loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         assert task is not None
-        gone = False
-        watcher: asyncio.Task[None] | None = None
-
-        async def watch() -> None:
-            nonlocal gone
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            gone = True
-            task.cancel()
-
-        def start_watching() -> None:
-            nonlocal watcher
-            watcher = loop.create_task(watch())
-
-        timer = loop.call_later(CANCEL_WATCH_AFTER_S, start_watching)
+        running = _Running(receive)
+        self._running[task] = running
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         try:
             return await self._run(call)
         except asyncio.CancelledError:
-            if not gone:
+            if not running.gone:
                 raise
             task.uncancel()
             return None
         finally:
-            timer.cancel()
+            del self._running[task]
+            watcher = running.watcher
             if watcher is not None and not watcher.done():
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await watcher
+
+    async def _sweep(self) -> None:
+        """Watch the connection of every call that has run for a whole sweep interval, while any runs."""
+        loop = asyncio.get_running_loop()
+        try:
+            while self._running:
+                await asyncio.sleep(CANCEL_WATCH_AFTER_S)
+                for task, running in list(self._running.items()):
+                    if running.seen and running.watcher is None:
+                        running.watcher = loop.create_task(_watch(task, running))
+                    running.seen = True
+        finally:
+            self._sweeper = None
 
     async def _message(self, receive: Receive, headers: Mapping[str, str]) -> bytes | memoryview:
         """The request message: read from the body, refused over the receive limit, inflated."""

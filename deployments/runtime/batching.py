@@ -301,9 +301,11 @@ class PassThroughScheduler:
         self._active += 1
         try:
             # the request's own ``timeout`` bounds its wait for a free instance, as in Triton's queue
-            wait_s = request.timeout_us / 1e6 if request.timeout_us > 0 else None
             try:
-                await asyncio.wait_for(self._slots.acquire(), wait_s)
+                if request.timeout_us > 0:
+                    await asyncio.wait_for(self._slots.acquire(), request.timeout_us / 1e6)
+                else:
+                    await self._slots.acquire()
             except asyncio.TimeoutError:
                 error = Unavailable(
                     f"Request timeout expired: request '{request.id}' waited more than {request.timeout_us} us "

@@ -220,7 +220,28 @@ async def test_a_client_that_leaves_cancels_its_call() -> None:
 
 async def test_a_call_that_answers_at_once_does_not_watch_its_connection(dataplane: Any) -> None:
     lane = GrpcOverHttp1(GRPCInferenceServicer(dataplane))
-    _, _, tail, _ = await _call(lane, "ServerLive", _frame(b""))
-    assert tail == {"grpc-status": "0"}
-    # no watcher was left behind: only this test's own task runs
+    reads = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal reads
+        reads += 1
+        return {"type": "http.request", "body": _frame(b""), "more_body": False}
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": PATH + "ServerLive",
+        "headers": [(b"content-type", b"application/grpc")],
+        "extensions": {TRAILERS_EXTENSION: {}},
+    }
+    await lane(scope, receive, send)
+    assert sent[-1]["headers"] == [(b"grpc-status", b"0")]
+    await asyncio.sleep(CANCEL_WATCH_AFTER_S * 3)
+    # the message was read once; the connection was never read again, and the sweep has ended
+    assert reads == 1
     assert {t for t in asyncio.all_tasks() if not t.done()} == {asyncio.current_task()}

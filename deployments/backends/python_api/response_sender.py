@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -57,8 +58,8 @@ class ResponseChannel:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, decoupled: bool = True) -> None:
         self._loop = loop
-        self._queue: asyncio.Queue[tuple[InferenceResponse | None, bool, Any]] = asyncio.Queue()
-        self._held: list[tuple[InferenceResponse | None, bool, Any]] = []  # taken, not yet read
+        self._items: deque[tuple[InferenceResponse | None, bool, Any]] = deque()  # sent, not yet read
+        self._reader: asyncio.Future[None] | None = None  # the reader waiting for an item, if any
         self._lock = threading.Lock()
         self.decoupled = decoupled
         self.sent = 0
@@ -116,33 +117,39 @@ class ResponseChannel:
         except RuntimeError:  # a thread without a loop (the worker, or one the model started)
             on_loop = False
         if on_loop:
-            self._queue.put_nowait(item)
+            self._append(item)
         else:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+            self._loop.call_soon_threadsafe(self._append, item)
+
+    def _append(self, item: tuple[InferenceResponse | None, bool, Any]) -> None:
+        """On the loop: keep ``item`` for the reader, and wake it if it waits."""
+        self._items.append(item)
+        reader = self._reader
+        if reader is not None and not reader.done():
+            reader.set_result(None)
 
     def take_all_now(self) -> list[tuple[InferenceResponse | None, bool, Any]] | None:
-        """Every item queued so far when the final one is among them (the usual case: ``execute``
+        """Every item sent so far when the final one is among them (the usual case: ``execute``
         returned its responses on the event loop), read without waiting; None otherwise, the items
         then kept for :meth:`items`."""
-        while True:
-            try:
-                self._held.append(self._queue.get_nowait())
-            except asyncio.QueueEmpty:
-                break
-        if self._held and self._held[-1][1]:
-            items, self._held = self._held, []
-            return items
+        items = self._items
+        if items and items[-1][1]:
+            taken = list(items)
+            items.clear()
+            return taken
         return None
 
     async def items(self) -> AsyncIterator[tuple[InferenceResponse | None, bool, Any]]:
         """``(response, final, error)`` until the final one."""
-        while self._held:
-            item = self._held.pop(0)
-            yield item
-            if item[1]:
-                return
+        items = self._items
         while True:
-            item = await self._queue.get()
-            yield item
-            if item[1]:
-                return
+            while items:
+                item = items.popleft()
+                yield item
+                if item[1]:
+                    return
+            self._reader = self._loop.create_future()
+            try:
+                await self._reader
+            finally:
+                self._reader = None
