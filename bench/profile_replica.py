@@ -1,0 +1,145 @@
+"""Where a model replica's CPU goes under load: py-spy samples of the replica while perf_analyzer runs.
+
+``python -m bench.profile_replica [--tree PATH] [--protocol http|grpc] [--concurrency 8]`` serves the
+bench's ``identity_py`` model (from the working tree, or from ``--tree``, another checkout such as
+the ``revisions`` scenario's base worktree), finds the model's replica process, and samples it with
+``py-spy`` while perf_analyzer holds the load. It writes the collapsed stacks (``stacks.txt``, the
+input of any flame-graph tool) and ``table.json``: for each function, the share of the replica's
+samples in which it is running (self) and on the stack (inclusive), busiest first, with the sample
+count and the throughput perf_analyzer measured meanwhile. Two runs (head and base) side by side
+show which function a change made dearer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from bench import peers
+from bench.cpu_split import take_snapshot
+from bench.pa_csv import read_perf_analyzer_csv
+from bench.scenarios.common import BENCH_MODELS, free_port, make_repository, start_this_server, work_dir
+
+MODEL = "identity_py"
+REPLICA_MARK = f"ServeReplica:model-{MODEL}"
+
+
+def replica_pid() -> int:
+    """The pid of the model's replica (the one process whose command line carries its mark)."""
+    found = [pid for pid, cmd in take_snapshot().cmdlines.items() if REPLICA_MARK in cmd]
+    if len(found) != 1:
+        raise RuntimeError(f"expected one replica of {MODEL}, found {found}")
+    return found[0]
+
+
+def table(stacks: str, top: int = 60) -> list[dict[str, object]]:
+    """Self and inclusive shares of each function over the collapsed ``stacks`` (``a;b;c count``)."""
+    own: Counter[str] = Counter()
+    anywhere: Counter[str] = Counter()
+    total = 0
+    for line in stacks.splitlines():
+        frames, _, count_text = line.rpartition(" ")
+        if not frames or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        total += count
+        names = [_short(f) for f in frames.split(";")]
+        own[names[-1]] += count
+        for name in set(names):
+            anywhere[name] += count
+    rows = [
+        {"function": name, "inclusive": anywhere[name] / total, "self": own[name] / total}
+        for name, _ in anywhere.most_common(top)
+    ]
+    return [{"samples": total}, *rows]
+
+
+def _short(frame: str) -> str:
+    """``function (path/to/file.py:line)`` as ``function (file.py)``: lines vary between revisions."""
+    name, _, where = frame.partition(" (")
+    file = where.rstrip(")").rsplit(":", 1)[0]
+    parts = Path(file).parts
+    return f"{name} ({'/'.join(parts[-2:])})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tree", type=Path, default=None, help="another checkout whose server to profile")
+    parser.add_argument("--protocol", choices=("http", "grpc"), default="http")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--seconds", type=int, default=15)
+    parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    work = work_dir("profile_replica")
+    repo = make_repository(work / "repo", [(BENCH_MODELS / MODEL, MODEL, None)])
+    args.out.mkdir(parents=True, exist_ok=True)
+    handle = start_this_server(
+        repo, free_port(), grpc_port=free_port(), log_path=work / "server.log", tree=args.tree
+    )
+    with handle, tempfile.TemporaryDirectory() as tmp:
+        url = handle.url if args.protocol == "http" else f"localhost:{handle.grpc_port}"
+        csv_path = Path(tmp) / "pa.csv"
+        window_ms = 1000 * (args.seconds + 6) // 3  # three windows cover the sampling
+        load = subprocess.Popen(
+            peers.perf_analyzer_cmd(
+                MODEL,
+                url,
+                [args.concurrency],
+                protocol=args.protocol,
+                csv_path=csv_path,
+                measurement_interval_ms=window_ms,
+                stability_percentage=100,
+                max_trials=3,
+            ),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(3)  # past perf_analyzer's warm-up
+        pid = replica_pid()
+        stacks = subprocess.run(
+            [
+                str(Path(sys.executable).with_name("py-spy")),
+                "record",
+                "--pid",
+                str(pid),
+                "--duration",
+                str(args.seconds),
+                "--rate",
+                str(args.rate),
+                "--format",
+                "raw",
+                "--nonblocking",
+                "--output",
+                str(args.out / "stacks.txt"),
+            ],
+            capture_output=True,
+            text=True,
+        )
+        if stacks.returncode != 0:
+            print(stacks.stderr[-2000:], file=sys.stderr)
+            return 1
+        load.wait(timeout=120)
+        points = read_perf_analyzer_csv(csv_path, MODEL, 1)
+    rows = table((args.out / "stacks.txt").read_text())
+    summary = {
+        "command": " ".join(sys.argv),
+        "tree": str(args.tree or "working tree"),
+        "protocol": args.protocol,
+        "concurrency": args.concurrency,
+        "infer_per_s": points[-1].infer_per_s if points else None,
+        "rows": rows,
+    }
+    (args.out / "table.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary["rows"][:25], indent=0))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
