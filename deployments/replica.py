@@ -1,11 +1,13 @@
-"""The model registry of a model replica: its one model's runtime, in this process."""
+"""The model registries of replicas: a model replica's one model, a model host's pooled models."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from deployments.inference import ModelExecutor
 from deployments.protocol.dataplane import Describe, ModelDataPlane, model_metadata_document
+from deployments.runtime.host import HostedModels, ModelHost
 from deployments.runtime.model import ModelRuntime
 from deployments.runtime.router import Router
 from repository_loader.errors import NotFound, Unsupported
@@ -101,4 +103,103 @@ def replica_dataplane(
     router.serve(runtime.model.name, runtime)
     return ModelDataPlane(
         ReplicaRegistry(runtime, cluster_stats), router, describe_elsewhere=describe_elsewhere
+    )
+
+
+class HostedModel:
+    """A :class:`~deployments.protocol.dataplane.ServedModel` for a pooled model of a model host: available
+    (so ready, as Triton reports an available model) whether or not it is resident right now."""
+
+    def __init__(self, host: ModelHost, description: ModelDescription, cluster_stats: StatsFn | None) -> None:
+        self.host = host
+        self.description = description
+        self._cluster_stats = cluster_stats
+
+    def _check_version(self, version: str) -> None:
+        if version and (not version.isdigit() or int(version) not in self.description.versions):
+            raise NotFound(
+                f"Request for unknown model: '{self.description.name}' version {version} is not found"
+            )
+
+    def is_ready(self, version: str = "") -> bool:
+        try:
+            self._check_version(version)
+        except NotFound:
+            return False
+        return True
+
+    def metadata(self, version: str = "") -> dict[str, Any]:
+        self._check_version(version)
+        versions = (int(version),) if version else tuple(sorted(self.description.versions))
+        return model_metadata_document(self.description, versions)
+
+    def config(self, version: str = "") -> dict[str, Any]:
+        self._check_version(version)
+        return dict(self.description.config_json)
+
+    async def statistics(self, version: str = "") -> list[dict[str, Any]]:
+        self._check_version(version)
+        name = self.description.name
+        if self._cluster_stats is not None:
+            stats: list[dict[str, Any]] = (await self._cluster_stats(name, version))["model_stats"]
+            return stats
+        own = self.host.statistics(name)
+        return [s for s in own if s["version"] == version] if version else own
+
+
+class HostRegistry:
+    """The registry of a model host replica: every pooled model it knows of (``ModelHost.known``)."""
+
+    def __init__(self, host: ModelHost, cluster_stats: StatsFn | None = None) -> None:
+        self.host = host
+        self._cluster_stats = cluster_stats
+
+    def get(self, name: str) -> HostedModel:
+        description = self.host.known.get(name)
+        if description is None:
+            raise NotFound(f"Request for unknown model: '{name}' is not found")
+        return HostedModel(self.host, description, self._cluster_stats)
+
+    def describe(self, name: str) -> ModelDescription:
+        return self.get(name).description
+
+    def ready(self) -> bool:
+        return True
+
+    def served(self) -> list[str]:
+        return list(self.host.served())
+
+    async def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        return [
+            {"name": name, "version": str(v), "state": "READY"}
+            for name, model in sorted(self.host.known.items())
+            for v in sorted(model.versions)
+        ]
+
+    async def load(self, name: str, parameters: Mapping[str, Any]) -> None:
+        raise Unsupported("the repository API is served at /v2/repository")
+
+    async def unload(self, name: str, parameters: Mapping[str, Any]) -> None:
+        raise Unsupported("the repository API is served at /v2/repository")
+
+
+def host_dataplane(
+    host: ModelHost,
+    cluster_stats: StatsFn | None = None,
+    remote: ModelExecutor | None = None,
+    describe_elsewhere: Describe | None = None,
+) -> ModelDataPlane:
+    """The data plane of a model host replica: every available pooled model runs here (loaded on its
+    first request); ``remote`` reaches every other model."""
+
+    async def discover(name: str) -> bool:
+        try:
+            await host.description(name)
+        except NotFound:
+            return False
+        return True
+
+    router = Router(local=HostedModels(host), remote=remote)
+    return ModelDataPlane(
+        HostRegistry(host, cluster_stats), router, describe_elsewhere=describe_elsewhere, discover=discover
     )

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from repository_loader.plan import HostPolicy
+
 CONTROL_MODES = ("none", "explicit", "poll")
 GRPC_COMPRESSIONS = ("none", "gzip", "deflate")
 # Triton's API groups for --http-restricted-api / --grpc-restricted-api.
@@ -205,6 +207,14 @@ class ServerSettings:
     http_restricted_api: tuple[RestrictedApi, ...] = ()
     grpc_restricted_api: tuple[RestrictedApi, ...] = ()
     response_cache_bytes: int | None = None  # the local response cache of each replica process (None: off)
+    model_hosts: int = 0  # replicas of the shared model host (docs/hosts.md); 0: every model its own
+    model_host_cpus: float = 0.5  # CPUs each model host replica asks Ray for
+    model_host_memory_bytes: int = 4 * 1024 * MIB  # what the models of one host replica may take together
+
+    @property
+    def host_policy(self) -> HostPolicy:
+        """Whether models are pooled on model hosts, and the hosts' size (``repository_loader.plan``)."""
+        return HostPolicy(self.model_hosts, self.model_host_cpus, self.model_host_memory_bytes)
 
     @property
     def stats_heartbeat_s(self) -> float:
@@ -242,6 +252,11 @@ class ServerSettings:
                 raise SettingsError(f"{name} must be positive, not {getattr(self, name)}")
         if self.control_app_cpus < 0:
             raise SettingsError(f"control_app_cpus must not be negative, not {self.control_app_cpus}")
+        if self.model_hosts < 0:
+            raise SettingsError(f"model_hosts must not be negative, not {self.model_hosts}")
+        for name in ("model_host_cpus", "model_host_memory_bytes"):
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"{name} must be positive, not {getattr(self, name)}")
 
     @classmethod
     def from_args(cls, args: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> ServerSettings:
@@ -252,7 +267,7 @@ class ServerSettings:
         ``access_log``, ``http_host``, ``http_port``, ``allow_grpc``, ``grpc_host``, ``grpc_port``,
         ``grpc_max_receive_message_bytes``, ``grpc_max_send_message_bytes``, ``grpc_compression``,
         ``deploy_timeout_s``, ``stats_push_interval_s``,
-        ``control_app_cpus``, and the :class:`RequestLimits` by their field names (``max_input_size``,
+        ``control_app_cpus``, ``model_hosts``, ``model_host_cpus``, ``model_host_memory_bytes``, and the :class:`RequestLimits` by their field names (``max_input_size``,
         ...). An unknown name is an error, so a misspelt argument is not ignored.
         """
         unknown = sorted(set(args) - _ARG_NAMES)
@@ -301,6 +316,9 @@ class ServerSettings:
             ("placement_timeout_s", float),
             ("stats_push_interval_s", float),
             ("control_app_cpus", float),
+            ("model_hosts", int),
+            ("model_host_cpus", float),
+            ("model_host_memory_bytes", int),
         ):
             if args.get(name) is not None:
                 values[name] = _typed(name, args[name], kind)
@@ -339,6 +357,9 @@ class ServerSettings:
             "placement_timeout_s": self.placement_timeout_s,
             "stats_push_interval_s": self.stats_push_interval_s,
             "control_app_cpus": self.control_app_cpus,
+            "model_hosts": self.model_hosts,
+            "model_host_cpus": self.model_host_cpus,
+            "model_host_memory_bytes": self.model_host_memory_bytes,
             "cache_config": []
             if self.response_cache_bytes is None
             else [f"local,size={self.response_cache_bytes}"],
@@ -377,6 +398,9 @@ _ARG_NAMES = {
     "placement_timeout_s",
     "stats_push_interval_s",
     "control_app_cpus",
+    "model_hosts",
+    "model_host_cpus",
+    "model_host_memory_bytes",
     "cache_config",
     "response_cache_byte_size",
     *LIMIT_ARGS,

@@ -25,6 +25,12 @@ A model whose config ``parameters`` carry ``ray.autoscaling.*`` keys
 (``repository_loader.autoscaling``) has its first group autoscaled by Serve between
 ``min_replicas`` and ``max_replicas``; the plan counts its start replicas.
 
+With model hosts on (:class:`HostPolicy`, ``ServerSettings.model_hosts``), a model that needs nothing
+a replica of its own gives (:func:`pooled`: one CPU instance, no autoscaling, no state, no stream,
+not an ensemble) is *pooled*: it gets no entry of its own and is served by the one shared
+:class:`HostEntry`, a deployment whose replicas each hold many models, loaded on demand
+(docs/hosts.md). A model's ``ray.placement`` parameter (``pooled`` or ``dedicated``) chooses either way.
+
 CPU shares are sized so every replica fits at once: on a 2-core machine the
 default of one CPU per replica would leave the third replica waiting forever.
 GPU fractions aimed at one GPU are scaled down the same way when they add up
@@ -41,6 +47,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from repository_loader import platforms
+from repository_loader.autoscaling import PREFIX as AUTOSCALING_PREFIX
 from repository_loader.autoscaling import Autoscaling, autoscaling_of
 from repository_loader.model import (
     DynamicBatching,
@@ -64,6 +71,13 @@ MODEL_DEPLOYMENT = "model"
 GROUP_APP_MARK = "--group-"
 MODEL_APP_PREFIX = "model-"
 GROUP_ROUTE = f"{SERVER_ROUTE}/-/instance-groups"
+HOST_APP = "triton-hosts"
+HOST_DEPLOYMENT = "host"
+HOST_ROUTE = f"{SERVER_ROUTE}/models"  # the longest-prefix fallback of every model route
+PLACEMENT_PARAMETER = "ray.placement"
+POOLED = "pooled"
+DEDICATED = "dedicated"
+POOLED_BACKENDS = frozenset({"python", "onnxruntime", "pytorch"})
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -259,6 +273,8 @@ class DeploymentPlan:
     entries: tuple[DeploymentEntry, ...]
     resources: ClusterResources
     problems: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # model -> reasons
+    pooled: tuple[str, ...] = ()  # models served by the model host
+    host: HostEntry | None = None  # the model host deployment (None: hosts off)
 
     def for_model(self, name: str) -> tuple[DeploymentEntry, ...]:
         """The deployments of model ``name``, one per instance group, in group order."""
@@ -270,7 +286,8 @@ class DeploymentPlan:
 
     @property
     def total_cpus(self) -> float:
-        return round(sum(e.num_replicas * e.resources.num_cpus for e in self.entries), 4)
+        hosts = self.host.num_replicas * self.host.resources.num_cpus if self.host is not None else 0.0
+        return round(sum(e.num_replicas * e.resources.num_cpus for e in self.entries) + hosts, 4)
 
     @property
     def total_gpus(self) -> float:
@@ -283,7 +300,76 @@ class DeploymentPlan:
             "total_gpus": self.total_gpus,
             "entries": [e.to_dict() for e in self.entries],
             "problems": {model: list(reasons) for model, reasons in self.problems.items()},
+            "pooled": list(self.pooled),
+            "host": self.host.to_dict() if self.host is not None else None,
         }
+
+
+@dataclass(frozen=True)
+class HostPolicy:
+    """Whether models may be pooled, and the host deployment's size (``ServerSettings``)."""
+
+    replicas: int = 0  # host replicas; 0: no hosts, every model has its own deployment
+    num_cpus: float = 0.5  # per host replica
+    memory_bytes: int = 4 * 2**30  # per host replica: what its models may take, measured
+
+    @property
+    def enabled(self) -> bool:
+        return self.replicas > 0
+
+
+@dataclass(frozen=True)
+class HostEntry:
+    """The shared model host deployment: ``num_replicas`` replicas, each holding any pooled model."""
+
+    app_name: str
+    deployment_name: str
+    route_prefix: str
+    num_replicas: int
+    resources: ReplicaResources
+    memory_bytes: int
+
+    def serve_options(self) -> dict[str, Any]:
+        return {
+            "name": self.deployment_name,
+            "num_replicas": self.num_replicas,
+            "ray_actor_options": {"num_cpus": self.resources.num_cpus, "num_gpus": 0.0},
+            "max_ongoing_requests": MIN_ONGOING_REQUESTS * 16,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "app_name": self.app_name,
+            "deployment_name": self.deployment_name,
+            "route_prefix": self.route_prefix,
+            "num_replicas": self.num_replicas,
+            "num_cpus": self.resources.num_cpus,
+            "memory_bytes": self.memory_bytes,
+        }
+
+
+def pooled(model: ModelDescription, policy: HostPolicy) -> bool:
+    """Whether ``model`` is served by the model host rather than a deployment of its own.
+
+    Where hosts are on, a model is pooled unless it needs a replica of its own (state, streams, an
+    ensemble, autoscaling, a GPU, several instances, a backend hosts do not run) or its
+    ``ray.placement`` parameter says ``dedicated``; ``pooled`` there cannot pool a model that needs
+    its own replica (it keeps its deployment).
+    """
+    asked = str((model.parameters or {}).get(PLACEMENT_PARAMETER, "")).strip().lower()
+    if not policy.enabled or asked == DEDICATED:
+        return False
+    groups = model.instance_groups
+    return (
+        not model.is_ensemble
+        and model.kind in POOLED_BACKENDS
+        and not model.decoupled
+        and model.sequence_batching is None
+        and not any(str(key).startswith(AUTOSCALING_PREFIX) for key in (model.parameters or {}))
+        and len(groups) <= 1
+        and all(g.count <= 1 and g.kind in (InstanceKind.CPU, InstanceKind.AUTO) for g in groups)
+        and (asked == POOLED or asked == "")
+    )
 
 
 @dataclass(frozen=True)
@@ -303,19 +389,37 @@ def plan_deployments(
     models: Mapping[str, ModelDescription],
     resources: ClusterResources,
     control_app_cpus: float = CONTROL_APP_CPUS,
+    hosts: HostPolicy = HostPolicy(),
 ) -> DeploymentPlan:
-    """Plan one deployment per instance group of each model of ``models`` on a cluster with ``resources``.
+    """Plan one deployment per instance group of each model of ``models`` on a cluster with ``resources``;
+    with ``hosts`` on, pooled models (:func:`pooled`) share the model host's deployment instead.
 
     ``control_app_cpus`` are kept free for the server application (``ServerSettings.control_app_cpus``).
     """
     placed: list[tuple[ModelDescription, list[_Placement]]] = []
     problems: dict[str, tuple[str, ...]] = {}
+    pooled_names: list[str] = []
     for name in sorted(models):
         model = models[name]
+        if pooled(model, hosts):
+            pooled_names.append(name)
+            continue
         try:
             placed.append((model, _placements(model, resources)))
         except _CannotPlace as exc:
             problems[name] = tuple(exc.reasons)
+    host: HostEntry | None = None
+    if hosts.enabled:
+        host_cpus = min(hosts.num_cpus, max(resources.num_cpus - control_app_cpus, MIN_CPU_SHARE) / 2)
+        host = HostEntry(
+            app_name=HOST_APP,
+            deployment_name=HOST_DEPLOYMENT,
+            route_prefix=HOST_ROUTE,
+            num_replicas=hosts.replicas,
+            resources=ReplicaResources(num_cpus=round(host_cpus, 4)),
+            memory_bytes=hosts.memory_bytes,
+        )
+        control_app_cpus += hosts.replicas * host.resources.num_cpus
     every = [p for _, placements in placed for p in placements]
     share = cpu_share(resources.num_cpus, sum(p.num_replicas for p in every), control_app_cpus)
     gpu_scale = _gpu_scale(every)
@@ -324,7 +428,9 @@ def plan_deployments(
     ]
     problems.update(_application_clashes(entries))
     kept = tuple(e for e in entries if e.model not in problems)
-    return DeploymentPlan(entries=kept, resources=resources, problems=problems)
+    return DeploymentPlan(
+        entries=kept, resources=resources, problems=problems, pooled=tuple(pooled_names), host=host
+    )
 
 
 def _application_clashes(entries: list[DeploymentEntry]) -> dict[str, tuple[str, ...]]:

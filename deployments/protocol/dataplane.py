@@ -164,7 +164,8 @@ class ModelDataPlane:
     ``describe_elsewhere`` (a model replica) gives the description of a model its registry does
     not hold (a gRPC stream's later request for another model), from the server application.
     ``front_ends_ready`` (the server application) holds readiness back until every front end
-    answers, so that a client told "ready" over HTTP is answered over gRPC too.
+    answers, so that a client told "ready" over HTTP is answered over gRPC too. ``discover`` (a
+    model host) makes a model its registry does not know yet known, where it exists (True).
     """
 
     def __init__(
@@ -174,8 +175,10 @@ class ModelDataPlane:
         notices: Mapping[str, Any] | None = None,
         describe_elsewhere: Describe | None = None,
         front_ends_ready: Callable[[], bool] | None = None,
+        discover: Callable[[str], Awaitable[bool]] | None = None,
     ) -> None:
         self.registry = registry
+        self._discover = discover
         self.router = router
         # extra fields of the server metadata: what the operator must know (e.g. a slow request path)
         self.notices = dict(notices or {})
@@ -193,26 +196,35 @@ class ModelDataPlane:
             return False
         return self.registry.ready()
 
+    async def _get(self, name: str) -> ServedModel:
+        """The registry's model ``name``, discovered first where the registry does not know it yet."""
+        try:
+            return self.registry.get(name)
+        except NotFound:
+            if self._discover is None or not await self._discover(name):
+                raise
+        return self.registry.get(name)
+
     async def model_ready(self, name: str, version: str = "") -> bool:
         try:
-            model = self.registry.get(name)
+            model = await self._get(name)
         except Unavailable:
             return False
         return model.is_ready(version)
 
     async def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
-        return self.registry.get(name).metadata(version)
+        return (await self._get(name)).metadata(version)
 
     async def model_config(self, name: str, version: str = "") -> dict[str, Any]:
         try:
-            model = self.registry.get(name)
+            model = await self._get(name)
         except Unavailable:
             return dict(self.registry.describe(name).config_json)
         return model.config(version)
 
     async def model_description(self, name: str, version: str = "") -> ModelDescription:
         try:
-            return self.registry.get(name).description
+            return (await self._get(name)).description
         except NotFound:
             if self._describe_elsewhere is None:
                 raise
@@ -226,7 +238,7 @@ class ModelDataPlane:
 
     async def model_statistics(self, name: str | None = None, version: str = "") -> dict[str, Any]:
         if name is not None:
-            return {"model_stats": await self.registry.get(name).statistics(version)}
+            return {"model_stats": await (await self._get(name)).statistics(version)}
         models = [self.registry.get(n) for n in self.registry.served()]
         results = await asyncio.gather(*(m.statistics() for m in models), return_exceptions=True)
         return {"model_stats": [s for r in results if isinstance(r, list) for s in r]}

@@ -45,11 +45,13 @@ from deployments.settings import ServerSettings
 from repository_loader.errors import ServerError, Unavailable
 from repository_loader.model import ModelDescription
 from repository_loader.plan import (
+    HOST_APP,
     MODEL_APP_PREFIX,
     ClusterResources,
     DeploymentEntry,
     DeploymentPlan,
     plan_deployments,
+    pooled,
     within_cpus,
 )
 
@@ -73,9 +75,49 @@ class RayDeployer:
         self.deployed: dict[str, tuple[DeploymentEntry, ...]] = {}  # model -> its entries, group order
         self.planned_from: dict[str, ModelDescription] = {}  # the descriptions ``plan`` was made from
         self.board = ReloadBoard()  # reloads inside the running replicas (deployments/serve/reloads.py)
+        # pooled models (served by the model host, docs/hosts.md): each with its generation, which a
+        # new load or a reload raises, so that hosts forget what they loaded before
+        self.pooled: dict[str, tuple[ModelDescription, int]] = {}
+        self._generation = 0
+        self._host_started = False
 
     def _plan(self, models: Mapping[str, ModelDescription]) -> DeploymentPlan:
-        return plan_deployments(models, self.resources, self.settings.control_app_cpus)
+        return plan_deployments(
+            models, self.resources, self.settings.control_app_cpus, self.settings.host_policy
+        )
+
+    def is_pooled(self, model: ModelDescription) -> bool:
+        return pooled(model, self.settings.host_policy)
+
+    async def _ensure_host(self) -> None:
+        """The model host application, started once (a restarted server finds it running)."""
+        if self._host_started:
+            return
+        host = self._plan({}).host
+        assert host is not None
+        applications = (await asyncio.to_thread(hooks.serve_status)).applications
+        if host.app_name not in applications:
+            from deployments.serve.model_host import ModelHostDeployment
+
+            def build() -> Any:
+                return ModelHostDeployment.options(  # type: ignore[attr-defined]
+                    logging_config={"enable_access_log": self.settings.access_log}, **host.serve_options()
+                ).bind(self.settings, host.memory_bytes)
+
+            await asyncio.to_thread(hooks.run_application, build, host.app_name, host.route_prefix)
+        await self._wait_running([host.app_name])
+        self._host_started = True
+
+    async def _pool(self, model: ModelDescription) -> None:
+        """Serve ``model`` from the model host: its own applications (if it had any) go."""
+        await self._ensure_host()
+        self._generation += 1
+        self.pooled[model.name] = (model, self._generation)
+        self.models[model.name] = model
+        if model.name in self.deployed:
+            applications = await self._applications(model.name)
+            self.deployed.pop(model.name, None)
+            await self._delete_applications(applications)
 
     def prepare(self, models: dict[str, ModelDescription]) -> None:
         self.plan = self._plan(models)
@@ -102,6 +144,9 @@ class RayDeployer:
     def group_apps(self, name: str) -> GroupApps:
         """The applications model ``name`` is deployed as, one per instance group in group order, with
         their replica counts (``deployments.serve.peers.RemoteModels`` spreads calls over them)."""
+        if name in self.pooled:
+            host = self._plan({}).host
+            return ((HOST_APP, host.num_replicas if host is not None else 1),)
         entries = self.deployed.get(name)
         if not entries:
             return own_app(name)
@@ -112,6 +157,9 @@ class RayDeployer:
         (groups, counts, kinds, resources), so it is never unserved and ``old`` serves on if ``new``
         fails; else by redeploying its applications (Serve stops a one-replica application's old
         replica before the new one starts)."""
+        if self.is_pooled(new):
+            await self._pool(new)  # hosts load the new description on the model's next request
+            return
         entries = self.entries(new)
         current = self.deployed.get(new.name)
         if current is not None and _same_shape(current, entries):
@@ -124,6 +172,10 @@ class RayDeployer:
         await self.deploy(new)
 
     async def deploy(self, model: ModelDescription) -> None:
+        if self.is_pooled(model):
+            await self._pool(model)
+            return
+        self.pooled.pop(model.name, None)
         entries = self.entries(model)
         self.board.forget(model.name)
         self.models[model.name] = model
@@ -280,6 +332,8 @@ class RayDeployer:
 
     async def delete(self, name: str) -> None:
         self.board.forget(name)
+        if self.pooled.pop(name, None) is not None and name not in self.deployed:
+            return  # hosts forget it within a pool refresh
         applications = await self._applications(name)
         self.deployed.pop(name, None)
         await self._delete_applications(applications)
@@ -362,13 +416,23 @@ class ServerDeployment:
     async def _group_apps(self, name: str) -> GroupApps:
         return self.deployer.group_apps(name)
 
+    def pooled(self, name: str) -> tuple[ModelDescription, int] | None:
+        """A pooled model's description and generation (asked by model hosts on its first request);
+        None where ``name`` is not pooled."""
+        return self.deployer.pooled.get(name)
+
+    def pool_generations(self) -> dict[str, int]:
+        """The generation of every pooled model (model hosts forget what no longer matches)."""
+        return {name: generation for name, (_, generation) in self.deployer.pooled.items()}
+
     def model_apps(self, name: str) -> GroupApps:
         """The applications of model ``name``, one per instance group, with their replica counts
         (asked by model replicas, ``deployments.serve.peers.RemoteModels``)."""
         return self.deployer.group_apps(name)
 
     def _remote(self, model: ModelDescription) -> ServedModel:
-        return ServedElsewhere(model, self._models, self._stats.setdefault(model.name, {}))
+        pushed = self._stats.setdefault(model.name, {})
+        return ServedElsewhere(model, self._models, pushed, ask_replica=not self.deployer.is_pooled(model))
 
     async def _startup(self) -> None:
         try:
@@ -424,12 +488,13 @@ class ServerDeployment:
         """The model's snapshots by replica: those pushed, with the one replica asked now replacing its own
         (a single replica's counters are then current; others are at most a push interval old)."""
         snapshots = dict(self._metrics.get(name, {}))
-        try:
-            client = self._models.client(name)
-            fresh = await asyncio.wait_for(client.metrics_snapshot(), METRICS_ASK_TIMEOUT_S)
-            snapshots[fresh.get("replica", "")] = fresh
-        except Exception as exc:  # a replica restarting or busy: its last push stands for it
-            logger.debug("metrics of model '%s' not asked: %s", name, exc)
+        if name not in self.deployer.pooled:  # a pooled model has no replica of its own: its hosts push
+            try:
+                client = self._models.client(name)
+                fresh = await asyncio.wait_for(client.metrics_snapshot(), METRICS_ASK_TIMEOUT_S)
+                snapshots[fresh.get("replica", "")] = fresh
+            except Exception as exc:  # a replica restarting or busy: its last push stands for it
+                logger.debug("metrics of model '%s' not asked: %s", name, exc)
         hosted = [{"stats": s} for key, s in self._stats.get(name, {}).items() if is_hosted_key(key)]
         return list(snapshots.values()) + hosted
 

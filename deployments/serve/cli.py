@@ -85,6 +85,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="response cache, Triton's form: local,size=<bytes> (per replica process)",
     )
     p.add_argument("--response-cache-byte-size", type=int, default=None, help="older form of --cache-config")
+    p.add_argument(
+        "--model-hosts",
+        type=int,
+        default=0,
+        help="replicas of the shared model host that serves pooled models (docs/hosts.md); 0: off",
+    )
+    p.add_argument("--model-host-cpus", type=float, default=None, help="CPUs of each model host replica")
+    p.add_argument(
+        "--model-host-memory-bytes", type=int, default=None, help="memory budget of each model host replica"
+    )
     p.set_defaults(func=run)
     r = subparsers.add_parser(
         "ray-start",
@@ -122,6 +132,9 @@ def server_args(args: argparse.Namespace) -> dict[str, Any]:
         "access_log": args.access_log,
         "cache_config": args.cache_config,
         "response_cache_byte_size": args.response_cache_byte_size,
+        "model_hosts": args.model_hosts,
+        "model_host_cpus": args.model_host_cpus,
+        "model_host_memory_bytes": args.model_host_memory_bytes,
     }
 
 

@@ -226,7 +226,7 @@ def route_grpc_by_model(lines: list[str]) -> list[str]:
         HTTP_BACKEND_PREFIX,
         haproxy_backend,
     )
-    from repository_loader.plan import GROUP_APP_MARK, MODEL_APP_PREFIX, SERVER_APP
+    from repository_loader.plan import GROUP_APP_MARK, HOST_APP, MODEL_APP_PREFIX, SERVER_APP
 
     found = _frontend(lines, GRPC_FRONTEND)
     if found is None:
@@ -262,6 +262,14 @@ def route_grpc_by_model(lines: list[str]) -> list[str]:
         streams = haproxy_backend(GRPC_BACKEND_PREFIX, app)
         if streams in backends:
             rules.append(f"    use_backend {streams} if trs_model_stream {named} {{ nbsrv({streams}) ge 1 }}")
+    hosts = haproxy_backend(HTTP_BACKEND_PREFIX, HOST_APP)
+    if hosts in backends:  # any other model's ModelInfer: a model host replica
+        backend = H1_BACKEND_PREFIX + hosts[len(HTTP_BACKEND_PREFIX) :]
+        added += _over_http1(lines, *backends[hosts], hosts, backend)
+        routed.append(backend)
+        rules.append(
+            f"    use_backend {backend} if trs_model_infer trs_uncompressed {{ nbsrv({backend}) ge 1 }}"
+        )
     server = haproxy_backend(GRPC_BACKEND_PREFIX, SERVER_APP)
     body = list(lines[start:end])
     if server in backends:
@@ -332,6 +340,39 @@ def _insertion_point(lines: list[str], start: int, end: int) -> int:
     return filled[-1] + 1 if filled else start
 
 
+HOST_BALANCE = (
+    "    # a model's requests stick to one host replica (consistent hash of its name), moving on only",
+    "    # while that one carries more than 1.5 times the average load (docs/hosts.md)",
+    "    balance hash path,field(4,/)",
+    "    hash-type consistent",
+    "    hash-balance-factor 150",
+)
+
+
+def route_model_hosts(lines: list[str]) -> list[str]:
+    """``lines`` with the model host's backend (``/v2/models``, the fallback of the model routes) balanced
+    by a consistent hash of the model name, ``/v2/models/stats`` (every model's statistics) kept for
+    the server application (``route_grpc_by_model`` sends a ``ModelInfer`` for a model with no backend
+    of its own to the host replicas)."""
+    from deployments.serve.hooks import HTTP_BACKEND_PREFIX, haproxy_backend
+    from repository_loader.plan import HOST_APP, SERVER_APP
+
+    host = haproxy_backend(HTTP_BACKEND_PREFIX, HOST_APP)
+    backends = _backends(lines)
+    if host not in backends:
+        return lines
+    server = haproxy_backend(HTTP_BACKEND_PREFIX, SERVER_APP)
+    start, _ = backends[host]
+    out = [*lines[:start], *HOST_BALANCE, *lines[start:]]
+    found = _frontend(out, "http_frontend")
+    if found is not None and server in backends:
+        first = next((i for i in range(*found) if out[i].split()[:1] == ["use_backend"]), found[1])
+        out[first:first] = [
+            f"    use_backend {server} if {{ path /v2/models/stats }} || {{ path /v2/models/stats/ }}"
+        ]
+    return out
+
+
 MARK = "# adjusted by deployments.serve.haproxy_shim"
 
 
@@ -384,7 +425,7 @@ def rewrite(text: str, error_dir: Path) -> str:
     A configuration it already adjusted (its first line is :data:`MARK`) is returned as it is."""
     if text.startswith(MARK):
         return text
-    lines = route_grpc_by_model(merge_group_backends(text.splitlines()))
+    lines = route_model_hosts(route_grpc_by_model(merge_group_backends(text.splitlines())))
     lines = raise_connection_limit(add_request_timeout(lines))
     host = frontend_host(lines)
     out = []

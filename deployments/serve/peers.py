@@ -17,7 +17,8 @@ it there when that is another replica:
   (:class:`GroupPicker`), then goes over :class:`ReplicaCalls`; a decoupled stream, or a model
   with no direct-ingress port (Serve's own proxy path), goes through the group's deployment handle.
 * :class:`ServedElsewhere`: a model as the server application's registry holds it (metadata,
-  readiness, statistics), its inference going through the router like any other.
+  readiness, statistics), its inference going through the router like any other (a pooled model:
+  to a model host replica, ``deployments.serve.model_host``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from urllib.parse import quote
 
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.codec import HEADER_LENGTH, decode_infer_response, encode_infer_request
-from deployments.protocol.dataplane import model_metadata_document
+from deployments.protocol.dataplane import empty_model_statistics, model_metadata_document
 from deployments.runtime.router import FORWARDED, RawReply, RawRequest, owner_rank
 from deployments.runtime.stats import merge_snapshots
 from deployments.serve import hooks
@@ -432,10 +433,12 @@ class ServedElsewhere:
         description: ModelDescription,
         models: RemoteModels,
         pushed: Mapping[str, list[dict[str, Any]]],
+        ask_replica: bool = True,
     ) -> None:
         self.description = description
         self._models = models
         self._pushed = pushed
+        self._ask_replica = ask_replica  # a pooled model has no replica of its own to ask
 
     def _version(self, version: str) -> tuple[int, ...]:
         if not version:
@@ -466,9 +469,12 @@ class ServedElsewhere:
         served = {str(v) for v in self._version(version)}
         own = [s for key, s in self._pushed.items() if not is_hosted_key(key)]
         hosted = [s for key, s in self._pushed.items() if is_hosted_key(key)]
-        if not own:
+        if not own and self._ask_replica:
             own = [await self._models.client(self.description.name).stats_snapshot()]
-        return [s for s in merge_snapshots(own + hosted) if s["version"] in served]
+        merged = merge_snapshots(own + hosted) or [
+            empty_model_statistics(self.description.name, str(v)) for v in self.description.versions
+        ]
+        return [s for s in merged if s["version"] in served]
 
 
 __all__ = [

@@ -16,6 +16,7 @@ from deployments.inference import InferRequest, InferResponse
 from deployments.serve.names import MODEL_DEPLOYMENT, SERVER_APP, SERVER_DEPLOYMENT
 from repository_loader.errors import ServerError
 from repository_loader.model import ModelDescription
+from repository_loader.plan import HOST_APP, HOST_DEPLOYMENT
 
 GroupApps = tuple[tuple[str, int], ...]
 """A model's Serve applications, one per instance group in group order, each with its replica count."""
@@ -54,6 +55,14 @@ class ServerClient:
             if own is not None:
                 raise own from None
             raise
+
+    async def pooled(self, name: str) -> tuple[ModelDescription, int] | None:
+        found: tuple[ModelDescription, int] | None = await self._call(self.handle.pooled, name)
+        return found
+
+    async def pool_generations(self) -> dict[str, int]:
+        found: dict[str, int] = await self._call(self.handle.pool_generations)
+        return found
 
     async def model_apps(self, name: str, timeout_s: float | None = None) -> GroupApps:
         found = await self._call(self.handle.model_apps, name, timeout_s=timeout_s)
@@ -153,7 +162,8 @@ def replica_client(app: str) -> ReplicaClient:
     """The client of application ``app``'s model deployment."""
     from ray import serve
 
-    return ReplicaClient(serve.get_deployment_handle(MODEL_DEPLOYMENT, app_name=app))
+    deployment = HOST_DEPLOYMENT if app == HOST_APP else MODEL_DEPLOYMENT
+    return ReplicaClient(serve.get_deployment_handle(deployment, app_name=app))
 
 
 __all__ = ["GroupApps", "Member", "ReplicaClient", "ServerClient", "replica_client", "server_error"]

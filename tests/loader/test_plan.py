@@ -288,3 +288,52 @@ def test_group_applications_are_told_apart_from_models() -> None:
     assert is_group_app("model-m--group-1", "m") and is_group_app("model-m--group-12")
     assert not is_group_app("model-m--group-1", "m--group-1") and not is_group_app("model-m", "m")
     assert not is_group_app("model-m--group-01") and not is_group_app("model-m--group-x")
+
+
+# --- model hosts (docs/hosts.md) ------------------------------------------------------------------
+
+
+def _python(name: str, groups: tuple[InstanceGroup, ...] = (), **parameters: str) -> ModelDescription:
+    from dataclasses import replace
+
+    return replace(_model(name, groups, backend="python", platform=""), parameters=parameters)
+
+
+def test_without_hosts_every_model_has_its_own_deployment() -> None:
+    plan = plan_deployments({"a": _python("a")}, ClusterResources(2))
+    assert plan.pooled == () and plan.host is None and [e.model for e in plan.entries] == ["a"]
+
+
+def test_with_hosts_a_model_that_needs_no_replica_of_its_own_is_pooled() -> None:
+    from repository_loader.plan import HOST_APP, HOST_ROUTE, HostPolicy
+
+    models = {
+        "plain": _python("plain"),
+        "one": _python("one", (InstanceGroup("g", InstanceKind.CPU, 1),)),
+        "two": _python("two", (InstanceGroup("g", InstanceKind.CPU, 2),)),  # several instances
+        "gpu": _python("gpu", (InstanceGroup("g", InstanceKind.GPU, 1),)),
+        "asked": _python("asked", **{"ray.placement": "dedicated"}),
+        "scaled": _python("scaled", **{"ray.autoscaling.max_replicas": "3"}),
+    }
+    plan = plan_deployments(models, ClusterResources(4, 1), hosts=HostPolicy(replicas=2, num_cpus=0.5))
+    assert plan.pooled == ("one", "plain")
+    assert {e.model for e in plan.entries} == {"two", "gpu", "asked", "scaled"}
+    assert plan.host is not None and plan.host.app_name == HOST_APP and plan.host.route_prefix == HOST_ROUTE
+    assert plan.host.num_replicas == 2 and plan.host.resources.num_cpus == 0.5
+    # the hosts' CPUs are kept out of the dedicated replicas' shares, and every replica fits
+    assert plan.total_cpus <= 4 - CONTROL_APP_CPUS
+
+
+def test_stateful_streaming_and_ensemble_models_are_never_pooled() -> None:
+    from dataclasses import replace
+
+    from repository_loader.model import SequenceBatching
+    from repository_loader.plan import HostPolicy, pooled
+
+    policy = HostPolicy(replicas=1)
+    base = _python("m", **{"ray.placement": "pooled"})
+    assert pooled(base, policy)
+    assert not pooled(replace(base, decoupled=True), policy)
+    assert not pooled(replace(base, sequence_batching=SequenceBatching()), policy)
+    assert not pooled(replace(base, backend="tensorrt"), policy)
+    assert not pooled(base, HostPolicy(replicas=0))

@@ -327,3 +327,39 @@ def test_the_script_starts_haproxy_through_the_shim_with_serves_override_set(tmp
         [str(haproxy_shim.SCRIPT), "-v"], env=env, capture_output=True, timeout=60, cwd=tmp_path
     )
     assert out.returncode == 0 and out.stdout.startswith(b"HAProxy version"), out
+
+
+def test_the_model_hosts_backend_hashes_the_model_name_and_takes_every_other_modelinfer(
+    tmp_path: Path,
+) -> None:
+    """docs/hosts.md: a pooled model's requests stick to one host replica; ``/v2/models/stats`` stays the
+    server application's; a ModelInfer naming a model with no backend of its own goes to the hosts."""
+    http_frontend = (
+        "frontend http_frontend\n    bind 127.0.0.1:3\n"
+        "    acl is_http-model-m path_beg /v2/models/m/\n"
+        "    acl is_http-triton-hosts path_beg /v2/models/\n"
+        "    acl is_http-triton path_beg /v2/\n"
+        "    use_backend http-model-m if is_http-model-m\n"
+        "    use_backend http-triton-hosts if is_http-triton-hosts\n"
+        "    use_backend http-triton if is_http-triton\n"
+    )
+    text = haproxy_shim.rewrite(
+        http_frontend + _serve_config(1, {"model-m": (2, 10), "triton-hosts": (5, 30), "triton": (4, 20)}),
+        tmp_path,
+    )
+
+    def section(head: str) -> str:
+        found = text[text.index(f"\n{head}\n") + 1 :]
+        return found[: found.find("\nbackend ")]
+
+    hosts = section("backend http-triton-hosts")
+    assert "balance hash path,field(4,/)" in hosts and "hash-type consistent" in hosts
+    frontend = section("frontend http_frontend")
+    assert "use_backend http-triton if { path /v2/models/stats }" in frontend
+    assert frontend.index("/v2/models/stats") < frontend.index("use_backend http-model-m")
+    grpc = section("frontend grpc_frontend")
+    assert "use_backend trs-grpc-h1-triton-hosts if trs_model_infer trs_uncompressed" in grpc
+    assert grpc.index("trs-grpc-h1-model-m if") < grpc.index("trs-grpc-h1-triton-hosts if")
+    assert "server r-triton-hosts 127.0.0.1:30 track http-triton-hosts/r-triton-hosts" in section(
+        "backend trs-grpc-h1-triton-hosts"
+    )

@@ -40,8 +40,9 @@ class Recorder:
 def _deployment_class(name: str) -> type:
     from deployments.serve.app import ServerDeployment
     from deployments.serve.model_app import ModelDeployment
+    from deployments.serve.model_host import ModelHostDeployment
 
-    deployment = {"server": ServerDeployment, "model": ModelDeployment}[name]
+    deployment = {"server": ServerDeployment, "model": ModelDeployment, "host": ModelHostDeployment}[name]
     return deployment.func_or_class  # type: ignore[attr-defined, no-any-return]
 
 
@@ -51,6 +52,8 @@ def _public(cls: type) -> list[str]:
 
 ARGS: dict[str, tuple[Any, ...]] = {
     "model_apps": ("m",),
+    "pooled": ("m",),
+    "pool_generations": (),
     "describe": ("m", "1"),
     "sequence_register": ("m", 1, ("model-m", "actor")),
     "sequence_members": ("m",),
@@ -99,3 +102,15 @@ async def test_each_client_method_calls_the_deployment_method_of_its_name(
 
 def test_every_method_the_replicas_and_the_server_call_is_covered() -> None:
     assert set(_public(ServerClient)) | set(_public(ReplicaClient)) == set(ARGS)
+
+
+async def test_a_model_host_answers_the_inference_calls_other_replicas_make() -> None:
+    """``RemoteModels`` reaches a pooled model through the host application's handle where it cannot
+    call a host replica's HTTP port: the host deployment has those methods, with their signatures."""
+    cls = _deployment_class("host")
+    for method in ("infer_internal", "infer_stream_internal"):
+        recorder = Recorder()
+        result = getattr(ReplicaClient(recorder), method)(*ARGS[method])
+        if inspect.isawaitable(result):
+            await result
+        inspect.signature(getattr(cls, method)).bind(None, *recorder.calls[0][1])

@@ -1,0 +1,330 @@
+"""A model host: many models in one process, loaded on demand, evicted by measured memory.
+
+Triton serves every model of a repository from one process; a Serve application per model costs a
+process per model (docs/hosts.md). A :class:`ModelHost` holds the *pooled* models of a host replica:
+
+* a model is **available** when the host knows its description (``describe``); it is **resident**
+  once loaded. The first request for an available model loads it (a cold start); loads run at most
+  ``load_concurrency`` at a time, and concurrent requests for the same model share one load;
+* every resident model's **footprint** is measured, not guessed: the process's resident memory
+  before and after its load (loads are serialized for this by default). ``budget_bytes`` is what
+  the models of the host may take together (the process's own memory before any model is not
+  counted). Before a load the host evicts the least recently used *idle* models (no request
+  inside) until the resident models' footprints plus the new model's expected one fit the budget.
+  A model whose footprint alone passes the budget is unloaded again and fails its load, naming it. Eviction never
+  drops a request in flight; an evicted model loads again on its next request;
+* statistics stay cumulative across evictions: an evicted model's counters are kept and summed
+  with those of its next load.
+
+The host is Ray-free; the serving layer (``deployments.serve.model_host``) gives it the descriptions
+and a factory for the runtimes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import gc
+import logging
+import os
+import statistics
+import time
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from deployments.inference import InferRequest, InferResponse
+from deployments.runtime.model import ModelRuntime
+from deployments.runtime.stats import merge_snapshots
+from repository_loader.errors import NotFound, ServerError, Unavailable
+from repository_loader.model import ModelDescription
+
+logger = logging.getLogger(__name__)
+
+Describe = Callable[[str], Awaitable[ModelDescription | None]]
+"""The description of an available pooled model, None if the name is not one."""
+MakeRuntime = Callable[[ModelDescription], ModelRuntime]
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (RSS), from ``/proc/self/statm``; 0 where it is missing."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _release_memory() -> None:
+    """Hand freed memory back to the system, so that the next measurement sees an eviction."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+@dataclass
+class Resident:
+    """A loaded model: its runtime, footprint and use."""
+
+    runtime: ModelRuntime
+    footprint: int
+    inside: int = 0  # requests inside it now
+    last_used: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class HostCounters:
+    """What the host did, for ``/metrics`` and the model statistics."""
+
+    loads: int = 0
+    load_failures: int = 0
+    evictions: int = 0
+    cold_start_s: float = 0.0  # summed over loads
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "loads": self.loads,
+            "load_failures": self.load_failures,
+            "evictions": self.evictions,
+            "cold_start_s": self.cold_start_s,
+        }
+
+
+class ModelHost:
+    """The pooled models of one host replica (see the module's description)."""
+
+    def __init__(
+        self,
+        describe: Describe,
+        make_runtime: MakeRuntime,
+        budget_bytes: int,
+        *,
+        load_concurrency: int = 1,
+        measure: Callable[[], int] = resident_bytes,
+    ) -> None:
+        self._describe = describe
+        self._make_runtime = make_runtime
+        self.budget_bytes = budget_bytes
+        self._measure = measure
+        self._loads = asyncio.Semaphore(max(load_concurrency, 1))
+        self._loading: dict[str, asyncio.Future[Resident]] = {}
+        self.resident: OrderedDict[str, Resident] = OrderedDict()  # least recently used first
+        self.known: dict[str, ModelDescription] = {}  # available models seen so far
+        self._retired: dict[str, list[list[dict[str, Any]]]] = {}  # statistics of evicted loads
+        self.counters: dict[str, HostCounters] = {}
+
+    # --- what is available ---------------------------------------------------------------------
+
+    async def description(self, name: str) -> ModelDescription:
+        """The description of available model ``name``; ``NotFound`` (Triton's wording) otherwise."""
+        found = self.known.get(name)
+        if found is None:
+            found = await self._describe(name)
+            if found is None:
+                raise NotFound(f"Request for unknown model: '{name}' is not found")
+            self.known[name] = found
+        return found
+
+    async def forget(self, name: str) -> None:
+        """``name`` is no longer available as it was (unloaded, or changed): unload it here when idle,
+        and look its description up again on its next request."""
+        self.known.pop(name, None)
+        resident = self.resident.get(name)
+        if resident is not None:
+            await self._evict(name, resident, reason="no longer available as loaded")
+
+    # --- running -----------------------------------------------------------------------------
+
+    async def runtime(self, name: str) -> Resident:
+        """The resident model ``name``, loaded now if it is not (marked used)."""
+        resident = self.resident.get(name)
+        if resident is None:
+            resident = await self._load_once(name)
+        else:
+            self.resident.move_to_end(name)
+        resident.last_used = time.monotonic()
+        return resident
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        try:
+            resident = await self.runtime(request.model_name)
+        except ServerError as error:
+            return InferResponse.failed(request, error)
+        resident.inside += 1
+        try:
+            return await resident.runtime.infer(request)
+        finally:
+            resident.inside -= 1
+            resident.last_used = time.monotonic()
+
+    async def infer_stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
+        try:
+            resident = await self.runtime(request.model_name)
+        except ServerError as error:
+            yield InferResponse.failed(request, error)
+            return
+        resident.inside += 1
+        try:
+            async for response in resident.runtime.infer_stream(request):
+                yield response
+        finally:
+            resident.inside -= 1
+            resident.last_used = time.monotonic()
+
+    # --- loading and eviction ------------------------------------------------------------------
+
+    def accounted_bytes(self) -> int:
+        """Every resident model's measured footprint, together."""
+        return sum(r.footprint for r in self.resident.values())
+
+    def expected_footprint(self) -> int:
+        """What a model not loaded before is expected to take: the median of those measured here."""
+        seen = [r.footprint for r in self.resident.values()]
+        return int(statistics.median(seen)) if seen else 0
+
+    async def _load_once(self, name: str) -> Resident:
+        pending = self._loading.get(name)
+        if pending is None:
+            pending = asyncio.get_running_loop().create_future()
+            self._loading[name] = pending
+            try:
+                pending.set_result(await self._load(name))
+            except BaseException as error:
+                pending.set_exception(error)
+                pending.exception()  # retrieved here: waiters re-raise it
+                raise
+            finally:
+                self._loading.pop(name, None)
+        return await asyncio.shield(pending)
+
+    async def _load(self, name: str) -> Resident:
+        model = await self.description(name)
+        counters = self.counters.setdefault(name, HostCounters())
+        async with self._loads:
+            await self._make_room(self.expected_footprint(), keep=name)
+            start = time.monotonic()
+            before = self._measure()
+            runtime = self._make_runtime(model)
+            try:
+                await runtime.load()
+            except BaseException:
+                counters.load_failures += 1
+                await runtime.close()
+                _release_memory()
+                raise
+            footprint = max(self._measure() - before, 0)
+            if footprint > self.budget_bytes:
+                counters.load_failures += 1
+                await runtime.close()
+                _release_memory()
+                raise Unavailable(
+                    f"model '{name}' takes {footprint / 2**20:.0f} MiB once loaded, more than the memory budget "
+                    f"of {self.budget_bytes / 2**20:.0f} MiB of this model host's models; give it a dedicated "
+                    "deployment (parameter ray.placement: dedicated) or raise the budget (model_host_memory_bytes)"
+                )
+            counters.loads += 1
+            counters.cold_start_s += time.monotonic() - start
+            resident = Resident(runtime, footprint)
+            self.resident[name] = resident
+            await self._make_room(0, keep=name)  # the load may have taken more than expected
+            logger.info(
+                "model host: loaded '%s' (%.0f MiB, %.2f s); %d resident, %.0f of %.0f MiB",
+                name,
+                footprint / 2**20,
+                time.monotonic() - start,
+                len(self.resident),
+                self.accounted_bytes() / 2**20,
+                self.budget_bytes / 2**20,
+            )
+            return resident
+
+    async def _make_room(self, needed: int, keep: str) -> None:
+        """Evict least recently used idle models until ``needed`` more bytes fit the budget."""
+        for name, resident in list(self.resident.items()):
+            if self.accounted_bytes() + needed <= self.budget_bytes:
+                return
+            if name == keep or resident.inside:
+                continue
+            await self._evict(name, resident, reason="memory budget")
+        if self.accounted_bytes() + needed > self.budget_bytes:
+            logger.warning(
+                "model host: %.0f MiB accounted (+%.0f MiB for '%s') passes the budget of %.0f MiB: every "
+                "other resident model has requests inside",
+                self.accounted_bytes() / 2**20,
+                needed / 2**20,
+                keep,
+                self.budget_bytes / 2**20,
+            )
+
+    async def _evict(self, name: str, resident: Resident, reason: str) -> None:
+        if self.resident.get(name) is not resident:
+            return
+        del self.resident[name]
+        self._retired.setdefault(name, []).append(resident.runtime.statistics())
+        self.counters.setdefault(name, HostCounters()).evictions += 1
+        while resident.inside:  # a forgotten model still answering: let its requests finish
+            await asyncio.sleep(0.01)
+        await resident.runtime.close()
+        _release_memory()
+        logger.info("model host: evicted '%s' (%s)", name, reason)
+
+    async def close(self) -> None:
+        for name, resident in list(self.resident.items()):
+            await self._evict(name, resident, reason="host stopping")
+
+    # --- reporting -----------------------------------------------------------------------------
+
+    def statistics(self, name: str) -> list[dict[str, Any]]:
+        """Model ``name``'s statistics in this host, over every load of it (cumulative)."""
+        snapshots = list(self._retired.get(name, ()))
+        resident = self.resident.get(name)
+        if resident is not None:
+            snapshots.append(resident.runtime.statistics())
+        return merge_snapshots(snapshots)
+
+    def served(self) -> Iterator[str]:
+        """Every model this host has run (resident or evicted)."""
+        yield from dict.fromkeys([*self._retired, *self.resident])
+
+
+class HostedModels(Mapping[str, "HostedRunner"]):
+    """The router's view of a host's models (``Router(local=...)``): every available model runs here."""
+
+    def __init__(self, host: ModelHost) -> None:
+        self.host = host
+
+    def __getitem__(self, name: str) -> HostedRunner:
+        if name not in self.host.known:
+            raise KeyError(name)
+        return HostedRunner(self.host)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.host.known
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.host.known)
+
+    def __len__(self) -> int:
+        return len(self.host.known)
+
+
+class HostedRunner:
+    """A :class:`~deployments.runtime.router.Runner` for a pooled model: loads it on its first request."""
+
+    __slots__ = ("host",)
+
+    def __init__(self, host: ModelHost) -> None:
+        self.host = host
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        return await self.host.infer(request)
+
+    def infer_stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
+        return self.host.infer_stream(request)
+
+
+__all__ = ["HostCounters", "HostedModels", "HostedRunner", "ModelHost", "Resident", "resident_bytes"]

@@ -1,0 +1,159 @@
+"""The model host deployment: each replica serves every pooled model, loaded on its first request.
+
+One Serve application (``repository_loader.plan.HostEntry``, ``triton-hosts``) at ``/v2/models``, the
+longest-prefix fallback of the model routes: a model with a deployment of its own keeps its own route,
+and HAProxy sends every other model's requests to a host replica (``deployments.serve.haproxy_shim``
+hashes the model name consistently over the host replicas, so a model sticks to one of them while
+that one is not overloaded). Inside, :class:`~deployments.runtime.host.ModelHost` loads and evicts
+(docs/hosts.md); the router (``deployments.runtime.router``) runs every pooled model here and sends
+calls for other models to their replicas, as any replica does.
+
+Which models are pooled is the server application's: a host asks it for a model's description on
+that model's first request, and every ``POOL_REFRESH_S`` for the generation of every pooled model,
+forgetting models that were unloaded or changed since (they load again, as changed, on their next
+request). Statistics of every model the replica ran are pushed to the server application like a
+model replica's, so ``/v2/models/stats`` and ``/metrics`` count pooled models.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from ray import serve
+
+from deployments.backends.python_api.logger import log_to_stderr
+from deployments.inference import InferRequest, InferResponse
+from deployments.protocol.http import ServerHTTPApp
+from deployments.replica import host_dataplane
+from deployments.runtime import response_cache
+from deployments.runtime.host import ModelHost
+from deployments.runtime.model import ModelRuntime
+from deployments.runtime.stats import PushGate
+from deployments.serve import grpc_ingress, ingress, ray_metrics
+from deployments.serve.names import hosted_key
+from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory
+from deployments.serve.response_writes import coalesce_response_writes
+from deployments.serve.server_api import ServerClient
+from deployments.settings import ServerSettings
+from repository_loader.model import ModelDescription
+from repository_loader.plan import HOST_APP, HOST_ROUTE
+
+logger = logging.getLogger("ray.serve")
+
+POOL_REFRESH_S = 2.0  # how often a host compares its models with the server's pool
+HOST_KEY = HOST_APP  # the statistics key suffix of a host replica's pushes
+
+
+@serve.deployment(
+    name="host", health_check_period_s=1.0, health_check_timeout_s=10.0, graceful_shutdown_timeout_s=5.0
+)
+@serve.ingress()
+class ModelHostDeployment:
+    """A model host replica (see the module's description)."""
+
+    async def __init__(self, settings: ServerSettings, memory_bytes: int) -> None:  # type: ignore[misc]
+        coalesce_response_writes()
+        log_to_stderr()
+        ray_metrics.export_to_ray()
+        response_cache.configure(settings.response_cache_bytes)
+        self.settings = settings
+        context = serve.get_replica_context()
+        self.replica_id = context.replica_id.unique_id if context else str(os.getpid())
+        own: Any = context.rank if context else 0  # a ReplicaRank (its ``rank``), or the number itself
+        self._index = int(getattr(own, "rank", own) or 0)
+        self.server = ServerClient()
+        self._calls = ReplicaCalls(ReplicaDirectory(self.server))
+        self.remote = RemoteModels(calls=self._calls if settings.direct_routes else None, server=self.server)
+        self._generations: dict[str, int] = {}
+        self.host = ModelHost(self._describe, self._runtime, memory_bytes)
+        dataplane = host_dataplane(self.host, remote=self.remote, describe_elsewhere=self.server.describe)
+        self.router = dataplane.router
+        self._app = ServerHTTPApp(dataplane, limits=settings.limits)
+        self._app.restricted = settings.http_restricted_api
+        ingress.serve_directly(HOST_ROUTE, self._app, enabled=settings.direct_routes)
+        if settings.allow_grpc:  # ModelInfer calls for pooled models, routed by HAProxy
+            grpc_ingress.serve_grpc(dataplane, grpc_ingress.grpc_options(settings))
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._follow_pool()), loop.create_task(self._push_stats())]
+
+    def __serve_build_asgi_app__(self) -> Any:
+        return self._app
+
+    def _runtime(self, model: ModelDescription) -> ModelRuntime:
+        return ModelRuntime(model, executor=self.router, instance_name=f"{model.name}_0_{self._index}")
+
+    async def _describe(self, name: str) -> ModelDescription | None:
+        found = await self.server.pooled(name)
+        if found is None:
+            return None
+        model, generation = found
+        self._generations[name] = generation
+        return model
+
+    async def _follow_pool(self) -> None:
+        """Forget models the server no longer pools as this host knows them (unloaded, or reloaded)."""
+        while True:
+            await asyncio.sleep(POOL_REFRESH_S)
+            try:
+                current = await self.server.pool_generations()
+            except Exception as exc:  # the server may be restarting
+                logger.debug("model host: pool not read: %s", exc)
+                continue
+            for name, generation in list(self._generations.items()):
+                if current.get(name) != generation:
+                    self._generations.pop(name, None)
+                    await self.host.forget(name)
+
+    async def _push_stats(self) -> None:
+        """Every model's statistics in this replica (cumulative over its loads), pushed when changed."""
+        gate = PushGate(self.settings.stats_heartbeat_s)
+        key = hosted_key(self.replica_id, HOST_KEY)
+        while True:
+            await asyncio.sleep(self.settings.stats_push_interval_s)
+            current = {name: self.host.statistics(name) for name in self.host.served()}
+            if not gate.due(current):
+                continue
+            try:
+                for name, snapshot in current.items():
+                    await self.server.report_stats(name, key, snapshot)
+                gate.sent(current)
+            except Exception as exc:  # the server may be restarting; try again next round
+                logger.debug("stats push failed: %s", exc)
+
+    # --- what other replicas and the server call (``deployments.serve.server_api.ReplicaClient``) ----
+
+    async def infer_internal(self, request: InferRequest) -> InferResponse:
+        return await self.router.infer(request)
+
+    async def infer_stream_internal(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
+        stream = self.router.stream(request)
+        try:
+            async for response in stream:
+                yield response
+        finally:
+            await stream.aclose()
+
+    def host_status(self) -> dict[str, Any]:
+        """What this host holds: resident models with their footprints, and its counters."""
+        return {
+            "replica": self.replica_id,
+            "budget_bytes": self.host.budget_bytes,
+            "accounted_bytes": self.host.accounted_bytes(),
+            "resident": {name: r.footprint for name, r in self.host.resident.items()},
+            "counters": {name: c.as_dict() for name, c in self.host.counters.items()},
+        }
+
+    async def __del__(self) -> None:
+        ingress.withdraw(HOST_ROUTE)
+        grpc_ingress.withdraw()
+        for task in self._tasks:
+            task.cancel()
+        await self._calls.close()
+        await self.host.close()
+
+
+__all__ = ["ModelHostDeployment"]

@@ -1,0 +1,223 @@
+"""A model host (``deployments.runtime.host``): models loaded on demand, evicted least recently used
+under a memory budget measured from the process's resident memory, counters kept across evictions.
+
+The models are real Python models whose ``initialize`` allocates and touches ``MIB`` mebibytes, so the
+footprints are the process's real resident memory, not numbers the test made up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from deployments.runtime.host import HostedModels, ModelHost
+from deployments.runtime.model import ModelRuntime
+from deployments.runtime.router import Router, Where
+from repository_loader.errors import NotFound, Unavailable
+from repository_loader.model import ModelDescription
+from tests.backends.helpers import describe, request, spec
+
+MIB = 2**20
+# holds MIB mebibytes (written, so resident) while loaded; answers Y = X + 1 after DELAY seconds
+ALLOCATING_PY = """
+import json
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        parameters = json.loads(args["model_config"])["parameters"]
+        self.block = bytearray(int(parameters["MIB"]["string_value"]) * 1048576)
+        for i in range(0, len(self.block), 4096):
+            self.block[i] = 1
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            time.sleep(float(x.reshape(-1)[0]) / 1000.0)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x + 1)]))
+        return responses
+
+    def finalize(self):
+        self.block = None
+"""
+
+
+def _models(tmp_path: Path, sizes: dict[str, int]) -> dict[str, ModelDescription]:
+    found = {}
+    for name, mib in sizes.items():
+        folder = tmp_path / name
+        (folder / "1").mkdir(parents=True)
+        (folder / "1" / "model.py").write_text(ALLOCATING_PY)
+        found[name] = describe(
+            name,
+            folder,
+            "python",
+            [spec("X", "FP32", [1])],
+            [spec("Y", "FP32", [1])],
+            parameters={"MIB": str(mib)},
+        )
+    return found
+
+
+def _host(models: dict[str, ModelDescription], budget_mib: int, **kw: object) -> ModelHost:
+    async def describe_pooled(name: str) -> ModelDescription | None:
+        return models.get(name)
+
+    return ModelHost(describe_pooled, ModelRuntime, budget_mib * MIB, **kw)  # type: ignore[arg-type]
+
+
+async def _ask(host: ModelHost, name: str, delay_ms: float = 0.0) -> float:
+    answer = await host.infer(request(name, X=np.array([delay_ms], dtype=np.float32)))
+    assert answer.error is None, answer.error
+    return float(np.asarray(answer.outputs["Y"]).reshape(-1)[0])
+
+
+async def test_a_model_loads_on_its_first_request_and_stays(tmp_path: Path) -> None:
+    host = _host(_models(tmp_path, {"a": 8}), budget_mib=500)
+    try:
+        assert host.resident == {}
+        assert await _ask(host, "a") == 1.0
+        assert list(host.resident) == ["a"] and host.counters["a"].loads == 1
+        assert await _ask(host, "a") == 1.0
+        assert host.counters["a"].loads == 1  # warm: no second load
+        assert 6 * MIB <= host.resident["a"].footprint <= 20 * MIB  # measured, about its 8 MiB
+    finally:
+        await host.close()
+
+
+async def test_an_unknown_model_is_not_found_with_tritons_wording(tmp_path: Path) -> None:
+    host = _host({}, budget_mib=100)
+    answer = await host.infer(request("nope", X=np.array([0.0], dtype=np.float32)))
+    assert isinstance(answer.error, NotFound)
+    assert answer.error.message == "Request for unknown model: 'nope' is not found"
+
+
+async def test_the_least_recently_used_idle_model_is_evicted_to_fit_the_budget(tmp_path: Path) -> None:
+    host = _host(_models(tmp_path, {"a": 40, "b": 40, "c": 40}), budget_mib=100)
+    try:
+        await _ask(host, "a")
+        await _ask(host, "b")
+        await _ask(host, "a")  # b is now the least recently used
+        await _ask(host, "c")
+        assert set(host.resident) == {"a", "c"}
+        assert host.counters["b"].evictions == 1
+        assert host.accounted_bytes() <= host.budget_bytes
+        assert await _ask(host, "b") == 1.0  # an evicted model loads again on its next request
+        assert host.counters["b"].loads == 2 and "b" in host.resident
+    finally:
+        await host.close()
+
+
+async def test_a_model_with_a_request_inside_is_never_evicted(tmp_path: Path) -> None:
+    host = _host(_models(tmp_path, {"a": 40, "b": 40, "c": 40}), budget_mib=100)
+    try:
+        await _ask(host, "b")
+        await _ask(host, "a")
+        slow = asyncio.ensure_future(_ask(host, "b", delay_ms=1500))  # b, the LRU, is busy
+        await asyncio.sleep(0.3)
+        await _ask(host, "c")
+        assert "b" in host.resident and "a" not in host.resident
+        assert await slow == 1501.0  # answered, not dropped
+    finally:
+        await host.close()
+
+
+async def test_a_model_larger_than_the_budget_fails_its_load_naming_the_budget(tmp_path: Path) -> None:
+    host = _host(_models(tmp_path, {"big": 120, "small": 4}), budget_mib=60)
+    try:
+        answer = await host.infer(request("big", X=np.array([0.0], dtype=np.float32)))
+        assert isinstance(answer.error, Unavailable)
+        assert "memory budget" in answer.error.message and "'big'" in answer.error.message
+        assert "big" not in host.resident and host.counters["big"].load_failures == 1
+        assert await _ask(host, "small") == 1.0  # the host keeps serving
+    finally:
+        await host.close()
+
+
+async def test_concurrent_first_requests_share_one_load(tmp_path: Path) -> None:
+    host = _host(_models(tmp_path, {"a": 4}), budget_mib=200)
+    try:
+        answers = await asyncio.gather(*(_ask(host, "a") for _ in range(8)))
+        assert answers == [1.0] * 8 and host.counters["a"].loads == 1
+    finally:
+        await host.close()
+
+
+async def test_statistics_stay_cumulative_across_evictions(tmp_path: Path) -> None:
+    host = _host(_models(tmp_path, {"a": 40, "b": 40, "c": 40}), budget_mib=100)
+    try:
+        for _ in range(3):
+            await _ask(host, "a")
+        await _ask(host, "b")
+        await _ask(host, "c")  # evicts a
+        assert "a" not in host.resident
+        await _ask(host, "a")
+        (stats,) = host.statistics("a")
+        assert stats["inference_stats"]["success"]["count"] == 4
+    finally:
+        await host.close()
+
+
+async def test_a_forgotten_model_is_unloaded_and_described_again(tmp_path: Path) -> None:
+    models = _models(tmp_path, {"a": 4})
+    host = _host(models, budget_mib=200)
+    try:
+        await _ask(host, "a")
+        models.pop("a")  # unloaded from the repository
+        await host.forget("a")
+        assert "a" not in host.resident
+        answer = await host.infer(request("a", X=np.array([0.0], dtype=np.float32)))
+        assert isinstance(answer.error, NotFound)
+    finally:
+        await host.close()
+
+
+async def test_the_router_runs_every_available_model_here(tmp_path: Path) -> None:
+    host = _host(_models(tmp_path, {"a": 4}), budget_mib=200)
+    try:
+        router = Router(local=HostedModels(host))
+        probe = request("a", X=np.array([0.0], dtype=np.float32))
+        assert router.place(probe).where is Where.REMOTE  # not known yet: the data plane asks first
+        await host.description("a")
+        assert router.place(probe).where is Where.LOCAL
+        answer = await router.infer(probe)
+        assert answer.error is None and "a" in host.resident
+    finally:
+        await host.close()
+
+
+@pytest.mark.parametrize("concurrency", [1, 2])
+async def test_loads_run_at_most_load_concurrency_at_a_time(tmp_path: Path, concurrency: int) -> None:
+    host = _host(
+        _models(tmp_path, {f"m{i}": 2 for i in range(4)}), budget_mib=500, load_concurrency=concurrency
+    )
+    running = 0
+    most = 0
+    make = host._make_runtime
+
+    class Counted(ModelRuntime):
+        async def load(self) -> None:
+            nonlocal running, most
+            running += 1
+            most = max(most, running)
+            try:
+                await asyncio.sleep(0.05)
+                await super().load()
+            finally:
+                running -= 1
+
+    host._make_runtime = lambda model: Counted(model)  # type: ignore[method-assign]
+    try:
+        await asyncio.gather(*(_ask(host, f"m{i}") for i in range(4)))
+        assert most == concurrency
+    finally:
+        host._make_runtime = make  # type: ignore[method-assign]
+        await host.close()

@@ -1,0 +1,186 @@
+"""Model hosts end to end (docs/hosts.md): pooled models in one shared host replica beside a model with
+a deployment of its own, loaded on their first request, evicted under the host's memory budget with
+no failed request, unloaded and loaded again through the repository API; real ``tritonclient`` HTTP
+and gRPC through HAProxy. One server of its own for the module (tests/serve/standalone.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from tests.serve import processes
+from tests.serve.standalone import Server, http
+
+MIB = 2**20
+POOLED = [f"pooled_{i}" for i in range(4)]
+DEDICATED = "dedicated_0"
+MODEL_MIB = 40  # each pooled model holds this much while loaded
+BUDGET_MIB = 100  # the host's models together: two fit, not three
+
+MODEL_PY = """
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.add = float(config["parameters"]["ADD"]["string_value"])
+        size = int(config["parameters"]["MIB"]["string_value"]) * 1048576
+        self.block = bytearray(size)
+        for i in range(0, size, 4096):
+            self.block[i] = 1
+
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", (x + self.add).astype(np.float32))]))
+        return out
+"""
+
+
+def _config(name: str, add: int, mib: int, placement: str = "") -> str:
+    extra = (
+        f'parameters {{ key: "ray.placement" value: {{ string_value: "{placement}" }} }}\n'
+        if placement
+        else ""
+    )
+    return (
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        f'parameters {{ key: "ADD" value: {{ string_value: "{add}" }} }}\n'
+        f'parameters {{ key: "MIB" value: {{ string_value: "{mib}" }} }}\n'
+        f"{extra}"
+        "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    repo = tmp_path_factory.mktemp("hosts") / "repo"
+    models = [(name, i + 1, MODEL_MIB, "") for i, name in enumerate(POOLED)]
+    models.append((DEDICATED, 100, 1, "dedicated"))
+    for name, add, mib, placement in models:
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.py").write_text(MODEL_PY)
+        (repo / name / "config.pbtxt").write_text(_config(name, add, mib, placement))
+    srv = Server(
+        repo,
+        args={
+            "model_control_mode": "explicit",
+            "load_model": ["*"],
+            "model_hosts": 1,
+            "model_host_cpus": 0.2,
+            "model_host_memory_bytes": BUDGET_MIB * MIB,
+        },
+    )
+    try:
+        srv.wait_ready([*POOLED, DEDICATED])
+        deadline = time.monotonic() + 120  # and the server itself: gRPC answers too
+        while http(f"{srv.url}/v2/health/ready", timeout=5)[0] != 200:
+            assert time.monotonic() < deadline, "the server never said ready"
+            time.sleep(0.5)
+        yield srv
+    finally:
+        srv.close()
+
+
+def _http(server: Server) -> httpclient.InferenceServerClient:
+    return httpclient.InferenceServerClient(server.url.removeprefix("http://"))
+
+
+def _infer_http(client: httpclient.InferenceServerClient, model: str, x: float = 1.0) -> float:
+    inp = httpclient.InferInput("X", [1], "FP32")
+    inp.set_data_from_numpy(np.array([x], dtype=np.float32))
+    return float(client.infer(model, [inp]).as_numpy("Y")[0])
+
+
+def _host_pids(server: Server) -> list[int]:
+    return sorted(
+        p for p in processes.alive(server.track()) if "ServeReplica:triton-hosts:" in processes.command(p)
+    )
+
+
+def _rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def test_pooled_models_share_one_host_replica_beside_a_dedicated_one(server: Server) -> None:
+    client = _http(server)
+    index = {row["name"]: row["state"] for row in client.get_model_repository_index()}
+    assert all(index[name] == "READY" for name in [*POOLED, DEDICATED])
+    for i, name in enumerate(POOLED):
+        assert client.is_model_ready(name)
+        assert client.get_model_metadata(name)["name"] == name
+        assert _infer_http(client, name) == 1.0 + i + 1
+    assert _infer_http(client, DEDICATED) == 101.0
+    # one host process for every pooled model; the dedicated model has its own replica, they none
+    assert len(_host_pids(server)) == 1
+    assert len(server.replica_pids(DEDICATED)) == 1
+    assert all(server.replica_pids(name) == [] for name in POOLED)
+
+
+def test_grpc_reaches_pooled_models(server: Server) -> None:
+    grpc_port = server.config.read_text().split("grpc_port: ")[1].split()[0]
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}") as client:
+        assert client.is_model_ready(POOLED[1])
+        inp = grpcclient.InferInput("X", [1], "FP32")
+        inp.set_data_from_numpy(np.array([5.0], dtype=np.float32))
+        assert float(client.infer(POOLED[1], [inp]).as_numpy("Y")[0]) == 7.0
+        assert float(client.infer(DEDICATED, [inp]).as_numpy("Y")[0]) == 105.0
+
+
+def test_walking_more_models_than_the_budget_evicts_and_fails_nothing(server: Server) -> None:
+    """Four 40 MiB models through a 100 MiB budget, twice over: every answer right, and the host's memory
+    never grows by the four models' 160 MiB (evicted models' memory is handed back)."""
+    client = _http(server)
+    (pid,) = _host_pids(server)
+    for name in POOLED:  # every model resident once, whatever the earlier tests left
+        _infer_http(client, name)
+    start = _rss(pid)
+    highest = start
+    for _ in range(2):
+        for i, name in enumerate(POOLED):
+            assert _infer_http(client, name, x=2.0) == 2.0 + i + 1
+            highest = max(highest, _rss(pid))
+    assert highest - start < 2 * MODEL_MIB * MIB, f"host grew by {(highest - start) / MIB:.0f} MiB"
+    stats = client.get_inference_statistics(POOLED[0])["model_stats"][0]
+    deadline = time.monotonic() + 15  # the host pushes its statistics every second
+    while int(stats["inference_stats"]["success"]["count"]) < 3 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        stats = client.get_inference_statistics(POOLED[0])["model_stats"][0]
+    assert int(stats["inference_stats"]["success"]["count"]) >= 3  # cumulative over its evictions
+
+
+def test_unload_and_load_of_a_pooled_model(server: Server) -> None:
+    client = _http(server)
+    name = POOLED[3]
+    assert _infer_http(client, name) == 5.0
+    client.unload_model(name)
+    index = {row["name"]: row.get("state") for row in client.get_model_repository_index()}
+    assert index[name] == "UNAVAILABLE"
+    deadline = time.monotonic() + 10  # hosts follow the pool every 2 s
+    while time.monotonic() < deadline:
+        try:
+            _infer_http(client, name)
+        except Exception as exc:  # the unloaded model is refused
+            assert "unknown model" in str(exc) or "not" in str(exc)
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail("an unloaded pooled model still answered")
+    client.load_model(name)
+    assert _infer_http(client, name) == 5.0
