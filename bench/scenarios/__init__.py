@@ -16,6 +16,7 @@ SCENARIOS = (
     "sequence",
     "cluster_scaling",
     "cluster_ensemble",
+    "density",
 )
 
 

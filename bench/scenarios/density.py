@@ -1,0 +1,174 @@
+"""Model density: a repository of many small Python models, served by tritonserver and by this server
+with model hosts (docs/hosts.md), one after the other on the same repository in one run.
+
+For each server: the seconds from its start until ``/v2/health/ready`` answers 200 and every model is
+listed READY, the memory of all its processes then (the sum of their proportional set sizes, PSS, so
+shared pages count once), and, for every model in turn, the latency of its first request (a cold start
+on a model host) and of a second one (warm), and the memory after that walk. ``BENCH_DENSITY_MODELS``
+sets the number of models (default 60; 20 with ``--quick``), ``BENCH_DENSITY_HOSTS`` the host replicas
+(default 1). The notes hold this server's figures over tritonserver's.
+
+tritonserver's wheel here has only its Python backend, so the ONNX half of the density comparison
+(issue: 60 small ONNX models) cannot run against it on this machine.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.cpu_split import take_snapshot
+from bench.peers import PeerSetupError, ServerHandle, start_tritonserver
+from bench.results import Report
+from bench.scenarios.common import (
+    BENCH_MODELS,
+    free_port,
+    log,
+    make_repository,
+    new_report,
+    save_report,
+    start_this_server,
+    work_dir,
+)
+
+NAME = "density"
+MODEL = "identity_py"
+PEER = "tritonserver"
+THIS = "this server (model hosts)"
+
+
+def pss_bytes(root: int) -> int:
+    """The summed PSS of process ``root`` and every process below it."""
+    total = 0
+    for pid in take_snapshot().descendants({root}):
+        try:
+            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:  # it ended, or is not ours to read
+            continue
+        for line in text.splitlines():
+            if line.startswith("Pss:"):
+                total += int(line.split()[1]) * 1024
+                break
+    return total
+
+
+def _index_ready(url: str, names: list[str]) -> bool:
+    import json
+
+    try:
+        with urllib.request.urlopen(f"http://{url}/v2/health/ready", timeout=5) as resp:
+            if resp.status != 200:
+                return False
+        request = urllib.request.Request(f"http://{url}/v2/repository/index", data=b"{}", method="POST")
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            rows = json.loads(resp.read())
+    except OSError:
+        return False
+    ready = {row["name"] for row in rows if row.get("state") == "READY"}
+    return set(names) <= ready
+
+
+def _infer_ms(client: Any, name: str) -> float:
+    import tritonclient.http as httpclient
+
+    data = np.ones((1, 16), dtype=np.float32)
+    inp = httpclient.InferInput("INPUT0", list(data.shape), "FP32")
+    inp.set_data_from_numpy(data)
+    start = time.perf_counter()
+    client.infer(name, [inp])
+    return (time.perf_counter() - start) * 1000
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {
+        "median": statistics.median(ordered),
+        "p90": ordered[int(0.9 * (len(ordered) - 1))],
+        "max": ordered[-1],
+    }
+
+
+def measure_server(start: Callable[[], ServerHandle], names: list[str]) -> dict[str, Any]:
+    """Start one server, time its readiness, read its memory, walk every model cold then warm."""
+    import tritonclient.http as httpclient
+
+    began = time.monotonic()
+    handle = start()
+    with handle:
+        deadline = time.monotonic() + 900
+        while not _index_ready(handle.url, names):
+            if time.monotonic() > deadline:
+                raise TimeoutError("not every model became READY")
+            time.sleep(0.5)
+        ready_s = time.monotonic() - began
+        time.sleep(2)  # let start-up work settle before memory is read
+        pss_ready = pss_bytes(handle.process.pid)
+        processes = len(take_snapshot().descendants({handle.process.pid}))
+        client = httpclient.InferenceServerClient(handle.url)
+        first = [_infer_ms(client, name) for name in names]
+        warm = [_infer_ms(client, name) for name in names]
+        pss_walked = pss_bytes(handle.process.pid)
+    return {
+        "ready_s": ready_s,
+        "pss_ready_bytes": pss_ready,
+        "pss_after_walk_bytes": pss_walked,
+        "processes": processes,
+        "first_request_ms": _summary(first),
+        "warm_request_ms": _summary(warm),
+    }
+
+
+def run(quick: bool = False) -> Report:
+    """Run the scenario and save it under ``bench/results/density/``."""
+    work = work_dir(NAME)
+    count = int(os.environ.get("BENCH_DENSITY_MODELS", "20" if quick else "60"))
+    hosts = int(os.environ.get("BENCH_DENSITY_HOSTS", "1"))
+    names = [f"m{i:03d}" for i in range(count)]
+    repo = make_repository(work / "repo", [(BENCH_MODELS / MODEL, name, None) for name in names])
+    report = new_report(NAME, model=MODEL, models=count, host_replicas=hosts)
+    servers: list[tuple[str, Callable[[], ServerHandle]]] = [
+        (
+            PEER,
+            lambda: start_tritonserver(
+                repo, free_port(), free_port(), free_port(), log_path=work / "t.log", timeout=900
+            ),
+        ),
+        (
+            THIS,
+            lambda: start_this_server(
+                repo,
+                free_port(),
+                grpc_port=free_port(),
+                log_path=work / "this.log",
+                timeout=900,
+                extra_args=["--model-hosts", str(hosts)],
+            ),
+        ),
+    ]
+    results: dict[str, Any] = {}
+    for label, start in servers:
+        log(f"{NAME}: {label} on {count} models")
+        try:
+            results[label] = measure_server(start, names)
+        except (PeerSetupError, TimeoutError) as exc:
+            report.notes.setdefault("skipped", {})[label] = str(exc)[-600:]
+            continue
+        log(f"{NAME}: {label}: {results[label]}")
+    report.notes["servers"] = results
+    if PEER in results and THIS in results:
+        peer, this = results[PEER], results[THIS]
+        report.notes["this_over_peer"] = {
+            "ready_s": this["ready_s"] / peer["ready_s"],
+            "pss_ready": this["pss_ready_bytes"] / peer["pss_ready_bytes"],
+            "pss_after_walk": this["pss_after_walk_bytes"] / peer["pss_after_walk_bytes"],
+            "warm_request_median": this["warm_request_ms"]["median"] / peer["warm_request_ms"]["median"],
+        }
+    log(f"{NAME}: results in {save_report(report, 'Model density')}")
+    return report
