@@ -66,6 +66,7 @@ from pathlib import Path
 REAL_BINARY_ENV = "TRITON_SERVE_HAPROXY_BINARY"
 REQUEST_TIMEOUT_ENV = "TRITON_SERVE_HAPROXY_REQUEST_TIMEOUT_S"
 REQUEST_TIMEOUT_S = 10
+STREAM_FIRST_MESSAGE_S = 3600  # as long as an idle client may stay (Serve's ``timeout client``)
 MAX_CONNECTIONS = 65536
 _MAXCONN = re.compile(r"^(\s*maxconn\s+)(\d+)(\s*)$")
 """How long a client has to send a request's head (also the first one on a new connection): a
@@ -241,9 +242,11 @@ def route_grpc_by_model(lines: list[str]) -> list[str]:
         f"    acl trs_model_infer path {_MODEL_INFER}",
         f"    acl trs_model_stream path {_MODEL_STREAM}",
         "    acl trs_uncompressed req.body,bytes(0,1),hex -m str 00",
-        "    http-request wait-for-body time 1s if trs_model_infer",
+        # HAProxy answers 408 when the wait runs out: a unary call's message comes with its head (a
+        # slow client has the request timeout), a stream's first message whenever its client has one
+        f"    http-request wait-for-body time {REQUEST_TIMEOUT_S}s if trs_model_infer",
         # a stream's body does not end: on with its first bytes (its first DATA frame)
-        "    http-request wait-for-body time 1s at-least 1 if trs_model_stream",
+        f"    http-request wait-for-body time {STREAM_FIRST_MESSAGE_S}s at-least 1 if trs_model_stream",
         f"    http-request set-var(txn.trs_head) req.body,bytes(5,{_HEAD_BYTES}),hex"
         " if trs_model_infer trs_uncompressed or trs_model_stream trs_uncompressed",
     ]

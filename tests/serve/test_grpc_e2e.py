@@ -227,6 +227,24 @@ def test_sync_stream_several_requests_interleaved(grpc_url: str) -> None:
         assert got[request_id] == list(enumerate(text.split())), request_id
 
 
+def test_a_stream_whose_first_request_comes_late_is_answered(grpc_url: str) -> None:
+    """A client may open a stream and send its first request seconds later (Triton's lifecycle test
+    waits a second first): HAProxy, which reads the first request to route the stream, waits for it
+    rather than answering 408."""
+    answers: queue.Queue[Any] = queue.Queue()
+    with grpcclient.InferenceServerClient(grpc_url) as c:
+        c.start_stream(callback=lambda result, error: answers.put((result, error)))
+        time.sleep(1.5)
+        c.async_stream_infer("word_stream", _words_inputs("late words"), request_id="late")
+        words = []
+        for _ in range(2):
+            result, error = answers.get(timeout=30)
+            assert error is None, error
+            words.append(result.as_numpy("text_output")[0].decode())
+        c.stop_stream()
+    assert words == ["late", "words"]
+
+
 def test_empty_final_response_when_asked(grpc_url: str) -> None:
     answers: queue.Queue[Any] = queue.Queue()
     with grpcclient.InferenceServerClient(grpc_url) as c:
