@@ -6,7 +6,10 @@ listed READY, the memory of all its processes then (the sum of their proportiona
 shared pages count once), and, for every model in turn, the latency of its first request (a cold start
 on a model host) and of a second one (warm), and the memory after that walk. ``BENCH_DENSITY_MODELS``
 sets the number of models (default 60; 20 with ``--quick``), ``BENCH_DENSITY_HOSTS`` the host replicas
-(default 1). The notes hold this server's figures over tritonserver's.
+(default 1), ``BENCH_DENSITY_SERVERS`` which servers run (``tritonserver,this``; a repository of a
+thousand Python models would start a thousand stub processes in tritonserver). The results go to
+``bench/results/density/`` (``density-<N>.json`` beside ``results.json`` where N is not 60). The
+notes hold this server's figures over tritonserver's.
 
 tritonserver's wheel here has only its Python backend, so the ONNX half of the density comparison
 (issue: 60 small ONNX models) cannot run against it on this machine.
@@ -26,9 +29,10 @@ import numpy as np
 
 from bench.cpu_split import take_snapshot
 from bench.peers import PeerSetupError, ServerHandle, start_tritonserver
-from bench.results import Report
+from bench.results import Report, write_json
 from bench.scenarios.common import (
     BENCH_MODELS,
+    RESULTS,
     free_port,
     log,
     make_repository,
@@ -152,6 +156,8 @@ def run(quick: bool = False) -> Report:
             ),
         ),
     ]
+    chosen = os.environ.get("BENCH_DENSITY_SERVERS", "tritonserver,this").split(",")
+    servers = [(label, start) for label, start in servers if label.split(" ")[0] in chosen]
     results: dict[str, Any] = {}
     for label, start in servers:
         log(f"{NAME}: {label} on {count} models")
@@ -170,5 +176,10 @@ def run(quick: bool = False) -> Report:
             "pss_after_walk": this["pss_after_walk_bytes"] / peer["pss_after_walk_bytes"],
             "warm_request_median": this["warm_request_ms"]["median"] / peer["warm_request_ms"]["median"],
         }
-    log(f"{NAME}: results in {save_report(report, 'Model density')}")
+    if count == 60:
+        log(f"{NAME}: results in {save_report(report, 'Model density')}")
+    else:
+        path = RESULTS / NAME / f"density-{count}.json"
+        write_json(report, path)
+        log(f"{NAME}: results in {path}")
     return report

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 logger = logging.getLogger(__name__)
@@ -255,6 +255,52 @@ def render_triton(
     text += "".join(line + "\n" for line in lines)
     text += custom_metrics.render_prometheus(by_kind[custom_metrics.GAUGE])
     return text + custom_metrics.render_prometheus(by_kind[custom_metrics.HISTOGRAM])
+
+
+# Model hosts (docs/hosts.md): families of this server's own (Triton has no model hosts), named in
+# Triton's style with a ``model_host`` infix. Counters sum over host replicas; the gauges count them.
+MODEL_HOST_COUNTERS = {
+    "nv_model_host_load_total": ("loads", "Loads of a pooled model on a model host replica (cold starts)"),
+    "nv_model_host_load_failure_total": ("load_failures", "Loads of a pooled model that failed"),
+    "nv_model_host_eviction_total": (
+        "evictions",
+        "Unloads of a pooled model to keep a host within its budget",
+    ),
+    "nv_model_host_load_duration_us": ("cold_start_s", "Cumulative time pooled models took to load"),
+}
+MODEL_HOST_GAUGES = {
+    "nv_model_host_resident": "Model host replicas where a pooled model is loaded now",
+    "nv_model_host_resident_bytes": "Memory a pooled model takes on the host replicas where it is loaded",
+}
+
+
+def render_model_hosts(statuses: Sequence[Mapping[str, Any]]) -> str:
+    """The model-host families of ``/metrics`` from each host replica's status (its ``counters`` and
+    ``resident`` footprints by model, ``ModelHostDeployment.host_status``); empty without hosts."""
+    counters: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    resident: dict[str, list[int]] = defaultdict(list)
+    for status in statuses:
+        for model, values in status.get("counters", {}).items():
+            for key, value in values.items():
+                counters[model][key] += float(value)
+        for model, footprint in status.get("resident", {}).items():
+            resident[model].append(int(footprint))
+    models = sorted(set(counters) | set(resident))
+    if not models:
+        return ""
+    lines: list[str] = []
+    for family, (key, help_text) in MODEL_HOST_COUNTERS.items():
+        lines += [f"# HELP {family} {help_text}", f"# TYPE {family} counter"]
+        for model in models:
+            value = counters[model].get(key, 0.0)
+            shown = int(value * 1e6) if key.endswith("_s") else int(value)
+            lines.append(f'{family}{{model="{_escape(model)}"}} {shown}')
+    for family, help_text in MODEL_HOST_GAUGES.items():
+        lines += [f"# HELP {family} {help_text}", f"# TYPE {family} gauge"]
+        for model in models:
+            value = len(resident[model]) if family.endswith("resident") else sum(resident[model])
+            lines.append(f'{family}{{model="{_escape(model)}"}} {value}')
+    return "".join(line + "\n" for line in lines)
 
 
 def _counter_value(family: str, stats: Mapping[str, Any]) -> int:

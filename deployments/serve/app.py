@@ -25,7 +25,7 @@ from deployments.control import ModelController
 from deployments.custom_metrics import merge_snapshots as merge_custom_metrics
 from deployments.protocol import metrics_http
 from deployments.protocol.dataplane import ModelDataPlane, ServedModel
-from deployments.runtime.metrics import HostGauges, merge_model_metrics, render_triton
+from deployments.runtime.metrics import HostGauges, merge_model_metrics, render_model_hosts, render_triton
 from deployments.runtime.router import Router
 from deployments.runtime.stats import merge_snapshots
 from deployments.serve import hooks, request_path
@@ -386,6 +386,7 @@ class ServerDeployment:
         self.controller = ModelController(settings, self.deployer, remote=self._remote)
         self._metrics: dict[str, dict[str, dict[str, Any]]] = {}  # pushed metrics snapshots: model, replica
         self._host_gauges = HostGauges()
+        self._host_status: dict[str, tuple[float, dict[str, Any]]] = {}  # model host replica -> its push
         self._metrics_server = start_metrics(settings, self.render_metrics)
         self._grpc_answers = not settings.allow_grpc  # until its port answers through HAProxy
         self.dataplane = ModelDataPlane(
@@ -466,6 +467,14 @@ class ServerDeployment:
     def report_stats(self, model: str, replica: str, snapshot: list[dict[str, Any]]) -> None:
         self._stats.setdefault(model, {})[replica] = snapshot
 
+    def report_host(self, replica: str, status: dict[str, Any]) -> None:
+        """A model host replica's push (``replica``: its statistics key): the statistics of the models
+        whose statistics changed, what it holds and its counters (``/metrics``, kept while the replica
+        reports within a few heartbeats)."""
+        for model, snapshot in status.pop("stats", {}).items():
+            self.report_stats(model, replica, snapshot)
+        self._host_status[replica] = (time.monotonic(), status)
+
     def report_metrics(self, model: str, replica: str, snapshot: dict[str, Any]) -> None:
         """A replica's push: its ``ModelRuntime.metrics_snapshot()`` (statistics included)."""
         self._metrics.setdefault(model, {})[replica] = snapshot
@@ -482,7 +491,10 @@ class ServerDeployment:
         models = {
             name: merge_model_metrics(snapshots) for name, snapshots in zip(names, gathered, strict=True)
         }
-        return render_triton(models, merge_custom_metrics(custom), self._host_gauges.read())
+        text = render_triton(models, merge_custom_metrics(custom), self._host_gauges.read())
+        current = time.monotonic() - 3 * self.deployer.settings.stats_heartbeat_s
+        hosts = [status for seen, status in self._host_status.values() if seen >= current]
+        return text + render_model_hosts(hosts)
 
     async def _model_metrics(self, name: str) -> list[dict[str, Any]]:
         """The model's snapshots by replica: those pushed, with the one replica asked now replacing its own

@@ -109,18 +109,21 @@ class ModelHostDeployment:
                     await self.host.forget(name)
 
     async def _push_stats(self) -> None:
-        """Every model's statistics in this replica (cumulative over its loads), pushed when changed."""
+        """This replica's status and the statistics of every model whose statistics changed since the
+        last push (cumulative over its loads), in one call; a heartbeat without change."""
         gate = PushGate(self.settings.stats_heartbeat_s)
-        key = hosted_key(self.replica_id, HOST_KEY)
+        sent: dict[str, list[dict[str, Any]]] = {}
         while True:
             await asyncio.sleep(self.settings.stats_push_interval_s)
             current = {name: self.host.statistics(name) for name in self.host.served()}
-            if not gate.due(current):
+            changed = {name: stats for name, stats in current.items() if sent.get(name) != stats}
+            status = {**self.host_status(), "stats": changed}
+            if not changed and not gate.due(status):
                 continue
             try:
-                for name, snapshot in current.items():
-                    await self.server.report_stats(name, key, snapshot)
-                gate.sent(current)
+                await self.server.report_host(hosted_key(self.replica_id, HOST_KEY), status)
+                sent.update(changed)
+                gate.sent(status)
             except Exception as exc:  # the server may be restarting; try again next round
                 logger.debug("stats push failed: %s", exc)
 

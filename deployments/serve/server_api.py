@@ -82,6 +82,9 @@ class ServerClient:
     async def report_stats(self, model: str, replica: str, snapshot: list[dict[str, Any]]) -> None:
         await self._call(self.handle.report_stats, model, replica, snapshot)
 
+    async def report_host(self, replica: str, status: dict[str, Any]) -> None:
+        await self._call(self.handle.report_host, replica, status)
+
     async def report_metrics(self, model: str, replica: str, snapshot: dict[str, Any]) -> None:
         await self._call(self.handle.report_metrics, model, replica, snapshot)
 

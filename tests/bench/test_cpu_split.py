@@ -9,7 +9,7 @@ import time
 import pytest
 
 from bench import cpu_split
-from bench.cpu_split import CLIENT, HAPROXY, OTHER, REPLICAS, CpuSnapshot
+from bench.cpu_split import CLIENT, HAPROXY, OTHER, REPLICAS, TRITONSERVER, CpuSnapshot
 
 
 def test_roles_follow_the_process_command_lines():
@@ -19,6 +19,9 @@ def test_roles_follow_the_process_command_lines():
     # the server's own deployment, Ray's processes and a file merely named haproxy are "everything else"
     assert cpu_split.role_of(12, "ray::ServeReplica:triton:server", {1}) == OTHER
     assert cpu_split.role_of(13, "/usr/bin/gcs_server --config haproxy.cfg", {1}) == OTHER
+    assert (
+        cpu_split.role_of(14, "/opt/tritonserver/bin/tritonserver --model-repository=/r", {1}) == TRITONSERVER
+    )
 
 
 def test_cores_by_role_divides_each_role_by_the_interval():
@@ -34,7 +37,7 @@ def test_cores_by_role_divides_each_role_by_the_interval():
     # pid 5 started in between (counted from zero); pid 4 used nothing; pid 6 is the client's worker
     after = CpuSnapshot(12.0, {1: 1.2, 2: 7.0, 3: 2.4, 4: 7.0, 5: 1.0, 6: 0.4}, cmd, {6: 1, 2: 4, 5: 4})
     cores = cpu_split.cores_by_role(before, after, client_pids={1})
-    assert cores == pytest.approx({REPLICAS: 1.5, HAPROXY: 0.2, CLIENT: 0.3, OTHER: 0.0})
+    assert cores == pytest.approx({REPLICAS: 1.5, HAPROXY: 0.2, TRITONSERVER: 0.0, CLIENT: 0.3, OTHER: 0.0})
     ms = cpu_split.per_request_ms(cores, requests_per_s=1000.0)
     assert ms[REPLICAS] == pytest.approx(1.5) and ms["total"] == pytest.approx(2.0)
     assert cpu_split.per_request_ms(cores, 0.0) == {}
@@ -51,7 +54,7 @@ def test_a_server_the_client_started_is_not_the_client():
     before = CpuSnapshot(0.0, {}, cmd)
     after = CpuSnapshot(1.0, {1: 0.1, 2: 0.2, 3: 0.3, 4: 0.4}, cmd, {2: 1, 3: 2, 4: 3})
     cores = cpu_split.cores_by_role(before, after, client_pids={1}, server_pids={2})
-    assert cores == pytest.approx({CLIENT: 0.1, OTHER: 0.5, REPLICAS: 0.4, HAPROXY: 0.0})
+    assert cores == pytest.approx({CLIENT: 0.1, OTHER: 0.5, REPLICAS: 0.4, HAPROXY: 0.0, TRITONSERVER: 0.0})
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")

@@ -182,3 +182,32 @@ def test_a_replica_pushes_a_report_when_it_changed_and_otherwise_once_a_heartbea
     assert not gate.due(report, now=4.9) and gate.due(report, now=5.0)  # idle: the heartbeat
     gate.sent(report, now=5.0)
     assert not gate.due(report, now=9.9)
+
+
+def test_model_host_families_sum_over_host_replicas() -> None:
+    from deployments.runtime.metrics import render_model_hosts
+
+    assert render_model_hosts([]) == ""  # no hosts: nothing printed
+    statuses = [
+        {
+            "counters": {"a": {"loads": 2, "load_failures": 0, "evictions": 1, "cold_start_s": 0.5}},
+            "resident": {"a": 100},
+        },
+        {
+            "counters": {"a": {"loads": 1, "evictions": 0, "cold_start_s": 0.25}, "b": {"loads": 1}},
+            "resident": {"a": 50},
+        },
+    ]
+    text = render_model_hosts(statuses)
+    values = {
+        line.split(" ")[0]: line.split(" ")[1] for line in text.splitlines() if not line.startswith("#")
+    }
+    assert values['nv_model_host_load_total{model="a"}'] == "3"
+    assert values['nv_model_host_eviction_total{model="a"}'] == "1"
+    assert values['nv_model_host_load_duration_us{model="a"}'] == "750000"
+    assert (
+        values['nv_model_host_resident{model="a"}'] == "2"
+        and values['nv_model_host_resident{model="b"}'] == "0"
+    )
+    assert values['nv_model_host_resident_bytes{model="a"}'] == "150"
+    assert "# TYPE nv_model_host_load_total counter" in text and "# TYPE nv_model_host_resident gauge" in text

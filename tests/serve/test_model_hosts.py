@@ -165,6 +165,32 @@ def test_walking_more_models_than_the_budget_evicts_and_fails_nothing(server: Se
     assert int(stats["inference_stats"]["success"]["count"]) >= 3  # cumulative over its evictions
 
 
+def test_metrics_count_the_hosts_loads_and_evictions(server: Server) -> None:
+    """After the walk above (or on its own: each model called once loads it), ``/metrics`` holds the
+    model host families, summed over host replicas (pushed every second)."""
+    client = _http(server)
+    for name in POOLED:
+        _infer_http(client, name)
+    port = server.config.read_text().split("metrics_port: ")[1].split()[0]
+    deadline = time.monotonic() + 20
+    while True:
+        text = http(f"http://127.0.0.1:{port}/metrics", timeout=10)[2].decode()
+        values = {
+            line.split(" ")[0]: float(line.split(" ")[1])
+            for line in text.splitlines()
+            if line.startswith("nv_model_host_")
+        }
+        loads = [values.get(f'nv_model_host_load_total{{model="{name}"}}', 0) for name in POOLED]
+        evictions = sum(values.get(f'nv_model_host_eviction_total{{model="{name}"}}', 0) for name in POOLED)
+        if (all(n >= 1 for n in loads) and evictions >= 1) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert all(n >= 1 for n in loads), loads
+    assert evictions >= 1  # four 40 MiB models never fit a 100 MiB budget together
+    resident = sum(values.get(f'nv_model_host_resident{{model="{name}"}}', 0) for name in POOLED)
+    assert 1 <= resident <= 2
+
+
 def test_unload_and_load_of_a_pooled_model(server: Server) -> None:
     client = _http(server)
     name = POOLED[3]

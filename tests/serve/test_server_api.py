@@ -59,6 +59,7 @@ ARGS: dict[str, tuple[Any, ...]] = {
     "sequence_members": ("m",),
     "report_stats": ("m", "r", []),
     "report_metrics": ("m", "r", {"stats": []}),
+    "report_host": ("r", {}),
     "cluster_stats": ("m", "r", [], True),
     "reload_order": ("m", (0, ""), 1.0),
     "reload_report": ("m", 1, "r", "prepare", None),
