@@ -80,6 +80,7 @@ class RayDeployer:
         self.pooled: dict[str, tuple[ModelDescription, int]] = {}
         self._generation = 0
         self._host_started = False
+        self._host_lock = asyncio.Lock()
 
     def _plan(self, models: Mapping[str, ModelDescription]) -> DeploymentPlan:
         return plan_deployments(
@@ -90,9 +91,13 @@ class RayDeployer:
         return pooled(model, self.settings.host_policy)
 
     async def _ensure_host(self) -> None:
-        """The model host application, started once (a restarted server finds it running)."""
-        if self._host_started:
-            return
+        """The model host application, started once (a restarted server finds it running); the loads
+        of a start, which run together, wait for the one that starts it."""
+        async with self._host_lock:
+            if not self._host_started:
+                await self._start_host()
+
+    async def _start_host(self) -> None:
         host = self._plan({}).host
         assert host is not None
         applications = (await asyncio.to_thread(hooks.serve_status)).applications
@@ -243,6 +248,8 @@ class RayDeployer:
         raise Unavailable(f"application {waiting[0]} did not start within {timeout:.0f}s")
 
     def needs_gpu(self, model: ModelDescription) -> bool:
+        if self.is_pooled(model):  # pooled models run on CPU hosts, planned as a whole
+            return False
         try:
             return any(e.resources.num_gpus > 0 for e in self.entries(model))
         except ServerError:  # it cannot be placed: its deploy says why

@@ -221,3 +221,35 @@ async def test_loads_run_at_most_load_concurrency_at_a_time(tmp_path: Path, conc
     finally:
         host._make_runtime = make  # type: ignore[method-assign]
         await host.close()
+
+
+async def test_a_start_of_many_pooled_models_starts_the_host_application_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start loads its models together: the first pooled model starts the host application, the
+    others wait for it (concurrent Serve deploys from threads broke pickling in Ray)."""
+    from types import SimpleNamespace
+
+    from deployments.serve import app, hooks
+    from deployments.settings import ServerSettings
+    from repository_loader.plan import ClusterResources
+
+    started: list[str] = []
+
+    def run_application(build: object, name: str, route: str) -> None:
+        started.append(name)
+
+    monkeypatch.setattr(hooks, "run_application", run_application)
+    monkeypatch.setattr(hooks, "serve_status", lambda: SimpleNamespace(applications={}))
+
+    async def running(self: object, names: list[str]) -> None:
+        await asyncio.sleep(0.05)
+
+    monkeypatch.setattr(app.RayDeployer, "_wait_running", running)
+    settings = ServerSettings(model_repository=str(tmp_path), model_hosts=1)
+    deployer = app.RayDeployer(settings, ClusterResources(2))
+    models = _models(tmp_path, {f"m{i}": 1 for i in range(20)})
+    await asyncio.gather(*(deployer.deploy(m) for m in models.values()))
+    assert started == ["triton-hosts"]
+    assert set(deployer.pooled) == set(models)
+    assert deployer.group_apps("m3") == (("triton-hosts", 1),)
