@@ -123,6 +123,8 @@ def measure_server(start: Callable[[], ServerHandle], names: list[str]) -> dict[
         "ready_s": ready_s,
         "pss_ready_bytes": pss_ready,
         "pss_after_walk_bytes": pss_walked,
+        "pss_ready_gb": pss_ready / 1e9,
+        "pss_after_walk_gb": pss_walked / 1e9,
         "processes": processes,
         "first_request_ms": _summary(first),
         "warm_request_ms": _summary(warm),
