@@ -172,6 +172,23 @@ def test_grpc_message_is_percent_encoded() -> None:
     assert percent_encoded("model 'ä' 100%\n") == b"model '%C3%A4' 100%25%0A"
 
 
+def _unary_scope(method: str) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "method": "POST",
+        "path": PATH + method,
+        "headers": [(b"content-type", b"application/grpc")],
+        "extensions": {TRAILERS_EXTENSION: {}},
+    }
+
+
+def _sender(sent: list[dict[str, Any]]) -> Any:
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    return send
+
+
 async def test_a_client_that_leaves_cancels_its_call() -> None:
     """The proxy closes the connection when the client cancels (RST_STREAM): the running call is
     cancelled and nothing is answered; the lane itself returns normally."""
@@ -198,18 +215,7 @@ async def test_a_client_that_leaves_cancels_its_call() -> None:
         return {"type": "http.disconnect"}
 
     sent: list[dict[str, Any]] = []
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": PATH + "ModelInfer",
-        "headers": [(b"content-type", b"application/grpc")],
-        "extensions": {TRAILERS_EXTENSION: {}},
-    }
-    served = asyncio.ensure_future(lane(scope, receive, send))
+    served = asyncio.ensure_future(lane(_unary_scope("ModelInfer"), receive, _sender(sent)))
     await asyncio.wait_for(started.wait(), 5)
     await asyncio.sleep(CANCEL_WATCH_AFTER_S * 2)
     assert not cancelled.is_set()
@@ -228,18 +234,7 @@ async def test_a_call_that_answers_at_once_does_not_watch_its_connection(datapla
         return {"type": "http.request", "body": _frame(b""), "more_body": False}
 
     sent: list[dict[str, Any]] = []
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": PATH + "ServerLive",
-        "headers": [(b"content-type", b"application/grpc")],
-        "extensions": {TRAILERS_EXTENSION: {}},
-    }
-    await lane(scope, receive, send)
+    await lane(_unary_scope("ServerLive"), receive, _sender(sent))
     assert sent[-1]["headers"] == [(b"grpc-status", b"0")]
     await asyncio.sleep(CANCEL_WATCH_AFTER_S * 3)
     # the message was read once; the connection was never read again, and the sweep has ended
