@@ -120,9 +120,10 @@ async def test_a_request_not_cancelled_is_not_seen_as_cancelled(tmp_path: Path) 
         await runtime.close()
 
 
-async def test_a_cancelled_call_holds_the_instance_until_execute_returns(tmp_path: Path) -> None:
+async def test_a_request_after_a_cancel_runs_once_the_cancelled_execute_returns(tmp_path: Path) -> None:
     """The model looks at cancellation only after 0.3 s here: a request sent right after the cancel
-    must wait for it, not run beside it."""
+    runs after it, never beside it (the instance is busy until ``execute`` returns; the Python
+    backend's one worker thread per instance keeps that order too)."""
     runtime, log = await _runtime(tmp_path, batched=False, grace_s=0.3)
     try:
         first = asyncio.ensure_future(runtime.infer(request("cancellable", DELAY=_delay(10.0, False))))
