@@ -190,12 +190,16 @@ def host_dataplane(
     describe_elsewhere: Describe | None = None,
 ) -> ModelDataPlane:
     """The data plane of a model host replica: every available pooled model runs here (loaded on its
-    first request); ``remote`` reaches every other model."""
+    first request); ``remote`` reaches every other model. A name the host does not pool is described
+    by ``describe_elsewhere`` (the server application), whose error (a model still loading, an
+    unknown one) is the answer."""
 
     async def discover(name: str) -> bool:
         try:
             await host.description(name)
         except NotFound:
+            if describe_elsewhere is not None:
+                await describe_elsewhere(name, "")  # raises the server's own answer for the model
             return False
         return True
 

@@ -253,3 +253,31 @@ async def test_a_start_of_many_pooled_models_starts_the_host_application_once(
     assert started == ["triton-hosts"]
     assert set(deployer.pooled) == set(models)
     assert deployer.group_apps("m3") == (("triton-hosts", 1),)
+
+
+async def test_a_name_the_host_does_not_pool_gets_the_servers_answer(tmp_path: Path) -> None:
+    """A model with a deployment of its own that is still loading reaches the host through the
+    ``/v2/models`` fallback route: the host answers as the server application does (not ready), and
+    an unknown name is not found."""
+    from deployments.replica import host_dataplane
+    from repository_loader.errors import ServerError
+
+    host = _host(_models(tmp_path, {"a": 1}), budget_mib=100)
+
+    async def server_describe(name: str, version: str) -> ModelDescription:
+        if name == "loading":
+            raise Unavailable("model 'loading' is not ready")
+        raise NotFound(f"Request for unknown model: '{name}' is not found")
+
+    dataplane = host_dataplane(host, describe_elsewhere=server_describe)
+    try:
+        assert await dataplane.model_ready("a") is True
+        assert await dataplane.model_ready("loading") is False
+        with pytest.raises(Unavailable):
+            await dataplane.model_metadata("loading")
+        with pytest.raises(NotFound):
+            await dataplane.model_metadata("nope")
+        with pytest.raises(ServerError):
+            await dataplane.model_description("loading")
+    finally:
+        await host.close()
