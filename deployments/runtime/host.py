@@ -111,7 +111,7 @@ class ModelHost:
         self.budget_bytes = budget_bytes
         self._measure = measure
         self._loads = asyncio.Semaphore(max(load_concurrency, 1))
-        self._loading: dict[str, asyncio.Future[Resident]] = {}
+        self._loading: dict[str, asyncio.Task[Resident]] = {}
         self.resident: OrderedDict[str, Resident] = OrderedDict()  # least recently used first
         self.known: dict[str, ModelDescription] = {}  # available models seen so far
         self._retired: dict[str, list[list[dict[str, Any]]]] = {}  # statistics of evicted loads
@@ -187,19 +187,20 @@ class ModelHost:
         return int(statistics.median(seen)) if seen else 0
 
     async def _load_once(self, name: str) -> Resident:
-        pending = self._loading.get(name)
-        if pending is None:
-            pending = asyncio.get_running_loop().create_future()
-            self._loading[name] = pending
-            try:
-                pending.set_result(await self._load(name))
-            except BaseException as error:
-                pending.set_exception(error)
-                pending.exception()  # retrieved here: waiters re-raise it
-                raise
-            finally:
-                self._loading.pop(name, None)
-        return await asyncio.shield(pending)
+        """The one load of ``name`` under way (started if none is): a task of its own, so a requester
+        that goes away (a cancelled call) does not abort a load others wait for."""
+        task = self._loading.get(name)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._load(name))
+            self._loading[name] = task
+            task.add_done_callback(lambda done: self._loaded(name, done))
+        return await asyncio.shield(task)
+
+    def _loaded(self, name: str, task: asyncio.Task[Resident]) -> None:
+        if self._loading.get(name) is task:
+            del self._loading[name]
+        if not task.cancelled():
+            task.exception()  # retrieved: a load nobody waits for any more may have failed
 
     async def _load(self, name: str) -> Resident:
         model = await self.description(name)

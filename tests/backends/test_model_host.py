@@ -281,3 +281,23 @@ async def test_a_name_the_host_does_not_pool_gets_the_servers_answer(tmp_path: P
             await dataplane.model_description("loading")
     finally:
         await host.close()
+
+
+async def test_a_requester_that_leaves_does_not_abort_the_load_others_wait_for(tmp_path: Path) -> None:
+    host = _host(_models(tmp_path, {"a": 20}), budget_mib=200)
+
+    class Slow(ModelRuntime):
+        async def load(self) -> None:
+            await asyncio.sleep(0.3)
+            await super().load()
+
+    host._make_runtime = lambda model: Slow(model)  # type: ignore[method-assign]
+    try:
+        first = asyncio.ensure_future(_ask(host, "a"))
+        await asyncio.sleep(0.05)  # the load is under way
+        second = asyncio.ensure_future(_ask(host, "a"))
+        first.cancel()
+        assert await second == 1.0
+        assert host.counters["a"].loads == 1 and host.counters["a"].load_failures == 0
+    finally:
+        await host.close()
