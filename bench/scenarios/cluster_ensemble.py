@@ -22,7 +22,7 @@ from bench.scenarios.ensemble import placement as ensemble_placement
 NAME = "cluster_ensemble"
 SEPARATE = f"{MODEL}_separate"
 LEVELS = [1.0, 4, 8]
-QUICK_LEVELS = [8]
+QUICK_LEVELS: list[float] = [8]
 
 
 def run(quick: bool = False) -> Report:
