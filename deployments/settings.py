@@ -288,8 +288,8 @@ class ServerSettings:
             "strict_readiness": _flag(args, "strict_readiness", True),
             "exit_on_error": _flag(args, "exit_on_error", True),
             "allow_model_file_upload": _flag(args, "allow_model_file_upload", False),
-            "http_restricted_api": _restricted(args.get("http_restricted_api")),
-            "grpc_restricted_api": _restricted(args.get("grpc_restricted_api")),
+            "http_restricted_api": parse_restricted(args.get("http_restricted_api")),
+            "grpc_restricted_api": parse_restricted(args.get("grpc_restricted_api")),
             "access_log": _flag(args, "access_log", False),
             "allow_metrics": _flag(args, "allow_metrics", True),
             "metrics_host": str(args.get("metrics_host") or args.get("http_host") or "127.0.0.1"),
@@ -418,7 +418,7 @@ def _texts(value: Any) -> tuple[str, ...]:
     return tuple(str(v) for v in value)
 
 
-def _restricted(value: Any) -> tuple[RestrictedApi, ...]:
+def parse_restricted(value: Any) -> tuple[RestrictedApi, ...]:
     return tuple(RestrictedApi.parse(t) for t in _texts(value))
 
 

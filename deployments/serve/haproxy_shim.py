@@ -66,6 +66,11 @@ from pathlib import Path
 REAL_BINARY_ENV = "TRITON_SERVE_HAPROXY_BINARY"
 REQUEST_TIMEOUT_ENV = "TRITON_SERVE_HAPROXY_REQUEST_TIMEOUT_S"
 REQUEST_TIMEOUT_S = 10
+STREAM_GUARD_ENV = "TRITON_SERVE_GRPC_STREAM_GUARD"
+"""``<metadata key>=<value>`` a ``ModelStreamInfer`` call must carry where the server restricts gRPC
+inference (Triton's ``--grpc-restricted-protocol``), set by :func:`deployments.serve.launch.start`. A
+stream without it goes straight to the server application, which refuses it when it opens, as Triton
+does, instead of HAProxy holding it open until its first message arrives."""
 STREAM_FIRST_MESSAGE_S = 3600  # as long as an idle client may stay (Serve's ``timeout client``)
 MAX_CONNECTIONS = 65536
 _MAXCONN = re.compile(r"^(\s*maxconn\s+)(\d+)(\s*)$")
@@ -199,6 +204,16 @@ def _frontend(lines: list[str], name: str) -> tuple[int, int] | None:
     return None if start is None else (start, len(lines))
 
 
+def stream_guard(rule: str) -> str:
+    """The HAProxy condition (with its leading space) that a stream carries the metadata of ``rule``
+    (``key=value``, :data:`STREAM_GUARD_ENV`); empty for no rule."""
+    key, sep, value = rule.partition("=")
+    if not sep or not key.strip() or not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", key.strip()):
+        return ""
+    quoted = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f' {{ req.hdr({key.strip()}) -m str "{quoted}" }}'
+
+
 H1_BACKEND_PREFIX = "trs-grpc-h1-"
 """The backend through which ``ModelInfer`` calls reach a model's replicas over HTTP/1.1."""
 _SERVER_LINE = re.compile(r"^\s*server\s+(\S+)\s+(\S+)(.*)$")
@@ -236,6 +251,7 @@ def route_grpc_by_model(lines: list[str]) -> list[str]:
     backends = _backends(lines)
     apps = [m.group(1) for line in lines[start:end] if (m := _APP_ACL.match(line))]
     models = [app for app in apps if app.startswith(MODEL_APP_PREFIX) and GROUP_APP_MARK not in app]
+    guard = stream_guard(os.environ.get(STREAM_GUARD_ENV, ""))
     rules = [
         "    # Triton's ModelInfer, and a ModelStreamInfer stream by its first request: to the replicas of",
         "    # the model named at the head of the message",
@@ -246,9 +262,9 @@ def route_grpc_by_model(lines: list[str]) -> list[str]:
         # slow client has the request timeout), a stream's first message whenever its client has one
         f"    http-request wait-for-body time {REQUEST_TIMEOUT_S}s if trs_model_infer",
         # a stream's body does not end: on with its first bytes (its first DATA frame)
-        f"    http-request wait-for-body time {STREAM_FIRST_MESSAGE_S}s at-least 1 if trs_model_stream",
+        f"    http-request wait-for-body time {STREAM_FIRST_MESSAGE_S}s at-least 1 if trs_model_stream{guard}",
         f"    http-request set-var(txn.trs_head) req.body,bytes(5,{_HEAD_BYTES}),hex"
-        " if trs_model_infer trs_uncompressed or trs_model_stream trs_uncompressed",
+        f" if trs_model_infer trs_uncompressed or trs_model_stream trs_uncompressed{guard}",
     ]
     added: list[str] = []
     routed: list[str] = []

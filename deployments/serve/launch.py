@@ -17,10 +17,19 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from deployments.serve.haproxy_shim import die_with_parent
+import yaml
+
+from deployments.protocol.grpc import restricted_metadata_key
+from deployments.serve.haproxy_shim import STREAM_GUARD_ENV, die_with_parent
 from deployments.serve.request_path import REQUEST_PATH_ENV, request_path_env
 from deployments.serve.server_api import ServerClient
-from deployments.settings import ServerSettings
+from deployments.settings import (
+    RestrictedApi,
+    ServerSettings,
+    SettingsError,
+    parse_restricted,
+    restriction_for,
+)
 
 T = TypeVar("T")
 
@@ -36,9 +45,34 @@ def configure_environment(direct_ingress: bool = True) -> None:
         os.environ["PYTHONPATH"] = project + (os.pathsep + path if path else "")
 
 
+def guard_streams(restricted: tuple[RestrictedApi, ...]) -> None:
+    """Tell the HAProxy that Serve starts (a Ray started from this process inherits the variable) which
+    metadata a ``ModelStreamInfer`` stream must carry where gRPC inference is restricted
+    (``deployments.serve.haproxy_shim.STREAM_GUARD_ENV``)."""
+    guard = restriction_for(restricted, "inference")
+    if guard is not None:
+        os.environ[STREAM_GUARD_ENV] = f"{restricted_metadata_key(guard)}={guard.value}"
+    else:
+        os.environ.pop(STREAM_GUARD_ENV, None)
+
+
+def restricted_in_config(path: Path) -> tuple[RestrictedApi, ...]:
+    """The server application's ``grpc_restricted_api`` in Serve config file ``path`` (none where the
+    file is not one or names no server application)."""
+    try:
+        config = yaml.safe_load(path.read_text())
+        for app in config.get("applications") or ():
+            if str(app.get("import_path", "")).startswith("deployments.serve.app:"):
+                return parse_restricted((app.get("args") or {}).get("grpc_restricted_api"))
+    except (OSError, AttributeError, TypeError, yaml.YAMLError, SettingsError):
+        pass  # the server itself says what is wrong with its arguments
+    return ()
+
+
 def start(settings: ServerSettings, ray_init: dict[str, Any] | None = None) -> None:
     """Start Ray (if needed), Serve and the server application; wait until every model settled."""
     configure_environment()
+    guard_streams(settings.grpc_restricted_api)
     import ray
     from ray import serve
 
@@ -122,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args and args[0] in ("run", "ray-start"):
         configure_environment()
+        configs = [Path(a) for a in args[1:] if a.endswith((".yaml", ".yml"))]
+        if args[0] == "run" and configs:
+            guard_streams(restricted_in_config(configs[0]))
         binary = Path(sys.executable).with_name("serve" if args[0] == "run" else "ray")
         command = [str(binary), "run" if args[0] == "run" else "start", *args[1:]]
         if args[0] == "run":

@@ -40,6 +40,7 @@ def _free_port() -> int:
 
 
 _SERVERS: list[Any] = []  # kept alive while the module's tests run
+_PORTS: dict[str, tuple[int, int]] = {}  # the gRPC and HTTP port of each application's one replica
 
 
 class _Tagged(GRPCInferenceServicer):
@@ -177,6 +178,7 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     threading.Thread(target=loop.run_forever, daemon=True).start()
     apps = {"model-m": "m", "model-n": "n", "triton": "server", f"model-{LONG_NAME}": "long"}
     ports = {app: (_free_port(), _free_port()) for app in apps}
+    _PORTS.update(ports)
     for app, tag in apps.items():
         _serve(tag, ports[app][0], loop)
         _serve_http(tag, ports[app][1], loop)
@@ -210,11 +212,11 @@ def test_model_infer_reaches_the_named_models_replicas_over_http1(front: str) ->
     assert _answered_by(front, LONG_NAME) == "long-http1"
 
 
-def _streamed_by(url: str, models: list[str]) -> list[tuple[str, str]]:
+def _streamed_by(url: str, models: list[str], headers: dict[str, str] | None = None) -> list[tuple[str, str]]:
     """(model, who answered) for each request of one stream, in order."""
     results: queue.Queue[Any] = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
-    client.start_stream(callback=lambda result, error: results.put(error or result))
+    client.start_stream(callback=lambda result, error: results.put(error or result), headers=headers)
     tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
     tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
     answers = []
@@ -236,6 +238,29 @@ def test_a_stream_reaches_the_replicas_of_the_model_its_first_request_names(fron
     assert _streamed_by(front, [LONG_NAME]) == [(LONG_NAME, "long")]
     assert _streamed_by(front, ["unknown", "m"]) == [("unknown", "server"), ("m", "server")]
     assert _streamed_by(front, ["down"]) == [("down", "server")]  # no replica up: the server's
+
+
+def test_where_inference_is_restricted_a_stream_without_its_metadata_opens_at_the_server(
+    front: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HAProxy does not hold such a stream until its first message (the model's name): it goes to the
+    server application at once, which refuses it as it opens, as Triton does."""
+    key = "triton-grpc-protocol-infer-key"
+    monkeypatch.setenv(haproxy_shim.STREAM_GUARD_ENV, f"{key}=go on")
+    port = _free_port()
+    with _haproxy(_serve_config(port, _PORTS), tmp_path, port) as url:
+        time.sleep(0.5)
+        assert _streamed_by(url, ["m"], headers={key: "go on"}) == [("m", "m")]
+        assert _streamed_by(url, ["m"]) == [("m", "server")]
+        assert _streamed_by(url, ["m"], headers={key: "go"}) == [("m", "server")]
+        assert _answered_by(url, "m") == "m-http1"  # unary calls are the replica's to refuse
+
+
+def test_a_stream_guard_is_a_header_condition_or_nothing() -> None:
+    assert haproxy_shim.stream_guard("k=v") == ' { req.hdr(k) -m str "v" }'
+    assert haproxy_shim.stream_guard('k=a "b"') == ' { req.hdr(k) -m str "a \\"b\\"" }'
+    assert haproxy_shim.stream_guard("") == ""
+    assert haproxy_shim.stream_guard("k v=x") == ""  # not a header name
 
 
 def test_names_that_only_share_a_prefix_are_not_confused(front: str) -> None:
