@@ -210,11 +210,19 @@ class ServerSettings:
     model_hosts: int = 0  # replicas of the shared model host (docs/hosts.md); 0: every model its own
     model_host_cpus: float = 0.5  # CPUs each model host replica asks Ray for
     model_host_memory_bytes: int = 4 * 1024 * MIB  # what the models of one host replica may take together
+    model_host_gpus: int = 0  # whole GPUs per model host replica; >0 pools single-instance KIND_GPU models
+    model_host_gpu_memory_bytes: int = 0  # what its models may take of each GPU; 0: 90% of what is free
 
     @property
     def host_policy(self) -> HostPolicy:
         """Whether models are pooled on model hosts, and the hosts' size (``repository_loader.plan``)."""
-        return HostPolicy(self.model_hosts, self.model_host_cpus, self.model_host_memory_bytes)
+        return HostPolicy(
+            self.model_hosts,
+            self.model_host_cpus,
+            self.model_host_memory_bytes,
+            self.model_host_gpus,
+            self.model_host_gpu_memory_bytes,
+        )
 
     @property
     def stats_heartbeat_s(self) -> float:
@@ -252,8 +260,9 @@ class ServerSettings:
                 raise SettingsError(f"{name} must be positive, not {getattr(self, name)}")
         if self.control_app_cpus < 0:
             raise SettingsError(f"control_app_cpus must not be negative, not {self.control_app_cpus}")
-        if self.model_hosts < 0:
-            raise SettingsError(f"model_hosts must not be negative, not {self.model_hosts}")
+        for name in ("model_hosts", "model_host_gpus", "model_host_gpu_memory_bytes"):
+            if getattr(self, name) < 0:
+                raise SettingsError(f"{name} must not be negative, not {getattr(self, name)}")
         for name in ("model_host_cpus", "model_host_memory_bytes"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive, not {getattr(self, name)}")
@@ -267,7 +276,8 @@ class ServerSettings:
         ``access_log``, ``http_host``, ``http_port``, ``allow_grpc``, ``grpc_host``, ``grpc_port``,
         ``grpc_max_receive_message_bytes``, ``grpc_max_send_message_bytes``, ``grpc_compression``,
         ``deploy_timeout_s``, ``stats_push_interval_s``,
-        ``control_app_cpus``, ``model_hosts``, ``model_host_cpus``, ``model_host_memory_bytes``, and the :class:`RequestLimits` by their field names (``max_input_size``,
+        ``control_app_cpus``, ``model_hosts``, ``model_host_cpus``, ``model_host_memory_bytes``, ``model_host_gpus``,
+        ``model_host_gpu_memory_bytes``, and the :class:`RequestLimits` by their field names (``max_input_size``,
         ...). An unknown name is an error, so a misspelt argument is not ignored.
         """
         unknown = sorted(set(args) - _ARG_NAMES)
@@ -319,6 +329,8 @@ class ServerSettings:
             ("model_hosts", int),
             ("model_host_cpus", float),
             ("model_host_memory_bytes", int),
+            ("model_host_gpus", int),
+            ("model_host_gpu_memory_bytes", int),
         ):
             if args.get(name) is not None:
                 values[name] = _typed(name, args[name], kind)
@@ -360,6 +372,8 @@ class ServerSettings:
             "model_hosts": self.model_hosts,
             "model_host_cpus": self.model_host_cpus,
             "model_host_memory_bytes": self.model_host_memory_bytes,
+            "model_host_gpus": self.model_host_gpus,
+            "model_host_gpu_memory_bytes": self.model_host_gpu_memory_bytes,
             "cache_config": []
             if self.response_cache_bytes is None
             else [f"local,size={self.response_cache_bytes}"],
@@ -401,6 +415,8 @@ _ARG_NAMES = {
     "model_hosts",
     "model_host_cpus",
     "model_host_memory_bytes",
+    "model_host_gpus",
+    "model_host_gpu_memory_bytes",
     "cache_config",
     "response_cache_byte_size",
     *LIMIT_ARGS,

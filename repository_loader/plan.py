@@ -40,6 +40,7 @@ to more than that GPU.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import re
 from collections.abc import Mapping
@@ -56,6 +57,8 @@ from repository_loader.model import (
     ModelDescription,
     SequenceBatching,
 )
+
+logger = logging.getLogger(__name__)
 
 # CPUs kept free for the small server application at /v2 (health, metadata, repository API);
 # the default of ``ServerSettings.control_app_cpus``.
@@ -312,6 +315,8 @@ class HostPolicy:
     replicas: int = 0  # host replicas; 0: no hosts, every model has its own deployment
     num_cpus: float = 0.5  # per host replica
     memory_bytes: int = 4 * 2**30  # per host replica: what its models may take, measured
+    num_gpus: int = 0  # whole GPUs per host replica; with GPUs, single-instance KIND_GPU models pool too
+    gpu_memory_bytes: int = 0  # per GPU of a host replica: what its models may take; 0: 90% of what is free
 
     @property
     def enabled(self) -> bool:
@@ -328,12 +333,13 @@ class HostEntry:
     num_replicas: int
     resources: ReplicaResources
     memory_bytes: int
+    gpu_memory_bytes: int = 0  # per GPU of a replica; 0: 90% of what is free when the replica starts
 
     def serve_options(self) -> dict[str, Any]:
         return {
             "name": self.deployment_name,
             "num_replicas": self.num_replicas,
-            "ray_actor_options": {"num_cpus": self.resources.num_cpus, "num_gpus": 0.0},
+            "ray_actor_options": {"num_cpus": self.resources.num_cpus, "num_gpus": self.resources.num_gpus},
             "max_ongoing_requests": MIN_ONGOING_REQUESTS * 16,
         }
 
@@ -344,8 +350,22 @@ class HostEntry:
             "route_prefix": self.route_prefix,
             "num_replicas": self.num_replicas,
             "num_cpus": self.resources.num_cpus,
+            "num_gpus": self.resources.num_gpus,
             "memory_bytes": self.memory_bytes,
+            "gpu_memory_bytes": self.gpu_memory_bytes,
         }
+
+
+def fitted(hosts: HostPolicy, resources: ClusterResources) -> HostPolicy:
+    """``hosts`` as a cluster with ``resources`` can run them: without GPUs where it has too few."""
+    if hosts.num_gpus and resources.num_gpus < hosts.replicas * hosts.num_gpus:
+        return replace(hosts, num_gpus=0)
+    return hosts
+
+
+def _pooled_kinds(policy: HostPolicy) -> tuple[InstanceKind, ...]:
+    cpu = (InstanceKind.CPU, InstanceKind.AUTO)
+    return (*cpu, InstanceKind.GPU) if policy.num_gpus > 0 else cpu
 
 
 def pooled(model: ModelDescription, policy: HostPolicy) -> bool:
@@ -354,7 +374,9 @@ def pooled(model: ModelDescription, policy: HostPolicy) -> bool:
     Where hosts are on, a model is pooled unless it needs a replica of its own (state, streams, an
     ensemble, autoscaling, a GPU, several instances, a backend hosts do not run) or its
     ``ray.placement`` parameter says ``dedicated``; ``pooled`` there cannot pool a model that needs
-    its own replica (it keeps its deployment).
+    its own replica (it keeps its deployment). Hosts with GPUs (``HostPolicy.num_gpus``) pool a
+    single-instance ``KIND_GPU`` model too: it runs on the host replica's GPU, whichever its
+    ``instance_group`` names.
     """
     asked = str((model.parameters or {}).get(PLACEMENT_PARAMETER, "")).strip().lower()
     if not policy.enabled or asked == DEDICATED:
@@ -367,7 +389,7 @@ def pooled(model: ModelDescription, policy: HostPolicy) -> bool:
         and model.sequence_batching is None
         and not any(str(key).startswith(AUTOSCALING_PREFIX) for key in (model.parameters or {}))
         and len(groups) <= 1
-        and all(g.count <= 1 and g.kind in (InstanceKind.CPU, InstanceKind.AUTO) for g in groups)
+        and all(g.count * max(len(g.gpus), 1) <= 1 and g.kind in _pooled_kinds(policy) for g in groups)
         and (asked == POOLED or asked == "")
     )
 
@@ -399,6 +421,15 @@ def plan_deployments(
     placed: list[tuple[ModelDescription, list[_Placement]]] = []
     problems: dict[str, tuple[str, ...]] = {}
     pooled_names: list[str] = []
+    if fitted(hosts, resources) != hosts:
+        logger.warning(
+            "model hosts ask for %d GPU(s) each (%d replicas) and the cluster has %d: the hosts run without "
+            "GPUs, and KIND_GPU models keep deployments of their own",
+            hosts.num_gpus,
+            hosts.replicas,
+            resources.num_gpus,
+        )
+        hosts = fitted(hosts, resources)
     for name in sorted(models):
         model = models[name]
         if pooled(model, hosts):
@@ -416,8 +447,9 @@ def plan_deployments(
             deployment_name=HOST_DEPLOYMENT,
             route_prefix=HOST_ROUTE,
             num_replicas=hosts.replicas,
-            resources=ReplicaResources(num_cpus=round(host_cpus, 4)),
+            resources=ReplicaResources(num_cpus=round(host_cpus, 4), num_gpus=float(hosts.num_gpus)),
             memory_bytes=hosts.memory_bytes,
+            gpu_memory_bytes=hosts.gpu_memory_bytes,
         )
         control_app_cpus += hosts.replicas * host.resources.num_cpus
     every = [p for _, placements in placed for p in placements]

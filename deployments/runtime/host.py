@@ -7,12 +7,14 @@ process per model (docs/hosts.md). A :class:`ModelHost` holds the *pooled* model
   once loaded. The first request for an available model loads it (a cold start); loads run at most
   ``load_concurrency`` at a time, and concurrent requests for the same model share one load;
 * every resident model's **footprint** is measured, not guessed: the process's resident memory
-  before and after its load (loads are serialized for this by default). ``budget_bytes`` is what
-  the models of the host may take together (the process's own memory before any model is not
-  counted). Before a load the host evicts the least recently used *idle* models (no request
-  inside) until the resident models' footprints plus the new model's expected one fit the budget.
-  A model whose footprint alone passes the budget is unloaded again and fails its load, naming it. Eviction never
-  drops a request in flight; an evicted model loads again on its next request;
+  before and after its load (loads are serialized for this by default), and on a host with GPUs
+  each GPU's used memory likewise (``deployments.runtime.gpu_memory``). ``budget_bytes`` is what
+  the models of the host may take together of host memory, ``gpu_budget_bytes`` of each GPU (the
+  process's own memory before any model, its CUDA contexts included, is not counted). Before a
+  load the host evicts the least recently used *idle* models (no request inside) until the
+  resident models' footprints plus the new model's expected one fit every budget. A model whose
+  footprint alone passes a budget is unloaded again and fails its load, naming that budget.
+  Eviction never drops a request in flight; an evicted model loads again on its next request;
 * statistics stay cumulative across evictions: an evicted model's counters are kept and summed
   with those of its next load.
 
@@ -36,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.inference import InferRequest, InferResponse
+from deployments.runtime.gpu_memory import release_cached_gpu_memory
 from deployments.runtime.model import ModelRuntime
 from deployments.runtime.stats import merge_snapshots
 from repository_loader.errors import NotFound, ServerError, Unavailable
@@ -60,8 +63,10 @@ def resident_bytes() -> int:
 
 
 def _release_memory() -> None:
-    """Hand freed memory back to the system, so that the next measurement sees an eviction."""
+    """Hand freed memory back to the system (and to the GPU driver), so that the next measurement sees
+    an eviction."""
     gc.collect()
+    release_cached_gpu_memory()
     with contextlib.suppress(OSError, AttributeError):  # not glibc
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
@@ -72,6 +77,7 @@ class Resident:
 
     runtime: ModelRuntime
     footprint: int
+    gpu_footprint: dict[int, int] = field(default_factory=dict)  # bytes on each GPU it took any of
     inside: int = 0  # requests inside it now
     last_used: float = field(default_factory=time.monotonic)
 
@@ -105,11 +111,15 @@ class ModelHost:
         *,
         load_concurrency: int = 1,
         measure: Callable[[], int] = resident_bytes,
+        measure_gpus: Callable[[], Mapping[int, int]] | None = None,
+        gpu_budget_bytes: Mapping[int, int] | None = None,
     ) -> None:
         self._describe = describe
         self._make_runtime = make_runtime
         self.budget_bytes = budget_bytes
         self._measure = measure
+        self._measure_gpus = measure_gpus or dict
+        self.gpu_budget_bytes: dict[int, int] = dict(gpu_budget_bytes or {})  # by CUDA ordinal
         self._loads = asyncio.Semaphore(max(load_concurrency, 1))
         self._loading: dict[str, asyncio.Task[Resident]] = {}
         self.resident: OrderedDict[str, Resident] = OrderedDict()  # least recently used first
@@ -181,10 +191,50 @@ class ModelHost:
         """Every resident model's measured footprint, together."""
         return sum(r.footprint for r in self.resident.values())
 
-    def expected_footprint(self) -> int:
-        """What a model not loaded before is expected to take: the median of those measured here."""
-        seen = [r.footprint for r in self.resident.values()]
-        return int(statistics.median(seen)) if seen else 0
+    def accounted_gpu_bytes(self) -> dict[int, int]:
+        """Every resident model's measured footprint on each budgeted GPU, together."""
+        return {
+            gpu: sum(r.gpu_footprint.get(gpu, 0) for r in self.resident.values())
+            for gpu in self.gpu_budget_bytes
+        }
+
+    def expected_footprint(self) -> tuple[int, dict[int, int]]:
+        """What a model not loaded before is expected to take, of host memory and of each GPU: the
+        median of those measured here."""
+        seen = list(self.resident.values())
+        if not seen:
+            return 0, {}
+        gpus = {
+            gpu: int(statistics.median(r.gpu_footprint.get(gpu, 0) for r in seen))
+            for gpu in self.gpu_budget_bytes
+        }
+        return int(statistics.median(r.footprint for r in seen)), gpus
+
+    def _fits(self, needed: int, needed_gpus: Mapping[int, int]) -> bool:
+        if self.accounted_bytes() + needed > self.budget_bytes:
+            return False
+        on_gpus = self.accounted_gpu_bytes()
+        return all(
+            on_gpus[gpu] + needed_gpus.get(gpu, 0) <= limit for gpu, limit in self.gpu_budget_bytes.items()
+        )
+
+    def _over_budget(self, name: str, footprint: int, gpu_footprint: Mapping[int, int]) -> str | None:
+        """Why a model of this footprint can never fit here (None: it can)."""
+        if footprint > self.budget_bytes:
+            return (
+                f"model '{name}' takes {footprint / 2**20:.0f} MiB once loaded, more than the memory budget "
+                f"of {self.budget_bytes / 2**20:.0f} MiB of this model host's models; give it a dedicated "
+                "deployment (parameter ray.placement: dedicated) or raise the budget (model_host_memory_bytes)"
+            )
+        for gpu, limit in self.gpu_budget_bytes.items():
+            if gpu_footprint.get(gpu, 0) > limit:
+                return (
+                    f"model '{name}' takes {gpu_footprint[gpu] / 2**20:.0f} MiB of GPU {gpu}'s memory once "
+                    f"loaded, more than the GPU memory budget of {limit / 2**20:.0f} MiB of this model host's "
+                    "models on it; give it a dedicated deployment (parameter ray.placement: dedicated) or raise "
+                    "the budget (model_host_gpu_memory_bytes)"
+                )
+        return None
 
     async def _load_once(self, name: str) -> Resident:
         """The one load of ``name`` under way (started if none is): a task of its own, so a requester
@@ -206,9 +256,9 @@ class ModelHost:
         model = await self.description(name)
         counters = self.counters.setdefault(name, HostCounters())
         async with self._loads:
-            await self._make_room(self.expected_footprint(), keep=name)
+            await self._make_room(*self.expected_footprint(), keep=name)
             start = time.monotonic()
-            before = self._measure()
+            before, before_gpus = self._measure(), self._measure_gpus()
             runtime = self._make_runtime(model)
             try:
                 await runtime.load()
@@ -218,24 +268,27 @@ class ModelHost:
                 _release_memory()
                 raise
             footprint = max(self._measure() - before, 0)
-            if footprint > self.budget_bytes:
+            gpu_footprint = {
+                gpu: used - before_gpus.get(gpu, 0)
+                for gpu, used in self._measure_gpus().items()
+                if used > before_gpus.get(gpu, 0)
+            }
+            refused = self._over_budget(name, footprint, gpu_footprint)
+            if refused is not None:
                 counters.load_failures += 1
                 await runtime.close()
                 _release_memory()
-                raise Unavailable(
-                    f"model '{name}' takes {footprint / 2**20:.0f} MiB once loaded, more than the memory budget "
-                    f"of {self.budget_bytes / 2**20:.0f} MiB of this model host's models; give it a dedicated "
-                    "deployment (parameter ray.placement: dedicated) or raise the budget (model_host_memory_bytes)"
-                )
+                raise Unavailable(refused)
             counters.loads += 1
             counters.cold_start_s += time.monotonic() - start
-            resident = Resident(runtime, footprint)
+            resident = Resident(runtime, footprint, gpu_footprint)
             self.resident[name] = resident
-            await self._make_room(0, keep=name)  # the load may have taken more than expected
+            await self._make_room(0, {}, keep=name)  # the load may have taken more than expected
             logger.info(
-                "model host: loaded '%s' (%.0f MiB, %.2f s); %d resident, %.0f of %.0f MiB",
+                "model host: loaded '%s' (%.0f MiB%s, %.2f s); %d resident, %.0f of %.0f MiB",
                 name,
                 footprint / 2**20,
+                "".join(f", {b / 2**20:.0f} MiB on GPU {gpu}" for gpu, b in sorted(gpu_footprint.items())),
                 time.monotonic() - start,
                 len(self.resident),
                 self.accounted_bytes() / 2**20,
@@ -243,22 +296,25 @@ class ModelHost:
             )
             return resident
 
-    async def _make_room(self, needed: int, keep: str) -> None:
-        """Evict least recently used idle models until ``needed`` more bytes fit the budget."""
+    async def _make_room(self, needed: int, needed_gpus: Mapping[int, int], keep: str) -> None:
+        """Evict least recently used idle models until ``needed`` more bytes of host memory and
+        ``needed_gpus`` more of each GPU fit the budgets."""
         for name, resident in list(self.resident.items()):
-            if self.accounted_bytes() + needed <= self.budget_bytes:
+            if self._fits(needed, needed_gpus):
                 return
             if name == keep or resident.inside:
                 continue
             await self._evict(name, resident, reason="memory budget")
-        if self.accounted_bytes() + needed > self.budget_bytes:
+        if not self._fits(needed, needed_gpus):
             logger.warning(
-                "model host: %.0f MiB accounted (+%.0f MiB for '%s') passes the budget of %.0f MiB: every "
-                "other resident model has requests inside",
+                "model host: %.0f MiB accounted (+%.0f MiB for '%s'), %s on GPUs, passes a budget (%.0f MiB, "
+                "%s on GPUs): every other resident model has requests inside",
                 self.accounted_bytes() / 2**20,
                 needed / 2**20,
                 keep,
+                {gpu: f"{b / 2**20:.0f} MiB" for gpu, b in self.accounted_gpu_bytes().items()},
                 self.budget_bytes / 2**20,
+                {gpu: f"{b / 2**20:.0f} MiB" for gpu, b in self.gpu_budget_bytes.items()},
             )
 
     async def _evict(self, name: str, resident: Resident, reason: str) -> None:

@@ -271,15 +271,20 @@ MODEL_HOST_COUNTERS = {
 MODEL_HOST_GAUGES = {
     "nv_model_host_resident": "Model host replicas where a pooled model is loaded now",
     "nv_model_host_resident_bytes": "Memory a pooled model takes on the host replicas where it is loaded",
+    "nv_model_host_resident_gpu_bytes": "GPU memory a pooled model takes on the host replicas where it is loaded",
 }
 
 
 def render_model_hosts(statuses: Sequence[Mapping[str, Any]]) -> str:
-    """The model-host families of ``/metrics`` from each host replica's status (its ``counters`` and
-    ``resident`` footprints by model, ``ModelHostDeployment.host_status``); empty without hosts."""
+    """The model-host families of ``/metrics`` from each host replica's status (its ``counters``, and
+    ``resident`` and ``resident_gpu`` footprints by model, ``ModelHostDeployment.host_status``); empty
+    without hosts."""
     counters: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     resident: dict[str, list[int]] = defaultdict(list)
+    on_gpus: dict[str, int] = defaultdict(int)
     for status in statuses:
+        for model, footprint in status.get("resident_gpu", {}).items():
+            on_gpus[model] += int(footprint)
         for model, values in status.get("counters", {}).items():
             for key, value in values.items():
                 counters[model][key] += float(value)
@@ -298,7 +303,10 @@ def render_model_hosts(statuses: Sequence[Mapping[str, Any]]) -> str:
     for family, help_text in MODEL_HOST_GAUGES.items():
         lines += [f"# HELP {family} {help_text}", f"# TYPE {family} gauge"]
         for model in models:
-            value = len(resident[model]) if family.endswith("resident") else sum(resident[model])
+            if family.endswith("gpu_bytes"):
+                value = on_gpus[model]
+            else:
+                value = len(resident[model]) if family.endswith("resident") else sum(resident[model])
             lines.append(f'{family}{{model="{_escape(model)}"}} {value}')
     return "".join(line + "\n" for line in lines)
 

@@ -50,6 +50,7 @@ from repository_loader.plan import (
     ClusterResources,
     DeploymentEntry,
     DeploymentPlan,
+    fitted,
     plan_deployments,
     pooled,
     within_cpus,
@@ -88,7 +89,7 @@ class RayDeployer:
         )
 
     def is_pooled(self, model: ModelDescription) -> bool:
-        return pooled(model, self.settings.host_policy)
+        return pooled(model, fitted(self.settings.host_policy, self.resources))
 
     async def _ensure_host(self) -> None:
         """The model host application, started once (a restarted server finds it running); the loads
@@ -107,7 +108,7 @@ class RayDeployer:
             def build() -> Any:
                 return ModelHostDeployment.options(  # type: ignore[attr-defined]
                     logging_config={"enable_access_log": self.settings.access_log}, **host.serve_options()
-                ).bind(self.settings, host.memory_bytes)
+                ).bind(self.settings, host.memory_bytes, host.gpu_memory_bytes)
 
             await asyncio.to_thread(hooks.run_application, build, host.app_name, host.route_prefix)
         await self._wait_running([host.app_name])
@@ -248,7 +249,7 @@ class RayDeployer:
         raise Unavailable(f"application {waiting[0]} did not start within {timeout:.0f}s")
 
     def needs_gpu(self, model: ModelDescription) -> bool:
-        if self.is_pooled(model):  # pooled models run on CPU hosts, planned as a whole
+        if self.is_pooled(model):  # pooled models run on the hosts, planned as a whole
             return False
         try:
             return any(e.resources.num_gpus > 0 for e in self.entries(model))

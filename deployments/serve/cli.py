@@ -95,6 +95,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--model-host-memory-bytes", type=int, default=None, help="memory budget of each model host replica"
     )
+    p.add_argument(
+        "--model-host-gpus",
+        type=int,
+        default=None,
+        help="whole GPUs of each model host replica; single-instance KIND_GPU models are pooled there too",
+    )
+    p.add_argument(
+        "--model-host-gpu-memory-bytes",
+        type=int,
+        default=None,
+        help="GPU memory budget of each GPU of a model host replica (default: 90%% of what is free)",
+    )
     p.set_defaults(func=run)
     r = subparsers.add_parser(
         "ray-start",
@@ -135,6 +147,8 @@ def server_args(args: argparse.Namespace) -> dict[str, Any]:
         "model_hosts": args.model_hosts,
         "model_host_cpus": args.model_host_cpus,
         "model_host_memory_bytes": args.model_host_memory_bytes,
+        "model_host_gpus": args.model_host_gpus,
+        "model_host_gpu_memory_bytes": args.model_host_gpu_memory_bytes,
     }
 
 

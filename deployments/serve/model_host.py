@@ -23,6 +23,7 @@ import os
 from collections.abc import AsyncGenerator
 from typing import Any
 
+import ray
 from ray import serve
 
 from deployments.backends.python_api.logger import log_to_stderr
@@ -30,6 +31,7 @@ from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.http import ServerHTTPApp
 from deployments.replica import host_dataplane
 from deployments.runtime import response_cache
+from deployments.runtime.gpu_memory import GpuMemory, gpu_budgets
 from deployments.runtime.host import ModelHost
 from deployments.runtime.model import ModelRuntime
 from deployments.runtime.stats import PushGate
@@ -39,7 +41,7 @@ from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory
 from deployments.serve.response_writes import coalesce_response_writes
 from deployments.serve.server_api import ServerClient
 from deployments.settings import ServerSettings
-from repository_loader.model import ModelDescription
+from repository_loader.model import InstanceKind, ModelDescription
 from repository_loader.plan import HOST_APP, HOST_ROUTE
 
 logger = logging.getLogger("ray.serve")
@@ -55,7 +57,9 @@ HOST_KEY = HOST_APP  # the statistics key suffix of a host replica's pushes
 class ModelHostDeployment:
     """A model host replica (see the module's description)."""
 
-    async def __init__(self, settings: ServerSettings, memory_bytes: int) -> None:  # type: ignore[misc]
+    async def __init__(  # type: ignore[misc]
+        self, settings: ServerSettings, memory_bytes: int, gpu_memory_bytes: int = 0
+    ) -> None:
         coalesce_response_writes()
         log_to_stderr()
         ray_metrics.export_to_ray()
@@ -69,7 +73,22 @@ class ModelHostDeployment:
         self._calls = ReplicaCalls(ReplicaDirectory(self.server))
         self.remote = RemoteModels(calls=self._calls if settings.direct_routes else None, server=self.server)
         self._generations: dict[str, int] = {}
-        self.host = ModelHost(self._describe, self._runtime, memory_bytes)
+        # a replica given GPUs runs pooled KIND_GPU models on its first one, and measures them (their
+        # contexts made first) to keep a budget on each
+        self._on_gpus = bool(ray.get_gpu_ids())
+        self._gpus = GpuMemory.open() if self._on_gpus else None
+        if self._on_gpus and self._gpus is None:
+            logger.warning(
+                "model host: GPUs %s given, but no CUDA driver to measure them: no GPU budget",
+                ray.get_gpu_ids(),
+            )
+        self.host = ModelHost(
+            self._describe,
+            self._runtime,
+            memory_bytes,
+            measure_gpus=self._gpus.used if self._gpus else None,
+            gpu_budget_bytes=gpu_budgets(self._gpus, gpu_memory_bytes) if self._gpus else None,
+        )
         dataplane = host_dataplane(self.host, remote=self.remote, describe_elsewhere=self.server.describe)
         self.router = dataplane.router
         self._app = ServerHTTPApp(dataplane, limits=settings.limits)
@@ -84,7 +103,15 @@ class ModelHostDeployment:
         return self._app
 
     def _runtime(self, model: ModelDescription) -> ModelRuntime:
-        return ModelRuntime(model, executor=self.router, instance_name=f"{model.name}_0_{self._index}")
+        """A pooled ``KIND_GPU`` model runs on this replica's first GPU, whichever its group names."""
+        on_gpu = self._on_gpus and any(g.kind == InstanceKind.GPU for g in model.instance_groups)
+        return ModelRuntime(
+            model,
+            InstanceKind.GPU if on_gpu else InstanceKind.CPU,
+            0,
+            executor=self.router,
+            instance_name=f"{model.name}_0_{self._index}",
+        )
 
     async def _describe(self, name: str) -> ModelDescription | None:
         found = await self.server.pooled(name)
@@ -147,6 +174,8 @@ class ModelHostDeployment:
             "budget_bytes": self.host.budget_bytes,
             "accounted_bytes": self.host.accounted_bytes(),
             "resident": {name: r.footprint for name, r in self.host.resident.items()},
+            "gpu_budget_bytes": self.host.gpu_budget_bytes,
+            "resident_gpu": {name: sum(r.gpu_footprint.values()) for name, r in self.host.resident.items()},
             "counters": {name: c.as_dict() for name, c in self.host.counters.items()},
         }
 

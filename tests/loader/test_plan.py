@@ -324,6 +324,29 @@ def test_with_hosts_a_model_that_needs_no_replica_of_its_own_is_pooled() -> None
     assert plan.total_cpus <= 4 - CONTROL_APP_CPUS
 
 
+def test_hosts_with_gpus_pool_single_instance_gpu_models_where_the_cluster_has_the_gpus() -> None:
+    from repository_loader.plan import HostPolicy
+
+    models = {
+        "gpu": _python("gpu", (InstanceGroup("g", InstanceKind.GPU, 1, gpus=(1,)),)),
+        "gpus": _python("gpus", (InstanceGroup("g", InstanceKind.GPU, 2),)),  # two instances: its own
+        "both": _python("both", (InstanceGroup("g", InstanceKind.GPU, 1, gpus=(0, 1)),)),  # one on each
+        "cpu": _python("cpu"),
+    }
+    hosts = HostPolicy(replicas=2, num_gpus=1, gpu_memory_bytes=2**30)
+    plan = plan_deployments(models, ClusterResources(4, 2), hosts=hosts)
+    assert plan.pooled == ("cpu", "gpu") and [e.model for e in plan.entries] == ["both", "gpus"]
+    assert plan.host is not None and plan.host.resources.num_gpus == 1.0
+    assert plan.host.serve_options()["ray_actor_options"]["num_gpus"] == 1.0
+    assert plan.host.to_dict()["gpu_memory_bytes"] == 2**30
+    # two host replicas of one GPU each do not fit one GPU: the hosts go without, GPU models keep theirs
+    plan = plan_deployments(models, ClusterResources(4, 1), hosts=hosts)
+    assert plan.pooled == ("cpu",) and [e.model for e in plan.entries] == ["gpus"]
+    # placed as their own, where their groups say
+    assert "GPU(s) [1] do not exist" in plan.problems["gpu"][0] and plan.problems.keys() == {"gpu", "both"}
+    assert plan.host is not None and plan.host.resources.num_gpus == 0.0
+
+
 def test_stateful_streaming_and_ensemble_models_are_never_pooled() -> None:
     from dataclasses import replace
 

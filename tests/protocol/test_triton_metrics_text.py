@@ -196,6 +196,7 @@ def test_model_host_families_sum_over_host_replicas() -> None:
         {
             "counters": {"a": {"loads": 1, "evictions": 0, "cold_start_s": 0.25}, "b": {"loads": 1}},
             "resident": {"a": 50},
+            "resident_gpu": {"a": 1024},
         },
     ]
     text = render_model_hosts(statuses)
@@ -210,4 +211,6 @@ def test_model_host_families_sum_over_host_replicas() -> None:
         and values['nv_model_host_resident{model="b"}'] == "0"
     )
     assert values['nv_model_host_resident_bytes{model="a"}'] == "150"
+    assert values['nv_model_host_resident_gpu_bytes{model="a"}'] == "1024"
+    assert values['nv_model_host_resident_gpu_bytes{model="b"}'] == "0"
     assert "# TYPE nv_model_host_load_total counter" in text and "# TYPE nv_model_host_resident gauge" in text

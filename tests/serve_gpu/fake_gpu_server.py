@@ -1,4 +1,5 @@
-"""Serves a repository on a Ray instance that declares 2 (fake) GPUs; prints what each replica saw.
+"""Serves a repository on a Ray instance that declares 3 (fake) GPUs, with a model host that has one of
+them; prints what each replica saw.
 
 Run by ``test_fake_gpu_placement.py`` in its own process (one Ray instance per
 process). Prints one JSON object: model -> sorted distinct
@@ -48,6 +49,10 @@ def config(name: str, group: str) -> str:
         output [ {{ name: "SEEN" data_type: TYPE_STRING dims: [ 1 ] }} ]
         instance_group [ {group} ]
         """
+    ) + (
+        'parameters { key: "ray.placement" value: { string_value: "dedicated" } }\n'
+        if name in DEDICATED
+        else ""
     )
 
 
@@ -60,8 +65,12 @@ MODELS = {
     "on_cpu": "{ count: 1 kind: KIND_CPU }",
     # a CPU group and a GPU group: two deployments, both answering the model's route
     "mixed": "{ count: 1 kind: KIND_CPU }, { count: 1 kind: KIND_GPU gpus: [ 1 ] }",
+    # pooled on the model host, which has a GPU of its own (the third): one process serves both
+    "pooled_gpu": "{ count: 1 kind: KIND_GPU gpus: [ 0 ] }",
+    "pooled_cpu": "{ count: 1 kind: KIND_CPU }",
 }
-REPLICAS = {"on_both_gpus": 2, "on_gpu_1": 1, "on_cpu": 1, "mixed": 2}
+REPLICAS = {"on_both_gpus": 2, "on_gpu_1": 1, "on_cpu": 1, "mixed": 2, "pooled_gpu": 1, "pooled_cpu": 1}
+DEDICATED = ("on_gpu_1", "on_cpu")  # poolable, but asked to keep deployments of their own
 
 
 def free_port() -> int:
@@ -107,10 +116,12 @@ def main(workdir: str) -> int:
     before = set(haproxy_dirs.glob("*")) if haproxy_dirs.exists() else set()
     try:
         launch.start(
-            ServerSettings.from_args({"model_repository": str(repo), "http_port": port}),
+            ServerSettings.from_args(
+                {"model_repository": str(repo), "http_port": port, "model_hosts": 1, "model_host_gpus": 1}
+            ),
             ray_init={
                 "num_cpus": 2,
-                "num_gpus": 2,
+                "num_gpus": 3,
                 "include_dashboard": False,
                 "_temp_dir": ray_tmp,
                 "log_to_driver": False,

@@ -1,4 +1,5 @@
-"""KIND_GPU instance groups land on the GPUs they name, on a Ray instance with 2 declared GPUs.
+"""KIND_GPU instance groups land on the GPUs they name, on a Ray instance with 3 declared GPUs; pooled
+models share a model host that has a GPU of its own.
 
 No GPU is needed: Ray hands out GPU ids it was told exist and sets
 ``CUDA_VISIBLE_DEVICES`` in each replica, which is what is checked here, with
@@ -79,3 +80,12 @@ def test_replicas_land_on_the_gpus_their_instance_group_names() -> None:
     # one model, two instance groups: each its own kind and GPU, both reached through the model's route
     mixed = seen["mixed"]
     assert sorted((gpu, kind) for gpu, kind, _ in mixed) == [("", "CPU"), ("1", "GPU")], mixed
+
+    # the model host: whole GPU 2 (the one no dedicated replica holds), both pooled models in one process,
+    # the KIND_GPU one on the host's GPU whichever its group names
+    (pooled_gpu,), (pooled_cpu,) = seen["pooled_gpu"], seen["pooled_cpu"]
+    assert (pooled_gpu[0], pooled_gpu[1]) == ("2", "GPU"), pooled_gpu
+    assert (pooled_cpu[0], pooled_cpu[1]) == ("2", "CPU"), pooled_cpu
+    assert pooled_gpu[2] == pooled_cpu[2]
+    dedicated = {pid for name in ("on_both_gpus", "on_gpu_1", "on_cpu", "mixed") for *_, pid in seen[name]}
+    assert pooled_gpu[2] not in dedicated
