@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,9 +36,32 @@ class ModelController(ModelLoader):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._lock = asyncio.Lock()  # one repository action at a time, as Triton serializes them
+        # one repository action at a time per model (and the models it loads or unloads with it), so a
+        # load that waits for resources holds up no other model's; poll compares the repositories once
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._poll_lock = asyncio.Lock()
+        self._actions = 0  # repository actions under way: override folders are released after the last
         self.restarted = False  # this start found models of an earlier one running (see start)
         self._poller: asyncio.Task[None] | None = None
+
+    @contextlib.asynccontextmanager
+    async def _held(self, *names: str) -> AsyncIterator[None]:
+        """The locks of ``names`` (in name order, so two actions never wait for each other)."""
+        async with contextlib.AsyncExitStack() as stack:
+            for name in sorted(set(names)):
+                await stack.enter_async_context(self._locks.setdefault(name, asyncio.Lock()))
+            yield
+
+    @contextlib.asynccontextmanager
+    async def _action(self) -> AsyncIterator[None]:
+        """A repository action; the override folders no model uses any more go after the last one."""
+        self._actions += 1
+        try:
+            yield
+        finally:
+            self._actions -= 1
+            if not self._actions:
+                self._release_overlays()
 
     # --- start, poll and stop -------------------------------------------------------
 
@@ -125,7 +148,7 @@ class ModelController(ModelLoader):
     async def poll(self) -> list[str]:
         """Compare the repositories with the last listing; load, unload or reload what changed.
         Returns the names acted on."""
-        async with self._lock:
+        async with self._poll_lock:
             before = self.listing
             after = await asyncio.to_thread(list_repositories, self.settings.model_repositories)
             names = {*before.where, *before.duplicates, *after.where, *after.duplicates, *self.entries}
@@ -139,19 +162,21 @@ class ModelController(ModelLoader):
             self.listing = after
             for name in changed:
                 if name in after.duplicates:
-                    await self._unload_one(name)
-                    self._fail(name, f"model '{name}' appears in more than one model repository")
+                    async with self._held(name):
+                        await self._unload_one(name)
+                        self._fail(name, f"model '{name}' appears in more than one model repository")
                 elif name not in after.where:
                     logger.info("model '%s' left the repository: unloading it", name)
-                    await self._unload_one(name)
-                    self.entries.pop(name, None)
+                    async with self._held(name):
+                        await self._unload_one(name)
+                        self.entries.pop(name, None)
             present = [n for n in changed if n in after.where]
             models, failed = await asyncio.to_thread(self._read_all, present)
             for name, reason in failed.items():
                 self._keep_or_fail(name, reason)
             plain = [m for m in models.values() if not m.is_ensemble]
             ensembles = [m for m in models.values() if m.is_ensemble]
-            await asyncio.gather(*(self._apply(m) for m in plain))
+            await asyncio.gather(*(self._apply_held(m) for m in plain))
             touched = {m.name for m in plain}
             for entry in list(self.entries.values()):  # ensembles whose steps changed
                 m = entry.model
@@ -164,8 +189,12 @@ class ModelController(ModelLoader):
                 ):
                     ensembles.append(m)
             for m in ensembles:
-                await self._apply(m)
+                await self._apply_held(m)
             return changed
+
+    async def _apply_held(self, model: ModelDescription) -> None:
+        async with self._held(model.name):
+            await self._apply(model)
 
     # --- the repository API (EXPLICIT) ------------------------------------------------
 
@@ -180,12 +209,9 @@ class ModelController(ModelLoader):
         check_model_name(name)
         self._check_explicit()
         config, files = parse_overrides(parameters or {}, self.settings.allow_model_file_upload)
-        async with self._lock:
-            try:
-                await self._record_unloaded(name, False)
-                await self._load_named(name, config, files)
-            finally:
-                self._release_overlays()
+        async with self._action(), self._held(name):
+            await self._record_unloaded(name, False)
+            await self._load_named(name, config, files)
 
     async def _load_named(self, name: str, config: dict[str, Any] | None, files: dict[str, bytes]) -> None:
         self.listing = await asyncio.to_thread(list_repositories, self.settings.model_repositories)
@@ -220,7 +246,9 @@ class ModelController(ModelLoader):
                 self._fail(name, exc.message)
                 continue
             await self._load_steps(step_model, seen)
-            await self._load(step_model)
+            async with self._held(name):
+                if (dep := self.entries.get(name)) is None or dep.state != ModelState.READY:
+                    await self._load(step_model)
 
     def _describe(
         self, name: str, config: dict[str, Any] | None, files: dict[str, bytes]
@@ -235,18 +263,19 @@ class ModelController(ModelLoader):
         check_model_name(name)
         self._check_explicit()
         dependents = _flag((parameters or {}).get("unload_dependents", False))
-        async with self._lock:
+        async with self._action(), self._held(name):
             entry = self.entries.get(name)
             if entry is None:
                 if name in self.listing.where:
                     return  # in the repository, not loaded: nothing to do
                 raise NotFound(f"failed to unload '{name}': no such model in the repository")
-            targets = [name]
+            steps = []
             if dependents and entry.model is not None:
-                targets += [n for n in self._composing(entry.model) if not self._needed_by_others(n, name)]
-            for target in targets:
-                await self._unload_one(target)
-            self._release_overlays()
+                steps = [n for n in self._composing(entry.model) if not self._needed_by_others(n, name)]
+            await self._unload_one(name)
+            for step in steps:
+                async with self._held(step):
+                    await self._unload_one(step)
 
     def _composing(self, model: ModelDescription) -> list[str]:
         """The models ``model`` needs, followed through the ensembles the entries describe."""

@@ -455,6 +455,49 @@ def test_an_override_folder_lives_while_the_model_is_described_from_it(
     assert (repo / "a" / "1" / "model.py").read_text() == MODEL_PY  # the links went, not their targets
 
 
+def test_a_load_that_waits_holds_up_no_other_models_action_nor_its_override_folder(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One model's deploy waits (its replicas find no resources): loads and unloads of other models
+    go on meanwhile, a second action on the same model waits its turn, and the waiting load's
+    override folder stays while other actions end."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    add_model(repo, "c")
+    c, d = controller([repo], model_control_mode="explicit", load_model=["b"])
+
+    async def scenario() -> None:
+        await c.start()
+        placed = asyncio.Event()
+        deploy = d.deploy
+
+        async def waiting_deploy(model: ModelDescription) -> None:
+            if model.name == "a":
+                await placed.wait()
+            await deploy(model)
+
+        d.deploy = waiting_deploy  # type: ignore[method-assign]
+        slow = asyncio.create_task(c.load("a", {"config": _override("a", 2)}))
+        await asyncio.sleep(0.05)
+        await asyncio.wait_for(c.load("c"), 5)  # another model: not behind a's load
+        await asyncio.wait_for(c.unload("b"), 5)
+        assert states(c)["c"] == "READY" and states(c)["b"] == "UNAVAILABLE"
+        again = asyncio.create_task(c.unload("a"))  # the same model: after its load
+        await asyncio.sleep(0.05)
+        assert not slow.done() and not again.done()
+        assert len(list(temp.glob("triton-serve-overrides-*/*"))) == 1  # a's override, still read
+        placed.set()
+        await asyncio.wait_for(slow, 5)
+        await asyncio.wait_for(again, 5)
+        assert d.calls.index(("deploy", "a")) < d.calls.index(("delete", "a"))  # in the order asked
+        assert states(c)["a"] == "UNAVAILABLE" and "a" not in d.deployed
+        assert list(temp.iterdir()) == []
+        await c.stop()
+
+    asyncio.run(scenario())
+
+
 # --- the reload board: two phases across replicas ------------------------------------------------
 
 

@@ -7,6 +7,7 @@ so these are new to it). A steady client loop runs where a test claims something
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import textwrap
 import threading
@@ -328,6 +329,7 @@ def test_a_load_no_node_can_place_fails_soon_and_model_control_goes_on(
     import ray
 
     write_model(test_repository, "mc_unplaced")
+    write_model(test_repository, "mc_idle")  # in the repository, never loaded
     free = ray.available_resources().get("CPU", 0.0)
 
     @ray.remote
@@ -340,7 +342,13 @@ def test_a_load_no_node_can_place_fails_soon_and_model_control_goes_on(
         if holder is not None:
             ray.get(holder.ping.remote(), timeout=60)
         started = time.monotonic()
-        status, body = post(server_url, "/v2/repository/models/mc_unplaced/load")
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(post, server_url, "/v2/repository/models/mc_unplaced/load")
+            time.sleep(1.0)  # the load is under way, waiting for a node
+            # model control answers for another model meanwhile (one lock per model)
+            assert post(server_url, "/v2/repository/models/mc_idle/unload")[0] == 200
+            assert not pending.done()
+            status, body = pending.result(timeout=150)
         took = time.monotonic() - started
         assert status == 400, body
         assert "no node has the resources its replicas need" in body["error"], body
