@@ -31,9 +31,10 @@ test-fast: install
 test-multinode: install
 	$(BIN)/python -m pytest -q -m multinode tests/cluster
 
-# The GPU paths alone (tests marked gpu; no Ray). Needs CUDA, and the gpu extra for ONNX Runtime / TensorRT.
+# The GPU paths alone (tests marked gpu; those in tests/serve_gpu start Ray). Needs CUDA, and the gpu
+# extra for ONNX Runtime / TensorRT.
 test-gpu:
-	$(PY) -m pytest -q -rs -m gpu tests/backends tests/ensembles
+	$(PY) -m pytest -q -rs -m gpu tests/backends tests/ensembles tests/serve_gpu
 
 lint:
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy
