@@ -209,6 +209,16 @@ class DeploymentEntry:
         return max(self.versions)
 
     @property
+    def routing_slots(self) -> int | None:
+        """For a dynamically batched model with more than one replica, the requests HAProxy gives one
+        replica before it sends the next to another (``balance first``; its largest batch): the
+        model's requests meet in as few batchers as the load needs, as they meet in Triton's one
+        queue per model, and under load every replica runs full batches. None: least connections."""
+        if self.batching.dynamic is None or self.batching.max_batch_size < 2 or self.model_replicas < 2:
+            return None
+        return self.batching.max_batch_size
+
+    @property
     def replica_gpu_ids(self) -> tuple[int, ...]:
         """The GPUs the replicas target (KIND_GPU only), in rank order."""
         return tuple(r.gpu for r in self.replicas if r.gpu is not None)

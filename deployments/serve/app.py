@@ -125,6 +125,15 @@ class RayDeployer:
             self.deployed.pop(model.name, None)
             await self._delete_applications(applications)
 
+    def routing_slots(self) -> dict[str, int]:
+        """The ``routing_slots`` of each deployed model that has them, by its application (the one its
+        groups' replicas are merged into in HAProxy), for the HAProxy shim."""
+        return {
+            entries[0].app_name: slots
+            for entries in self.deployed.values()
+            if entries and (slots := entries[0].routing_slots) is not None
+        }
+
     def prepare(self, models: dict[str, ModelDescription]) -> None:
         self.plan = self._plan(models)
         self.models = dict(models)
@@ -190,15 +199,23 @@ class RayDeployer:
         leftover = await self._applications(model.name) - {e.app_name for e in entries}
         # An access-log line per request costs a trivial model about a tenth of its throughput.
         logging_config = {"enable_access_log": self.settings.access_log}
-        for entry in entries:
+        previous = self.deployed.get(model.name)
+        self.deployed[model.name] = entries  # before its replicas start: HAProxy asks how to route it then
+        try:
+            for entry in entries:
 
-            def build(entry: DeploymentEntry = entry) -> Any:
-                return ModelDeployment.options(  # type: ignore[attr-defined]
-                    logging_config=logging_config, **entry.serve_options()
-                ).bind(model, settings=self.settings, composing=composing, **entry.init_kwargs)
+                def build(entry: DeploymentEntry = entry) -> Any:
+                    return ModelDeployment.options(  # type: ignore[attr-defined]
+                        logging_config=logging_config, **entry.serve_options()
+                    ).bind(model, settings=self.settings, composing=composing, **entry.init_kwargs)
 
-            await asyncio.to_thread(hooks.run_application, build, entry.app_name, entry.route_prefix)
-        self.deployed[model.name] = entries
+                await asyncio.to_thread(hooks.run_application, build, entry.app_name, entry.route_prefix)
+        except BaseException:
+            if previous is None:
+                self.deployed.pop(model.name, None)
+            else:
+                self.deployed[model.name] = previous
+            raise
         try:
             await self._wait_running([e.app_name for e in entries])
             statuses = await asyncio.gather(*(self._load_status(e) for e in entries))
@@ -467,10 +484,27 @@ class ServerDeployment:
 
     def __serve_build_asgi_app__(self) -> Any:
         from deployments.protocol.http import ServerHTTPApp
+        from deployments.serve.haproxy_shim import ROUTING_PATH
 
         app = ServerHTTPApp(self.dataplane, limits=self.deployer.settings.limits)
         app.restricted = self.deployer.settings.http_restricted_api
-        return app
+        deployer = self.deployer
+
+        async def with_routing(scope: Any, receive: Any, send: Any) -> None:
+            """``GET`` :data:`ROUTING_PATH`: how HAProxy balances each model (the shim asks when Serve
+            starts or reloads it); everything else is the server's HTTP API."""
+            if scope.get("type") == "http" and scope.get("path") == ROUTING_PATH:
+                body = json.dumps({"routing_slots": deployer.routing_slots()}).encode()
+                headers = [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ]
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return
+            await app(scope, receive, send)
+
+        return with_routing
 
     def report_stats(self, model: str, replica: str, snapshot: list[dict[str, Any]]) -> None:
         self._stats.setdefault(model, {})[replica] = snapshot

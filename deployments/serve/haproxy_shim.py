@@ -38,6 +38,13 @@ and ``deployments.serve.launch`` point it at ``deployments/serve/bin/haproxy``, 
   with no replica up) goes to the server application's backend instead of Serve's "application
   metadata not set" answer (``deployments.serve.grpc_ingress``). Serve's proxy, every backend's
   ``backup`` server, is taken out of these backends: it does not serve this service.
+* **A batched model's requests meet in one batcher.** Serve balances every backend by least
+  connections, which spreads a dynamically batched model's concurrent requests one per replica, where
+  each replica's batcher then waits its queue delay alone (Triton has one queue per model). The
+  shim asks the server application (``GET /v2/-/routing`` on its replica, :func:`fetch_routing_slots`)
+  for each such model's ``routing_slots`` and balances its backends ``first`` with that ``maxconn``
+  per replica (:func:`concentrate_batching_models`): a replica's batcher fills before the next one gets
+  requests, and under load every replica works.
 * **Slow or idle clients cannot hold the door.** Serve writes no ``timeout http-request``, so a
   connection that sent nothing or half a request head stayed for the client timeout (an hour);
   :data:`REQUEST_TIMEOUT_S` (``TRITON_SERVE_HAPROXY_REQUEST_TIMEOUT_S``) is added to the
@@ -392,6 +399,72 @@ def route_model_hosts(lines: list[str]) -> list[str]:
     return out
 
 
+ROUTING_PATH = "/v2/-/routing"
+"""Where the server application says how HAProxy balances each model (:func:`fetch_routing_slots`)."""
+ROUTING_TIMEOUT_S = 2.0
+
+
+def fetch_routing_slots(lines: list[str], timeout_s: float = ROUTING_TIMEOUT_S) -> dict[str, int]:
+    """The ``routing_slots`` of each model application (``repository_loader.plan.DeploymentEntry``),
+    asked of the server application's replica named in ``lines``; none where it does not answer in
+    ``timeout_s`` (a start: the models come later, and Serve reloads HAProxy when they do)."""
+    import urllib.request
+
+    from deployments.serve.hooks import HTTP_BACKEND_PREFIX, haproxy_backend
+    from repository_loader.plan import SERVER_APP
+
+    found = _backends(lines).get(haproxy_backend(HTTP_BACKEND_PREFIX, SERVER_APP))
+    if found is None:
+        return {}
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no proxy from the environment
+    for line in lines[found[0] : found[1]]:
+        m = _SERVER_LINE.match(line)
+        if not m or _is_backup(line):
+            continue
+        try:
+            with opener.open(f"http://{m.group(2)}{ROUTING_PATH}", timeout=timeout_s) as answer:
+                slots = json.loads(answer.read()).get("routing_slots", {})
+            return {str(app): int(n) for app, n in slots.items() if int(n) > 0}
+        except (OSError, ValueError, AttributeError):
+            continue
+    return {}
+
+
+def concentrate_batching_models(lines: list[str], slots: dict[str, int]) -> list[str]:
+    """``lines`` with the backends (HTTP, and gRPC over HTTP/1.1) of each application in ``slots``
+    balanced ``first``, each replica taking its ``slots`` requests before the next replica gets any:
+    a dynamically batched model's requests meet in one replica's batcher while it has room, as in
+    Triton's one queue per model, instead of being spread one by one over every replica."""
+    from deployments.serve.hooks import HTTP_BACKEND_PREFIX, haproxy_backend
+
+    names: dict[str, int] = {}
+    for app, n in slots.items():
+        http = haproxy_backend(HTTP_BACKEND_PREFIX, app)
+        names[http] = n
+        names[H1_BACKEND_PREFIX + http[len(HTTP_BACKEND_PREFIX) :]] = n
+    out: list[str] = []
+    current: str | None = None
+    for line in lines:
+        words = line.split()
+        if words[:1] == ["backend"] and len(words) > 1:
+            current = words[1] if words[1] in names else None
+            out.append(line)
+            if current is not None:
+                out += [
+                    "    # a dynamically batched model: a replica's batcher fills before the next gets requests;",
+                    "    # with every replica full, requests wait here (FIFO) as long as a client may",
+                    "    balance first",
+                    f"    timeout queue {STREAM_FIRST_MESSAGE_S}s",
+                ]
+            continue
+        if line and not line[:1].isspace() and not line.startswith("#"):
+            current = None
+        if current is not None and _SERVER_LINE.match(line) and not _is_backup(line):
+            line = f"{line.rstrip()} maxconn {names[current]}"
+        out.append(line)
+    return out
+
+
 MARK = "# adjusted by deployments.serve.haproxy_shim"
 
 
@@ -438,13 +511,16 @@ def add_request_timeout(lines: list[str], seconds: int | None = None) -> list[st
     return out
 
 
-def rewrite(text: str, error_dir: Path) -> str:
+def rewrite(text: str, error_dir: Path, slots: dict[str, int] | None = None) -> str:
     """Serve's HAProxy configuration with every wildcard bind on the ingress host, JSON error pages, the
-    replicas of a model's later instance groups in the model's own backend, and gRPC routed by model.
-    A configuration it already adjusted (its first line is :data:`MARK`) is returned as it is."""
+    replicas of a model's later instance groups in the model's own backend, gRPC routed by model, and
+    dynamically batched models balanced ``first`` (``slots``: by application; None: asked of the
+    server application). A configuration it already adjusted (its first line is :data:`MARK`) is
+    returned as it is."""
     if text.startswith(MARK):
         return text
     lines = route_model_hosts(route_grpc_by_model(merge_group_backends(text.splitlines())))
+    lines = concentrate_batching_models(lines, fetch_routing_slots(lines) if slots is None else slots)
     lines = raise_connection_limit(add_request_timeout(lines))
     host = frontend_host(lines)
     out = []

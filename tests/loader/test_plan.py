@@ -360,3 +360,23 @@ def test_stateful_streaming_and_ensemble_models_are_never_pooled() -> None:
     assert not pooled(replace(base, sequence_batching=SequenceBatching()), policy)
     assert not pooled(replace(base, backend="tensorrt"), policy)
     assert not pooled(base, HostPolicy(replicas=0))
+
+
+def test_a_batched_model_with_several_replicas_fills_one_replicas_batcher_first() -> None:
+    """``routing_slots``: HAProxy gives a replica its largest batch before the next replica gets any,
+    for a dynamically batched model with more than one replica (over all its groups)."""
+    from dataclasses import replace
+
+    two = (InstanceGroup("g", InstanceKind.CPU, 2),)
+    split = (InstanceGroup("g", InstanceKind.CPU, 1), InstanceGroup("h", InstanceKind.CPU, 1))
+    models = {
+        "batched": _model("batched", two),
+        "groups": _model("groups", split),
+        "alone": _model("alone", (InstanceGroup("g", InstanceKind.CPU, 1),)),
+        "plain": replace(_model("plain", two), dynamic_batching=None),
+        "one": _model("one", two, max_batch_size=1),
+    }
+    plan = plan_deployments(models, ClusterResources(8))
+    slots = {e.app_name: e.routing_slots for e in plan.entries}
+    assert slots["model-batched"] == 8 and slots["model-groups"] == 8
+    assert slots["model-alone"] is None and slots["model-plain"] is None and slots["model-one"] is None

@@ -163,10 +163,10 @@ def _serve_config(front: int, backends: dict[str, tuple[int, int]]) -> str:
 
 
 @contextmanager
-def _haproxy(config_text: str, folder: Path, port: int) -> Iterator[str]:
+def _haproxy(config_text: str, folder: Path, port: int, slots: dict[str, int] | None = None) -> Iterator[str]:
     """The real HAProxy on the shim's rewrite of ``config_text``, its frontend on ``port``."""
     haproxy_shim.write_error_pages(folder)
-    text = haproxy_shim.rewrite(config_text.replace("ERRORS", str(folder)), folder)
+    text = haproxy_shim.rewrite(config_text.replace("ERRORS", str(folder)), folder, slots)
     with running_haproxy(text, folder, port) as url:
         yield url
 
@@ -254,6 +254,74 @@ def test_where_inference_is_restricted_a_stream_without_its_metadata_opens_at_th
         assert _streamed_by(url, ["m"]) == [("m", "server")]
         assert _streamed_by(url, ["m"], headers={key: "go"}) == [("m", "server")]
         assert _answered_by(url, "m") == "m-http1"  # unary calls are the replica's to refuse
+
+
+def test_a_batched_models_calls_fill_its_first_replica_before_the_next(front: str, tmp_path: Path) -> None:
+    """Model m given a second replica (n's server): with routing slots, HAProxy sends its calls to the
+    first replica while that one has room (``balance first``); without, least connections spreads them."""
+    http_m, http_n = _PORTS["model-m"][1], _PORTS["model-n"][1]
+    for slots, expected in (({"model-m": 4}, {"m-http1"}), ({}, {"m-http1", "n-http1"})):
+        port = _free_port()
+        text = _serve_config(port, _PORTS)
+        first = next(
+            line
+            for line in text.splitlines()
+            if line.startswith("    server r-model-m ") and f":{http_m} " in line
+        )
+        second = first.replace("r-model-m", "r2-model-m").replace(f":{http_m} ", f":{http_n} ")
+        folder = tmp_path / f"slots{len(slots)}"
+        folder.mkdir()
+        with _haproxy(text.replace(first, f"{first}\n{second}"), folder, port, slots) as url:
+            time.sleep(0.5)  # health checks
+            assert {_answered_by(url, "m") for _ in range(6)} == expected
+
+
+def test_routing_slots_become_balance_first_and_a_maxconn_per_replica() -> None:
+    text = _serve_config(1, {"model-m": (2, 10), "model-n": (3, 11), "triton": (4, 20)})
+    lines = haproxy_shim.concentrate_batching_models(
+        haproxy_shim.route_grpc_by_model(text.splitlines()), {"model-m": 8}
+    )
+
+    def section(name: str) -> list[str]:
+        start = lines.index(f"backend {name}") + 1
+        end = next(
+            (i for i in range(start, len(lines)) if lines[i] and not lines[i][0].isspace()), len(lines)
+        )
+        return [line.strip() for line in lines[start:end]]
+
+    for name in ("http-model-m", "trs-grpc-h1-model-m"):
+        body = section(name)
+        assert "balance first" in body and f"timeout queue {haproxy_shim.STREAM_FIRST_MESSAGE_S}s" in body
+        servers = [line for line in body if line.startswith("server ")]
+        assert servers and all(line.endswith(" maxconn 8") for line in servers if " backup" not in line)
+        assert not any("maxconn" in line for line in servers if " backup" in line)
+    assert "balance first" not in section("http-model-n")
+
+
+def test_routing_slots_are_asked_of_the_server_applications_replica() -> None:
+    import http.server
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b'{"routing_slots": {"model-m": 8}}' if self.path == haproxy_shim.ROUTING_PATH else b"{}"
+            self.send_response(200 if self.path == haproxy_shim.ROUTING_PATH else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        text = _serve_config(1, {"model-m": (2, 10), "triton": (4, port)})
+        assert haproxy_shim.fetch_routing_slots(text.splitlines()) == {"model-m": 8}
+        down = _serve_config(1, {"model-m": (2, 10), "triton": (4, _free_port())})
+        assert haproxy_shim.fetch_routing_slots(down.splitlines(), timeout_s=0.5) == {}  # nobody answers
+    finally:
+        server.shutdown()
 
 
 def test_a_stream_guard_is_a_header_condition_or_nothing() -> None:

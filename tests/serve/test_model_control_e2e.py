@@ -365,3 +365,61 @@ def test_a_load_no_node_can_place_fails_soon_and_model_control_goes_on(
         assert infer(client, "mc_unplaced") == (1.0, "1")
     finally:
         post(server_url, "/v2/repository/models/mc_unplaced/unload")
+
+
+BATCH_WHO_PY = """
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        seen = np.array([[len(requests), os.getpid(), 0, 0]], dtype=np.float32)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", seen)]) for _ in requests]
+"""
+
+
+def test_a_batched_models_concurrent_requests_meet_in_one_replicas_batch(
+    server_url: str, test_repository: Path, client: httpclient.InferenceServerClient
+) -> None:
+    """Two replicas, dynamic batching with a preferred batch of 2 and a 3 s queue delay: two requests
+    sent together are answered by one batch of 2 in one replica (HAProxy fills one replica's batcher
+    first, as Triton's one queue per model does), not by a batch of 1 in each after the delay."""
+    name = "mc_batched"
+    (test_repository / name / "1").mkdir(parents=True, exist_ok=True)
+    (test_repository / name / "1" / "model.py").write_text(BATCH_WHO_PY)
+    batching = "dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 3000000 }\n"
+    text = config(name, batching).replace("count: 1", "count: 2")
+    (test_repository / name / "config.pbtxt").write_text(text)
+    assert post(server_url, f"/v2/repository/models/{name}/load")[0] == 200
+
+    def pair() -> list[tuple[int, int]]:
+        """(batch size, pid) that each of two requests sent together (a client each) saw."""
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            return list(pool.map(lambda _: _seen(server_url, name), range(2)))
+
+    try:
+        # HAProxy takes the model's routes when Serve reloads it, a moment after the load returns
+        for _ in range(10):
+            if pair()[0][0] == 2:
+                break
+        else:
+            raise AssertionError("two requests sent together were never batched")
+        for _ in range(3):
+            first, second = pair()
+            assert first == second and first[0] == 2, (first, second)
+    finally:
+        post(server_url, f"/v2/repository/models/{name}/unload")
+
+
+def _seen(url: str, model: str) -> tuple[int, int]:
+    client = httpclient.InferenceServerClient(url)
+    try:
+        inp = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+        inp.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
+        out = client.infer(model, [inp]).as_numpy("OUTPUT0")
+    finally:
+        client.close()
+    return int(out[0, 0]), int(out[0, 1])
