@@ -30,7 +30,7 @@ NO_DELAY_TESTS = (
 DELAY_TESTS = {
     "test_multi_batch_delayed_sum_gt_max_preferred": "2",
     "test_multi_batch_use_biggest_preferred": "6",
-    "test_multi_batch_use_best_preferred": "2",
+    "test_multi_batch_use_best_preferred": "3",
     "test_multi_batch_delayed_use_max_batch": "3",
 }
 DIFFERENT_SHAPE_TESTS = (
@@ -127,6 +127,14 @@ L0_BATCHER = Suite(
             VARIABLE_MODELS,
             env=env(BACKENDS=BACKENDS, BATCHER_TYPE="VARIABLE"),
             tests=tuple(f"BatcherTest.{t}" for t in DIFFERENT_SHAPE_TESTS),
+            server_per_test=True,
+        ),
+        Run(
+            "VARIABLE different shape delay 4",
+            "batcher_test.py",
+            VARIABLE_MODELS,
+            env=env(BACKENDS=BACKENDS, BATCHER_TYPE="VARIABLE", TRITONSERVER_DELAY_SCHEDULER="4"),
+            tests=("BatcherTest.test_multi_batch_delayed_preferred_different_shape",),
             server_per_test=True,
         ),
     ),
