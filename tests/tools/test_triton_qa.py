@@ -226,3 +226,19 @@ def test_the_server_log_is_where_the_tests_open_it_under_test_shs_name(tmp_path:
 
     names = {r.label: r.server_log_name for r in SUITES["L0_backend_python"].runs}
     assert names["decoupled"] == "decoupled_server.log" and names["lifecycle"] == "lifecycle_server.log"
+
+
+def test_sequence_delay_runs_carry_test_sh_delays() -> None:
+    from tools.triton_qa import sequence
+
+    assert sequence.delays("test_backlog_fill_no_end") == ("3", "10")
+    assert sequence.delays("test_backlog_fill") == ("2", "10")
+    assert sequence.delays("test_backlog_same_correlation_id") == ("2", "12")
+    assert sequence.delays("test_backlog_same_correlation_id_no_end") == ("0", "16")
+    assert sequence.delays("test_half_batch") == ("0", "8")
+    assert sequence.delays("test_backlog_sequence_timeout") == ("0", "4")
+    assert sequence.delays("test_full_batch") == ("0", "12")
+    runs = {r.label: r for r in sequence.L0_SEQUENCE_BATCHER.runs}
+    tests = [t for r in runs.values() if "delay" in r.label and "no delay" not in r.label for t in r.tests]
+    assert sorted(t.split(".")[1] for t in tests) == sorted(sequence.DELAY_TESTS)  # each once
+    assert all(r.env["BACKENDS"] == "python" for r in runs.values())
