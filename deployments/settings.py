@@ -39,6 +39,7 @@ API_GROUPS = (
 )
 # "0" sends every request through Serve's wrapper (Serve's request metrics, ``max_ongoing_requests``).
 DIRECT_ROUTES_ENV = "TRITON_SERVE_DIRECT_ROUTES"
+DELAY_SCHEDULER_ENV = "TRITONSERVER_DELAY_SCHEDULER"  # tritonserver's testing variable (qa/L0_batcher)
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -195,6 +196,9 @@ class ServerSettings:
     grpc_max_send_message_bytes: int = 64 * 1024 * 1024
     grpc_compression: str = "none"  # responses: none | gzip | deflate (compressed requests always accepted)
     direct_routes: bool = True  # a model replica answers its routes without Serve's per-request wrapper
+    # Triton's TRITONSERVER_DELAY_SCHEDULER, for its qa tests: each dynamic batcher holds its first
+    # batch until this many requests are queued (0: off), read from the environment as tritonserver does
+    delay_scheduler: int = 0
     deploy_timeout_s: float = 600.0  # how long one model's application may take to start
     placement_timeout_s: float = 60.0  # how long its replicas may wait for a node with free resources
     stats_push_interval_s: float = 1.0  # how often replicas push statistics to the server application
@@ -305,6 +309,7 @@ class ServerSettings:
             "metrics_host": str(args.get("metrics_host") or args.get("http_host") or "127.0.0.1"),
             "allow_grpc": _flag(args, "allow_grpc", True),
             "direct_routes": env.get(DIRECT_ROUTES_ENV, "1").strip() != "0",
+            "delay_scheduler": _typed(DELAY_SCHEDULER_ENV, env.get(DELAY_SCHEDULER_ENV) or "0", int),
             "response_cache_bytes": cache_size(
                 _texts(args.get("cache_config")),
                 None

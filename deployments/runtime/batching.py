@@ -92,6 +92,7 @@ class DynamicBatcher:
         self._next_seq = 0
         self._next_delivery = 0
         self._held: dict[int, tuple[Entry, InferResponse | None]] = {}
+        self._hold = _hold_first_batch  # requests to wait for before the first batch (a testing hook)
 
     @property
     def queued(self) -> int:
@@ -160,6 +161,11 @@ class DynamicBatcher:
 
     async def _schedule(self) -> None:
         while True:
+            if self._hold:
+                if self._queues.size < self._hold and not self._closing:
+                    await self._sleep(NEVER)
+                    continue
+                self._hold = 0
             now = time.monotonic_ns()
             self._expire(now)
             if self._in_flight >= self._max_concurrent:
@@ -331,6 +337,18 @@ class PassThroughScheduler:
         if self._active:
             self._idle = asyncio.Event()
             await self._idle.wait()
+
+
+_hold_first_batch = 0
+
+
+def hold_first_batch(count: int) -> None:
+    """Triton's ``TRITONSERVER_DELAY_SCHEDULER`` (``ServerSettings.delay_scheduler``) for the dynamic
+    batchers made in this process from now on: each forms no batch until ``count`` requests are
+    queued, once (0: off). A testing hook, as in tritonserver: Triton's qa tests queue requests this way
+    before the scheduler may cut them into batches."""
+    global _hold_first_batch
+    _hold_first_batch = max(int(count), 0)
 
 
 def make_scheduler(

@@ -162,3 +162,13 @@ async def test_the_server_data_plane_is_the_one_data_plane_over_the_controller()
         await ModelDataPlane(ModelController(ServerSettings("/r"), _Deployer()), Router()).load_model(
             "up", {}
         )
+
+
+def test_tritons_delay_scheduler_variable_is_read_from_the_environment() -> None:
+    from deployments.settings import SettingsError
+
+    args = {"model_repository": "/models"}
+    assert ServerSettings.from_args(args, {}).delay_scheduler == 0
+    assert ServerSettings.from_args(args, {"TRITONSERVER_DELAY_SCHEDULER": "3"}).delay_scheduler == 3
+    with pytest.raises(SettingsError, match="TRITONSERVER_DELAY_SCHEDULER must be a int"):
+        ServerSettings.from_args(args, {"TRITONSERVER_DELAY_SCHEDULER": "many"})
