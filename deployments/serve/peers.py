@@ -23,6 +23,7 @@ it there when that is another replica:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping
@@ -52,6 +53,7 @@ from repository_loader.model import ModelDescription
 logger = logging.getLogger("ray.serve")
 
 TARGETS_TTL_S = 5.0
+OWNER_WAIT_S = 3.0  # how long a registered sequence owner may be missing from Serve's targets
 GROUP_APPS_REFRESH_S = 30.0  # how long a model replica trusts what the server said of a model's groups
 GROUP_APPS_ASK_TIMEOUT_S = 2.0  # the server may be starting (its constructor deploys the models)
 LOOPBACK = "127.0.0.1"
@@ -131,8 +133,12 @@ class ReplicaDirectory:
 
     async def owner(self, model: str, rank: int, fresh: bool = False) -> Address:
         """The address of the replica holding ``rank`` of ``model`` (Unavailable while none does).
-        What is known is used first; where it names no live replica, it is read again once."""
-        for again in (False, True) if not fresh else (True,):
+        What is known is used first; where it names no live replica, it is read again, for up to
+        :data:`OWNER_WAIT_S` while a replica holds the rank that Serve does not list yet (one that just
+        started: its registration comes before Serve's target list has it)."""
+        deadline = time.monotonic() + OWNER_WAIT_S
+        again = fresh
+        while True:
             members = self._ranks.get(model)
             if again or members is None or rank not in members:
                 members = self._ranks[model] = await self._server.sequence_members(model)
@@ -142,6 +148,11 @@ class ReplicaDirectory:
                 address = (await self.targets(app, again)).get(actor)
                 if address is not None:
                     return address
+            if again and (member is None or time.monotonic() >= deadline):
+                break
+            if again:
+                await asyncio.sleep(0.2)
+            again = True
         raise Unavailable(f"model '{model}': no replica holds rank {rank} of its sequences now")
 
 

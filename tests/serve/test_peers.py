@@ -193,3 +193,38 @@ def test_a_sequence_call_goes_to_the_group_holding_its_owner() -> None:
         assert picker.pick(apps, cid) == expected
     assert {picker.pick(apps, cid) for cid in range(1, 40)} == {"g0", "g1"}
     assert picker.pick(apps) == "g0"  # no sequence: least loaded, first on a tie
+
+
+def test_a_registered_owner_missing_from_serves_targets_is_waited_for_then_given_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A replica registers its rank before Serve lists it among the application's targets (just after
+    a start): the owner is found once it is listed; a rank nobody holds fails at once, and one whose
+    holder never shows fails after ``OWNER_WAIT_S``."""
+    from deployments.serve import peers
+
+    listed: dict[str, tuple[str, int]] = {}
+
+    class Server:
+        async def sequence_members(self, model: str) -> dict[int, tuple[str, str]]:
+            return {0: ("model-s", "a0"), 1: ("model-s", "a1")}
+
+    async def targets(app: str) -> dict[str, tuple[str, int]]:
+        return dict(listed)
+
+    monkeypatch.setattr(peers.hooks, "replica_http_targets", targets)
+    monkeypatch.setattr(peers, "OWNER_WAIT_S", 1.0)
+    directory = peers.ReplicaDirectory(Server())  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.5, listed.update, {"a1": ("127.0.0.1", 9001)})
+        assert await directory.owner("s", 1) == ("127.0.0.1", 9001)  # waited until it was listed
+        with pytest.raises(Unavailable, match="no replica holds rank 2"):
+            await asyncio.wait_for(directory.owner("s", 2), 0.5)  # nobody holds it: at once
+        started = loop.time()
+        with pytest.raises(Unavailable, match="no replica holds rank 0"):
+            await directory.owner("s", 0)  # registered, never listed
+        assert loop.time() - started >= 1.0
+
+    asyncio.run(scenario())
