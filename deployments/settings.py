@@ -39,7 +39,8 @@ API_GROUPS = (
 )
 # "0" sends every request through Serve's wrapper (Serve's request metrics, ``max_ongoing_requests``).
 DIRECT_ROUTES_ENV = "TRITON_SERVE_DIRECT_ROUTES"
-DELAY_SCHEDULER_ENV = "TRITONSERVER_DELAY_SCHEDULER"  # tritonserver's testing variable (qa/L0_batcher)
+DELAY_SCHEDULER_ENV = "TRITONSERVER_DELAY_SCHEDULER"  # tritonserver's testing variables (Triton's qa)
+BACKLOG_DELAY_SCHEDULER_ENV = "TRITONSERVER_BACKLOG_DELAY_SCHEDULER"
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -196,9 +197,11 @@ class ServerSettings:
     grpc_max_send_message_bytes: int = 64 * 1024 * 1024
     grpc_compression: str = "none"  # responses: none | gzip | deflate (compressed requests always accepted)
     direct_routes: bool = True  # a model replica answers its routes without Serve's per-request wrapper
-    # Triton's TRITONSERVER_DELAY_SCHEDULER, for its qa tests: each dynamic batcher holds its first
-    # batch until this many requests are queued (0: off), read from the environment as tritonserver does
+    # Triton's TRITONSERVER_DELAY_SCHEDULER and TRITONSERVER_BACKLOG_DELAY_SCHEDULER, for its qa tests:
+    # each scheduler holds its first batch until this many requests are queued (and, for the sequence
+    # batcher, sequences wait in its backlog); 0: off. Read from the environment as tritonserver does.
     delay_scheduler: int = 0
+    backlog_delay_scheduler: int = 0
     deploy_timeout_s: float = 600.0  # how long one model's application may take to start
     placement_timeout_s: float = 60.0  # how long its replicas may wait for a node with free resources
     stats_push_interval_s: float = 1.0  # how often replicas push statistics to the server application
@@ -310,6 +313,9 @@ class ServerSettings:
             "allow_grpc": _flag(args, "allow_grpc", True),
             "direct_routes": env.get(DIRECT_ROUTES_ENV, "1").strip() != "0",
             "delay_scheduler": _typed(DELAY_SCHEDULER_ENV, env.get(DELAY_SCHEDULER_ENV) or "0", int),
+            "backlog_delay_scheduler": _typed(
+                BACKLOG_DELAY_SCHEDULER_ENV, env.get(BACKLOG_DELAY_SCHEDULER_ENV) or "0", int
+            ),
             "response_cache_bytes": cache_size(
                 _texts(args.get("cache_config")),
                 None

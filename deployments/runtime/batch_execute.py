@@ -9,6 +9,7 @@ exception in the scheduler's loop.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from deployments.inference import InferRequest, InferResponse
 from repository_loader.errors import InternalError, ServerError
@@ -42,3 +43,29 @@ async def run_batch(execute: ExecuteFn, requests: list[InferRequest], model_name
 
 
 __all__ = ["BatchCallback", "ExecuteFn", "run_batch"]
+
+
+@dataclass(frozen=True)
+class FirstBatchHold:
+    """How long the schedulers made in this process hold their first batch: until ``requests`` are
+    queued and ``backlog`` sequences wait for a slot (0: not held)."""
+
+    requests: int = 0
+    backlog: int = 0
+
+
+_hold = FirstBatchHold()
+
+
+def hold_first_batches(requests: int, backlog: int = 0) -> None:
+    """Triton's ``TRITONSERVER_DELAY_SCHEDULER`` and ``TRITONSERVER_BACKLOG_DELAY_SCHEDULER``
+    (``ServerSettings.delay_scheduler``, ``backlog_delay_scheduler``) for the schedulers this process
+    makes from now on: each forms no batch until that many requests are queued (and, for the
+    sequence batcher, that many sequences wait in its backlog), once. A testing hook, as in
+    tritonserver: Triton's qa tests queue requests this way before the scheduler may cut them."""
+    global _hold
+    _hold = FirstBatchHold(max(int(requests), 0), max(int(backlog), 0))
+
+
+def first_batch_hold() -> FirstBatchHold:
+    return _hold

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from deployments.inference import InferRequest, InferResponse
-from deployments.runtime.batch_execute import BatchCallback, ExecuteFn, run_batch
+from deployments.runtime.batch_execute import BatchCallback, ExecuteFn, first_batch_hold, run_batch
 from deployments.runtime.batch_queue import (
     NEVER,
     Entry,
@@ -92,7 +92,7 @@ class DynamicBatcher:
         self._next_seq = 0
         self._next_delivery = 0
         self._held: dict[int, tuple[Entry, InferResponse | None]] = {}
-        self._hold = _hold_first_batch  # requests to wait for before the first batch (a testing hook)
+        self._hold = first_batch_hold().requests  # requests to wait for before the first batch (testing)
 
     @property
     def queued(self) -> int:
@@ -337,18 +337,6 @@ class PassThroughScheduler:
         if self._active:
             self._idle = asyncio.Event()
             await self._idle.wait()
-
-
-_hold_first_batch = 0
-
-
-def hold_first_batch(count: int) -> None:
-    """Triton's ``TRITONSERVER_DELAY_SCHEDULER`` (``ServerSettings.delay_scheduler``) for the dynamic
-    batchers made in this process from now on: each forms no batch until ``count`` requests are
-    queued, once (0: off). A testing hook, as in tritonserver: Triton's qa tests queue requests this way
-    before the scheduler may cut them into batches."""
-    global _hold_first_batch
-    _hold_first_batch = max(int(count), 0)
 
 
 def make_scheduler(

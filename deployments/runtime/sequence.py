@@ -37,7 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from deployments.inference import InferRequest, InferResponse, RequestedOutput
-from deployments.runtime.batch_execute import BatchCallback, ExecuteFn, run_batch
+from deployments.runtime.batch_execute import BatchCallback, ExecuteFn, first_batch_hold, run_batch
 from deployments.runtime.sequence_config import CORRID, SequenceSettings, backend_model
 from repository_loader.errors import InternalError, InvalidArgument, ServerError, Unavailable
 from repository_loader.model import DynamicBatching, ModelDescription
@@ -121,6 +121,17 @@ class SequenceBatcher:
         self._changed: asyncio.Future | None = None
         self._closing = False
         self._closed = False
+        self._hold = first_batch_hold()  # a testing hook (TRITONSERVER_DELAY_SCHEDULER): once, then none
+
+    def holding(self) -> bool:
+        """Whether the first batch still waits for the requests and backlog the hold asks for."""
+        if not self._hold.requests and not self._hold.backlog:
+            return False
+        queued = sum(len(slot.queue) for inst in self.instances for slot in getattr(inst, "slots", ()))
+        if self._closing or (queued >= self._hold.requests and len(self._backlog) >= self._hold.backlog):
+            self._hold = dataclasses.replace(self._hold, requests=0, backlog=0)
+            return False
+        return True
 
     def _free_key(self, slot: _Slot) -> tuple[int, int, int]:
         """Free slots by this key: the lowest index over the instances that run at once, then the next."""
@@ -419,6 +430,9 @@ class _DirectInstance:
             ready = self._ready()
             if not ready:
                 return
+            if self.owner.holding():
+                await self._sleep(10_000_000)  # the hold is looked at again every 10 ms, as in Triton
+                continue
             if settings.delay_ns > 0 and settings.minimum_slot_utilization > 0 and not self.owner._closing:
                 oldest = min(item.enqueue_ns for _, item in ready)
                 wait_ns = oldest + settings.delay_ns - time.monotonic_ns()

@@ -16,7 +16,7 @@ from deployments.backends.python_api.logger import log_to_stderr
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.http import ModelHTTPApp
 from deployments.replica import replica_dataplane
-from deployments.runtime import batching, response_cache
+from deployments.runtime import batch_execute, response_cache
 from deployments.runtime.model import ModelRuntime
 from deployments.runtime.router import Ranks, Router
 from deployments.runtime.stats import PushGate
@@ -65,7 +65,7 @@ class ModelDeployment:
         ensembles.register()  # an ensemble's replica runs the ensemble backend
         ray_metrics.export_to_ray()  # Triton's counters of this process's models, through Ray
         response_cache.configure(settings.response_cache_bytes)  # one cache for the models of this process
-        batching.hold_first_batch(settings.delay_scheduler)
+        batch_execute.hold_first_batches(settings.delay_scheduler, settings.backlog_delay_scheduler)
         self.model = model
         self.settings = settings
         self._route = model_route(model.name)

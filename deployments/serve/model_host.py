@@ -30,7 +30,7 @@ from deployments.backends.python_api.logger import log_to_stderr
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.http import ServerHTTPApp
 from deployments.replica import host_dataplane
-from deployments.runtime import batching, response_cache
+from deployments.runtime import batch_execute, response_cache
 from deployments.runtime.gpu_memory import GpuMemory, gpu_budgets
 from deployments.runtime.host import ModelHost
 from deployments.runtime.model import ModelRuntime
@@ -64,7 +64,7 @@ class ModelHostDeployment:
         log_to_stderr()
         ray_metrics.export_to_ray()
         response_cache.configure(settings.response_cache_bytes)
-        batching.hold_first_batch(settings.delay_scheduler)
+        batch_execute.hold_first_batches(settings.delay_scheduler, settings.backlog_delay_scheduler)
         self.settings = settings
         context = serve.get_replica_context()
         self.replica_id = context.replica_id.unique_id if context else str(os.getpid())

@@ -177,19 +177,19 @@ async def test_thousand_concurrent_requests_get_their_own_rows() -> None:
 
 
 async def test_a_held_batcher_waits_for_that_many_requests_before_its_first_batch_only() -> None:
-    """Triton's TRITONSERVER_DELAY_SCHEDULER (``hold_first_batch``): with 3, two requests that make a
+    """Triton's TRITONSERVER_DELAY_SCHEDULER (``hold_first_batches``): with 3, two requests that make a
     preferred batch wait for a third; then all three form one batch (the largest preferred size), and
     later requests are not held."""
-    from deployments.runtime import batching
+    from deployments.runtime.batch_execute import hold_first_batches
 
     rec = Recorder()
-    batching.hold_first_batch(3)
+    hold_first_batches(3)
     try:
         batcher = DynamicBatcher(
             config(preferred_batch_size=(2, 3), max_queue_delay_microseconds=30_000_000), 8, INPUTS, rec
         )
     finally:
-        batching.hold_first_batch(0)
+        hold_first_batches(0)
     first = [asyncio.ensure_future(batcher.submit(request(str(i)))) for i in range(2)]
     await asyncio.sleep(0.05)
     assert rec.rows == [] and not any(t.done() for t in first)  # a preferred batch of 2, held

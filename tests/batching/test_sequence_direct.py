@@ -216,3 +216,26 @@ async def test_close_without_drain_rejects_queued_and_backlogged_requests() -> N
     assert out(await running) == 1.0
     assert isinstance((await queued).error, Unavailable)
     assert isinstance((await backlogged).error, Unavailable)
+
+
+async def test_a_held_sequence_batcher_waits_for_requests_and_backlog_before_its_first_batch() -> None:
+    """TRITONSERVER_DELAY_SCHEDULER / TRITONSERVER_BACKLOG_DELAY_SCHEDULER (``hold_first_batches``):
+    two slots, a hold of 2 requests and 1 backlogged sequence: the first two sequences wait until a
+    third one queues behind them, then run in one batch; later requests are not held."""
+    from deployments.runtime.batch_execute import hold_first_batches
+
+    acc = Accumulator()
+    hold_first_batches(2, backlog=1)
+    try:
+        batcher = SequenceBatcher(sequence_model(max_batch_size=2), acc)
+    finally:
+        hold_first_batches(0)
+    first = [asyncio.ensure_future(batcher.submit(req(cid, 1.0, start=True))) for cid in (1, 2)]
+    await asyncio.sleep(0.05)
+    assert acc.batches == [] and not any(t.done() for t in first)  # two queued, no backlog yet
+    third = asyncio.ensure_future(batcher.submit(req(3, 1.0, start=True, end=True)))  # no slot: backlog
+    await asyncio.wait_for(asyncio.gather(*first), 5)
+    assert [len(b) for b in acc.batches][:1] == [2]
+    await asyncio.wait_for(batcher.submit(req(1, 1.0, end=True)), 5)  # frees a slot for sequence 3
+    assert out(await asyncio.wait_for(third, 5)) == 1.0
+    await batcher.close()
