@@ -51,6 +51,7 @@ def describe(config: pb.ModelConfig, path: Path, versions: Iterable[int]) -> Mod
         warmup=tuple(_warmup(w) for w in config.model_warmup),
         parameters=frozen_mapping({k: v.string_value for k, v in config.parameters.items()}),
         default_model_filename=config.default_model_filename,
+        cc_model_filenames=frozen_mapping(dict(config.cc_model_filenames)),
         decoupled=config.model_transaction_policy.decoupled,
         response_cache=config.response_cache.enable,
         optimization=frozen_mapping(config_to_json(config).get("optimization", {})),

@@ -175,6 +175,8 @@ class ModelDescription:
     warmup: tuple[WarmupSample, ...] = ()
     parameters: Mapping[str, str] = field(default_factory=lambda: EMPTY)
     default_model_filename: str = ""
+    # model file per CUDA compute capability ("8.6" -> "model_a10g.plan"), for a GPU instance
+    cc_model_filenames: Mapping[str, str] = field(default_factory=lambda: EMPTY)
     decoupled: bool = False
     response_cache: bool = False
     optimization: Mapping[str, Any] = field(
@@ -200,9 +202,11 @@ class ModelDescription:
     def version_path(self, version: int) -> Path:
         return self.path / str(version)
 
-    def model_file(self, version: int) -> Path:
-        """The model file (or folder) of ``version``: ``default_model_filename`` or the default."""
-        name = self.default_model_filename or DEFAULT_MODEL_FILENAME.get(self.kind, "")
+    def model_file(self, version: int, capability: tuple[int, int] | None = None) -> Path:
+        """The model file (or folder) of ``version``: on a GPU of compute ``capability`` (major, minor)
+        the one ``cc_model_filenames`` names for it, else ``default_model_filename`` or the default."""
+        chosen = self.cc_model_filenames.get(f"{capability[0]}.{capability[1]}") if capability else None
+        name = chosen or self.default_model_filename or DEFAULT_MODEL_FILENAME.get(self.kind, "")
         return self.version_path(version) / name
 
     def input(self, name: str) -> TensorSpec | None:

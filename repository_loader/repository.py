@@ -276,6 +276,9 @@ class _Loader:
     ) -> None:
         for version in versions:
             path = self._model_file(config, local_dir, version)
+            per_gpu = [local_dir / str(version) / name for name in config.cc_model_filenames.values()]
+            if any(p.exists() for p in per_gpu):
+                continue  # a GPU instance loads the one for its compute capability (Triton's cc_model_filenames)
             if path.name and not path.exists():
                 where = "default_model_filename" if config.default_model_filename else "versions"
                 findings.add(

@@ -122,12 +122,6 @@ UNIMPLEMENTED: tuple[Unimplemented, ...] = (
         lambda c: bool(c.metric_tags),
     ),
     Unimplemented(
-        "cc_model_filenames",
-        Policy.WARN,
-        "model files per compute capability are not chosen; default_model_filename is used",
-        lambda c: bool(c.cc_model_filenames),
-    ),
-    Unimplemented(
         "runtime",
         Policy.WARN,
         "backend runtimes are not selectable; the backend's built-in runtime is used",

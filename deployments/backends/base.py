@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from concurrent.futures import Executor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar, TypeVar
 
 from deployments.inference import InferRequest, InferResponse, ModelExecutor
@@ -119,6 +120,26 @@ def timed(phase: str) -> Iterator[None]:
             times.output_ns += elapsed
 
 
+def compute_capability(ordinal: int) -> tuple[int, int] | None:
+    """The compute capability ``(major, minor)`` of CUDA device ``ordinal``, from the driver
+    (``libcuda``, through ctypes: no framework needed); None where there is no driver or device."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    device, major, minor = ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(0)
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGet(ctypes.byref(device), ordinal) != 0:
+        return None
+    # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR (75) and _MINOR (76)
+    if cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, device) != 0:
+        return None
+    if cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, device) != 0:
+        return None
+    return major.value, minor.value
+
+
 class Backend(abc.ABC):
     """A loaded model version on one device.
 
@@ -135,6 +156,14 @@ class Backend(abc.ABC):
     def __init__(self, context: BackendContext) -> None:
         self.context = context
         self.model = context.model
+
+    def model_path(self) -> Path:
+        """The model file (or folder) to load: on a GPU instance, the one the model's
+        ``cc_model_filenames`` names for its GPU's compute capability, if any; else the default."""
+        capability = None
+        if self.context.instance_kind == InstanceKind.GPU and self.model.cc_model_filenames:
+            capability = compute_capability(self.context.device_id)
+        return self.model.model_file(self.context.version, capability)
 
     @abc.abstractmethod
     def load(self) -> None:

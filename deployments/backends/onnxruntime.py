@@ -157,7 +157,7 @@ class OnnxRuntimeBackend(TensorBackend):
     session: ort.InferenceSession
 
     def load(self) -> None:
-        path = self.model.model_file(self.context.version)
+        path = self.model_path()
         if not path.exists():
             raise Unavailable(
                 f"model '{self.model.name}' version {self.context.version}: no model file at {path}"

@@ -234,7 +234,7 @@ class PythonBackend(Backend):
 
     def load(self) -> None:
         self._host_inputs = host_inputs_only(self.model)
-        module = import_model(self.model.model_file(self.context.version), self.model.name)
+        module = import_model(self.model_path(), self.model.name)
         self._module_name = module.__name__
         model_class = getattr(module, "TritonPythonModel", None)
         if model_class is None:

@@ -45,7 +45,7 @@ class TensorRTBackend(TensorBackend):
     inline_threshold_s = 0.0  # every run goes to a worker thread: it waits on the GPU
 
     def load(self) -> None:
-        path = self.model.model_file(self.context.version)
+        path = self.model_path()
         if not path.exists():
             raise Unavailable(
                 f"model '{self.model.name}' version {self.context.version}: no model file at {path}"

@@ -133,6 +133,32 @@ async def test_torchscript_on_cuda(tmp_path: Path) -> None:
     np.testing.assert_allclose(tensors.to_numpy(from_host.outputs["OUTPUT1"]), np.zeros((1, 4)))
 
 
+class Scaled(torch.nn.Module):
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        return X * self.factor
+
+
+async def test_cc_model_filenames_loads_the_file_for_this_gpu(tmp_path: Path) -> None:
+    """``cc_model_filenames``: the GPU instance loads the file named for its compute capability; a
+    capability the map does not name falls back to the default file."""
+    folder = version_dir(tmp_path, "scaled")
+    torch.jit.script(Scaled(2.0)).save(str(folder / "model.pt"))
+    torch.jit.script(Scaled(3.0)).save(str(folder / "model_this_gpu.pt"))
+    major, minor = torch.cuda.get_device_capability(0)
+    io = ([spec("X", "FP32", [2])], [spec("Y", "FP32", [2])])
+    for names, factor in (
+        ({f"{major}.{minor}": "model_this_gpu.pt"}, 3.0),
+        ({"1.0": "model_this_gpu.pt"}, 2.0),
+    ):
+        model = describe("scaled", folder.parent, "pytorch", *io, max_batch_size=4, cc_model_filenames=names)
+        (answer,) = await _gpu(model).execute([request("scaled", X=np.ones((1, 2), np.float32))])
+        np.testing.assert_allclose(tensors.to_numpy(answer.outputs["Y"]), np.full((1, 2), factor))
+
+
 async def test_gpu_dlpack_handoff_keeps_one_device_buffer(tmp_path: Path) -> None:
     _ort_cuda()
     onnx_dir = version_dir(tmp_path, "double")

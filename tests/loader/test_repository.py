@@ -86,6 +86,44 @@ def test_default_model_filename_and_onnx_folder(repo: Path, write_model) -> None
     assert state.models["folder"].backend == "onnxruntime"  # filled from the platform
 
 
+def test_cc_model_filenames_name_a_file_per_gpu_and_may_stand_for_the_default(
+    repo: Path, write_model
+) -> None:
+    """Triton's ``cc_model_filenames``: a GPU of compute capability 8.6 loads its own file, any other
+    the default; a model with only per-GPU files is valid (a GPU instance picks one)."""
+    cc = 'cc_model_filenames [ { key: "8.6" value: "a10g.pt" }, { key: "7.5" value: "t4.pt" } ]'
+    write_model("mixed", TORCH_IO + cc, {"1/model.pt": b"", "1/a10g.pt": b"", "1/t4.pt": b""})
+    write_model("per_gpu", TORCH_IO + cc, {"1/a10g.pt": b"", "1/t4.pt": b""})
+    state = load_repository(repo, auto_complete=False)
+    assert state.failed == {}
+    mixed = state.models["mixed"]
+    assert dict(mixed.cc_model_filenames) == {"8.6": "a10g.pt", "7.5": "t4.pt"}
+    assert mixed.model_file(1, (8, 6)).name == "a10g.pt" and mixed.model_file(1, (7, 5)).name == "t4.pt"
+    assert mixed.model_file(1, (9, 0)).name == "model.pt" and mixed.model_file(1).name == "model.pt"
+    assert state.models["per_gpu"].model_file(1, (7, 5)).is_file()
+
+
+def test_a_gpu_instance_asks_the_driver_for_its_compute_capability(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deployments.backends import base
+    from deployments.backends.registry import create_backend
+    from repository_loader.model import InstanceKind
+    from tests.backends.helpers import context, describe, spec
+
+    monkeypatch.setattr(base, "compute_capability", lambda ordinal: (7, 5))
+    model = describe(
+        "m",
+        tmp_path,
+        "pytorch",
+        [spec("X", "FP32", [1])],
+        [spec("Y", "FP32", [1])],
+        cc_model_filenames={"7.5": "t4.pt"},
+    )
+    assert create_backend(context(model, kind=InstanceKind.GPU)).model_path().name == "t4.pt"
+    assert create_backend(context(model, kind=InstanceKind.CPU)).model_path().name == "model.pt"
+
+
 def test_one_broken_model_does_not_stop_the_others(repo: Path, write_model) -> None:
     write_model("good", TORCH_IO, {"1/model.pt": b""})
     write_model(

@@ -30,7 +30,6 @@ WARN_CASES = {
         'model_metrics { metric_control [ { metric_identifier { family: "f" } histogram_options { buckets: [ 1 ] } } ] }'
     ),
     "metric_tags": 'metric_tags { key: "team" value: "a" }',
-    "cc_model_filenames": 'cc_model_filenames { key: "8.0" value: "model_80.pt" }',
     "runtime": 'runtime: "model.py"',
     "parameters.EXECUTION_ENV_PATH": (
         'parameters { key: "EXECUTION_ENV_PATH" value { string_value: "$$TRITON_MODEL_DIRECTORY/env.tar.gz" } }'
