@@ -242,3 +242,39 @@ def test_sequence_delay_runs_carry_test_sh_delays() -> None:
     tests = [t for r in runs.values() if "delay" in r.label and "no delay" not in r.label for t in r.tests]
     assert sorted(t.split(".")[1] for t in tests) == sorted(sequence.DELAY_TESTS)  # each once
     assert all(r.env["BACKENDS"] == "python" for r in runs.values())
+
+
+def _pregenerated(cache: Path, repository: str, model: str, config: str) -> None:
+    """``cache/repository/model/config.pbtxt`` as if ``gen_qa_*.py`` had written it (no script runs)."""
+    (cache / repository / model).mkdir(parents=True)
+    (cache / repository / model / "config.pbtxt").write_text(config)
+    (cache / repository / ".complete").write_text("")
+
+
+def test_infer_zero_asks_onnx_and_runs_the_zero_ensembles_on_python_nops(tmp_path: Path) -> None:
+    from tools.triton_qa import infer_zero
+
+    (run,) = infer_zero.L0_INFER_ZERO.runs
+    assert run.test_file == "infer_zero_test.py" and dict(run.env) == {"BACKENDS": "onnx"}
+    names = {m.name for m in run.models}
+    assert {"onnx_zero_1_bool", "onnx_nobatch_zero_3_object", "fan_zero_nobatch_zero_3_float16"} <= names
+    assert not any(n.endswith("_object") for n in names if not n.startswith("onnx_"))  # no string ensembles
+    assert len(names) == 14 + 30 + 3
+    checkout, cache = tmp_path / "checkout", tmp_path / "cache"
+    (checkout / "qa" / "python_models" / "identity_fp32").mkdir(parents=True)
+    (checkout / "qa" / "python_models" / "identity_fp32" / "model.py").write_text("# identity\n")
+    nop = "nop_TYPE_FP16_-1,-1"
+    _pregenerated(
+        cache,
+        "qa_ensemble_identity_model_repository",
+        nop,
+        f'\nname: "{nop}"\nbackend: "identity"\nmax_batch_size: 1024\n',
+    )
+    built = build_repository(
+        tuple(m for m in run.models if m.name == nop), checkout, cache, tmp_path / "repo"
+    )
+    assert not built.skipped
+    assert (built.path / nop / "config.pbtxt").read_text() == (
+        f'\nname: "{nop}"\nbackend: "python"\nmax_batch_size: 1024\n'
+    )
+    assert (built.path / nop / "1" / "model.py").read_text() == "# identity\n"
