@@ -278,3 +278,33 @@ def test_infer_zero_asks_onnx_and_runs_the_zero_ensembles_on_python_nops(tmp_pat
         f'\nname: "{nop}"\nbackend: "python"\nmax_batch_size: 1024\n'
     )
     assert (built.path / nop / "1" / "model.py").read_text() == "# identity\n"
+
+
+def test_string_io_makes_string_identity_eight_wide_and_stands_in_for_the_graphdef_model(
+    tmp_path: Path,
+) -> None:
+    from tools.triton_qa import string_io
+
+    (run,) = string_io.L0_STRING_IO.runs
+    assert run.test_file == "string_client_test.py" and not run.env and not run.server_args
+    checkout, cache = tmp_path / "checkout", tmp_path / "cache"
+    src = checkout / "qa" / "python_models" / "string_identity"
+    src.mkdir(parents=True)
+    (src / "model.py").write_text("# string identity\n")
+    (src / "config.pbtxt").write_text('name: "string_identity"\ninput [ { dims: [ 1 ] } ]\n')
+    _pregenerated(
+        cache,
+        "qa_identity_model_repository",
+        "onnx_nobatch_zero_1_object",
+        '\nname: "onnx_nobatch_zero_1_object"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 0\n',
+    )
+    built = build_repository(run.models, checkout, cache, tmp_path / "repo")
+    assert not built.skipped
+    stand_in = built.path / "graphdef_nobatch_zero_1_object"
+    assert (stand_in / "config.pbtxt").read_text() == (
+        '\nname: "graphdef_nobatch_zero_1_object"\nbackend: "python"\nmax_batch_size: 0\n'
+    )
+    assert (stand_in / "1" / "model.py").read_text() == "# string identity\n"
+    identity = built.path / "string_identity"
+    assert "dims: [ 8 ]" in (identity / "config.pbtxt").read_text()
+    assert (identity / "1" / "model.py").exists()
