@@ -308,3 +308,27 @@ def test_string_io_makes_string_identity_eight_wide_and_stands_in_for_the_graphd
     identity = built.path / "string_identity"
     assert "dims: [ 8 ]" in (identity / "config.pbtxt").read_text()
     assert (identity / "1" / "model.py").exists()
+
+
+def test_infer_variable_runs_test_shs_cpu_target_on_the_onnx_models(tmp_path: Path) -> None:
+    from tools.triton_qa import infer_variable
+
+    (run,) = infer_variable.L0_INFER_VARIABLE.runs
+    assert run.test_file == "infer_variable_test.py" and run.server_args == ("--exit-timeout-secs=120",)
+    assert not run.tests and not run.env  # every test; the file reads no BACKENDS
+    names = [m.name for m in run.models]
+    assert len(names) == 11 and all(n.startswith("onnx_nobatch_") for n in names)
+    assert "onnx_nobatch_object_int32_object" in names and "onnx_nobatch_float32_int64_int64" in names
+    name = "onnx_nobatch_int32_int32_float32"
+    _pregenerated(
+        tmp_path / "cache",
+        "qa_variable_model_repository",
+        name,
+        f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 0\n',
+    )
+    model = next(m for m in run.models if m.name == name)
+    built = build_repository((model,), tmp_path / "checkout", tmp_path / "cache", tmp_path / "repo")
+    assert (built.path / name / "config.pbtxt").read_text() == (
+        f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 0\n'
+        "instance_group [ { kind: KIND_CPU }]\n"
+    )
