@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.triton_qa import batcher, unittest_junit
+from tools.triton_qa import batcher, infer_variable, infer_zero, string_io, unittest_junit
 from tools.triton_qa.junit import TestOutcome, parse_junit_text
 from tools.triton_qa.models import apply_edit, build_repository
 from tools.triton_qa.report import RunRecord, write_results
@@ -30,6 +30,7 @@ more</error></testcase>
 
 def test_suite_table_names_the_first_suites_and_their_test_files() -> None:
     assert {"L0_http", "L0_grpc", "L0_backend_python", "L0_batcher"} <= set(SUITES)
+    assert {"L0_infer_zero", "L0_infer_variable", "L0_string_io"} <= set(SUITES)
     assert batcher.L0_BATCHER is SUITES["L0_batcher"]
     for suite in SUITES.values():
         assert suite.runs
@@ -252,8 +253,6 @@ def _pregenerated(cache: Path, repository: str, model: str, config: str) -> None
 
 
 def test_infer_zero_asks_onnx_and_runs_the_zero_ensembles_on_python_nops(tmp_path: Path) -> None:
-    from tools.triton_qa import infer_zero
-
     (run,) = infer_zero.L0_INFER_ZERO.runs
     assert run.test_file == "infer_zero_test.py" and dict(run.env) == {"BACKENDS": "onnx"}
     names = {m.name for m in run.models}
@@ -283,8 +282,6 @@ def test_infer_zero_asks_onnx_and_runs_the_zero_ensembles_on_python_nops(tmp_pat
 def test_string_io_makes_string_identity_eight_wide_and_stands_in_for_the_graphdef_model(
     tmp_path: Path,
 ) -> None:
-    from tools.triton_qa import string_io
-
     (run,) = string_io.L0_STRING_IO.runs
     assert run.test_file == "string_client_test.py" and not run.env and not run.server_args
     checkout, cache = tmp_path / "checkout", tmp_path / "cache"
@@ -311,8 +308,6 @@ def test_string_io_makes_string_identity_eight_wide_and_stands_in_for_the_graphd
 
 
 def test_infer_variable_runs_test_shs_cpu_target_on_the_onnx_models(tmp_path: Path) -> None:
-    from tools.triton_qa import infer_variable
-
     (run,) = infer_variable.L0_INFER_VARIABLE.runs
     assert run.test_file == "infer_variable_test.py" and run.server_args == ("--exit-timeout-secs=120",)
     assert not run.tests and not run.env  # every test; the file reads no BACKENDS
