@@ -198,7 +198,10 @@ def test_the_tests_find_the_stand_in_for_tritons_compiled_shm_monitor(tmp_path: 
 
     from tools.triton_qa.runner import HARNESS, test_env
 
-    ws, run = SimpleNamespace(qa=tmp_path / "qa"), SimpleNamespace(env={"BACKENDS": "python"})
+    ws, run = (
+        SimpleNamespace(qa=tmp_path / "qa"),
+        SimpleNamespace(env={"BACKENDS": "python"}, only_backends=()),
+    )
     env = test_env(ws, run, tmp_path / "server.log")  # type: ignore[arg-type]
     assert str(HARNESS) in env["PYTHONPATH"].split(":") and env["BACKENDS"] == "python"
     probe = (
@@ -327,3 +330,29 @@ def test_infer_variable_runs_test_shs_cpu_target_on_the_onnx_models(tmp_path: Pa
         f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 0\n'
         "instance_group [ { kind: KIND_CPU }]\n"
     )
+
+
+def test_a_run_with_only_backends_gets_test_util_with_the_other_validators_off(tmp_path: Path) -> None:
+    """``only_backends``: the test process imports ``test_util`` from ``tools/triton_qa/restrict``,
+    which loads the checkout's own module and refuses the validators of every other backend."""
+    import subprocess
+
+    from tools.triton_qa import runner
+
+    common = tmp_path / "common"
+    common.mkdir()
+    (common / "test_util.py").write_text(
+        "def validate_for_tf_model(*a):\n    return True\n"
+        "def validate_for_onnx_model(*a):\n    return True\n"
+        "def shape_to_dims_str(shape):\n    return ','.join(str(i) for i in shape)\n"
+    )
+    (run,) = infer_variable.L0_INFER_VARIABLE.runs
+    assert run.only_backends == ("onnx",)
+
+    class Workspace:
+        qa = tmp_path
+
+    env = runner.test_env(Workspace(), run, tmp_path / "server.log")  # type: ignore[arg-type]
+    probe = "import test_util as t; print(t.validate_for_tf_model(), t.validate_for_onnx_model(), t.shape_to_dims_str([2, 3]))"
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["False", "True", "2,3"]

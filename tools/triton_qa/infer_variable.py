@@ -5,9 +5,9 @@ appends a ``KIND_CPU`` instance group to each model's configuration and runs eve
 ``infer_variable_test.py`` (then again with ``KIND_GPU``). Of that repository the ONNX models are
 built here: the non-batching ones, the only ONNX models the tests ask for, one per dtype triple.
 The test file does not read ``BACKENDS``: each test asks for the GraphDef, SavedModel, TensorRT and
-LibTorch models (and the GraphDef, SavedModel and TensorRT ensembles) as well, the GraphDef ones first,
-so on this machine every test stops at its first GraphDef model, on both servers, before it reaches
-an ONNX model.
+LibTorch models (and their ensembles) as well, gated only by ``test_util``'s validators, so the run
+has ``only_backends=("onnx",)``: those validators of every other backend say no
+(``tools/triton_qa/restrict``) on both servers, and the tests try the ONNX models alone.
 """
 
 from __future__ import annotations
@@ -38,13 +38,21 @@ ONNX_MODELS = tuple(
 
 L0_INFER_VARIABLE = Suite(
     "L0_infer_variable",
-    (Run("cpu", "infer_variable_test.py", ONNX_MODELS, server_args=("--exit-timeout-secs=120",)),),
+    (
+        Run(
+            "cpu",
+            "infer_variable_test.py",
+            ONNX_MODELS,
+            server_args=("--exit-timeout-secs=120",),
+            only_backends=("onnx",),
+        ),
+    ),
     (
         (
             "graphdef savedmodel plan libtorch models and their ensembles",
-            "TensorFlow / TensorRT / LibTorch do not run here; infer_variable_test.py asks for them in "
-            "every test regardless of BACKENDS, so each test fails at its first GraphDef model on both "
-            "servers and no test reaches the ONNX models",
+            "TensorFlow / TensorRT / LibTorch do not run here; infer_variable_test.py asks for them "
+            "regardless of BACKENDS, so test_util's validators of those backends say no on both servers "
+            "(only_backends)",
         ),
         (
             "onnx models on tritonserver",

@@ -28,6 +28,7 @@ from tools.triton_qa.suites import Run, Suite
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 HARNESS = Path(__file__).resolve().parent / "harness"  # stand-ins for modules the qa build compiles
+RESTRICT = Path(__file__).resolve().parent / "restrict"  # test_util with some backends' validators off
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 REFERENCE, THIS = "tritonserver", "this server"
 # both servers: a model one of them cannot load fails its tests, not the whole run
@@ -257,6 +258,9 @@ def test_env(ws: Workspace, run: Run, server_log: Path) -> dict[str, str]:
     ``PYTHONPATH``, the run's variables, the log."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     pythonpath = [str(ws.qa / "common"), str(HARNESS), str(PROJECT_ROOT), env.get("PYTHONPATH", "")]
+    if run.only_backends:
+        pythonpath.insert(0, str(RESTRICT))
+        env["TRITON_QA_ONLY_BACKENDS"] = ",".join(run.only_backends)
     env["PYTHONPATH"] = os.pathsep.join(p for p in pythonpath if p)
     env.update(run.env)
     env["SERVER_LOG"] = str(server_log)
