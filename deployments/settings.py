@@ -199,7 +199,7 @@ class ServerSettings:
     direct_routes: bool = True  # a model replica answers its routes without Serve's per-request wrapper
     # Triton's TRITONSERVER_DELAY_SCHEDULER and TRITONSERVER_BACKLOG_DELAY_SCHEDULER, for its qa tests:
     # each scheduler holds its first batch until this many requests are queued (and, for the sequence
-    # batcher, sequences wait in its backlog); 0: off. Read from the environment as tritonserver does.
+    # batcher, requests of sequences wait in its backlog); 0: off. Read from the environment as tritonserver does.
     delay_scheduler: int = 0
     backlog_delay_scheduler: int = 0
     deploy_timeout_s: float = 600.0  # how long one model's application may take to start

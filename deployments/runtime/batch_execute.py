@@ -48,7 +48,7 @@ __all__ = ["BatchCallback", "ExecuteFn", "run_batch"]
 @dataclass(frozen=True)
 class FirstBatchHold:
     """How long the schedulers made in this process hold their first batch: until ``requests`` are
-    queued and ``backlog`` sequences wait for a slot (0: not held)."""
+    queued and ``backlog`` requests of sequences wait for a slot (0: not held)."""
 
     requests: int = 0
     backlog: int = 0
@@ -61,7 +61,7 @@ def hold_first_batches(requests: int, backlog: int = 0) -> None:
     """Triton's ``TRITONSERVER_DELAY_SCHEDULER`` and ``TRITONSERVER_BACKLOG_DELAY_SCHEDULER``
     (``ServerSettings.delay_scheduler``, ``backlog_delay_scheduler``) for the schedulers this process
     makes from now on: each forms no batch until that many requests are queued (and, for the
-    sequence batcher, that many sequences wait in its backlog), once. A testing hook, as in
+    sequence batcher, that many requests of sequences without a slot wait in its backlog), once. A testing hook, as in
     tritonserver: Triton's qa tests queue requests this way before the scheduler may cut them."""
     global _hold
     _hold = FirstBatchHold(max(int(requests), 0), max(int(backlog), 0))

@@ -128,7 +128,8 @@ class SequenceBatcher:
         if not self._hold.requests and not self._hold.backlog:
             return False
         queued = sum(len(slot.queue) for inst in self.instances for slot in getattr(inst, "slots", ()))
-        if self._closing or (queued >= self._hold.requests and len(self._backlog) >= self._hold.backlog):
+        backlogged = sum(len(b.items) for b in self._backlog)  # requests, as Triton counts its backlog
+        if self._closing or (queued >= self._hold.requests and backlogged >= self._hold.backlog):
             self._hold = dataclasses.replace(self._hold, requests=0, backlog=0)
             return False
         return True

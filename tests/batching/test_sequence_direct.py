@@ -220,22 +220,24 @@ async def test_close_without_drain_rejects_queued_and_backlogged_requests() -> N
 
 async def test_a_held_sequence_batcher_waits_for_requests_and_backlog_before_its_first_batch() -> None:
     """TRITONSERVER_DELAY_SCHEDULER / TRITONSERVER_BACKLOG_DELAY_SCHEDULER (``hold_first_batches``):
-    two slots, a hold of 2 requests and 1 backlogged sequence: the first two sequences wait until a
-    third one queues behind them, then run in one batch; later requests are not held."""
+    two slots, a hold of 2 queued requests and 2 backlogged ones: the first two sequences wait until a
+    third sequence's two requests wait behind them (the backlog counts requests, as Triton's does),
+    then run in one batch; later requests are not held."""
     from deployments.runtime.batch_execute import hold_first_batches
 
     acc = Accumulator()
-    hold_first_batches(2, backlog=1)
+    hold_first_batches(2, backlog=2)
     try:
         batcher = SequenceBatcher(sequence_model(max_batch_size=2), acc)
     finally:
         hold_first_batches(0)
     first = [asyncio.ensure_future(batcher.submit(req(cid, 1.0, start=True))) for cid in (1, 2)]
+    third = [asyncio.ensure_future(batcher.submit(req(3, 1.0, start=True)))]  # no slot: the backlog
     await asyncio.sleep(0.05)
-    assert acc.batches == [] and not any(t.done() for t in first)  # two queued, no backlog yet
-    third = asyncio.ensure_future(batcher.submit(req(3, 1.0, start=True, end=True)))  # no slot: backlog
+    assert acc.batches == [] and not any(t.done() for t in [*first, *third])  # one backlogged request
+    third.append(asyncio.ensure_future(batcher.submit(req(3, 2.0, end=True))))
     await asyncio.wait_for(asyncio.gather(*first), 5)
     assert [len(b) for b in acc.batches][:1] == [2]
     await asyncio.wait_for(batcher.submit(req(1, 1.0, end=True)), 5)  # frees a slot for sequence 3
-    assert out(await asyncio.wait_for(third, 5)) == 1.0
+    assert [out(r) for r in await asyncio.wait_for(asyncio.gather(*third), 5)] == [1.0, 3.0]
     await batcher.close()
