@@ -50,12 +50,15 @@ class TritonPythonModel:
 """
 
 
-def _models(tmp_path: Path, sizes: dict[str, int]) -> dict[str, ModelDescription]:
+def sized_models(
+    tmp_path: Path, sizes: dict[str, int], source: str = ALLOCATING_PY
+) -> dict[str, ModelDescription]:
+    """Python models ``X -> Y`` of ``source``, each given its size in MiB as parameter ``MIB``."""
     found = {}
     for name, mib in sizes.items():
         folder = tmp_path / name
         (folder / "1").mkdir(parents=True)
-        (folder / "1" / "model.py").write_text(ALLOCATING_PY)
+        (folder / "1" / "model.py").write_text(source)
         found[name] = describe(
             name,
             folder,
@@ -81,7 +84,7 @@ async def _ask(host: ModelHost, name: str, delay_ms: float = 0.0) -> float:
 
 
 async def test_a_model_loads_on_its_first_request_and_stays(tmp_path: Path) -> None:
-    host = _host(_models(tmp_path, {"a": 8}), budget_mib=500)
+    host = _host(sized_models(tmp_path, {"a": 8}), budget_mib=500)
     try:
         assert host.resident == {}
         assert await _ask(host, "a") == 1.0
@@ -101,7 +104,7 @@ async def test_an_unknown_model_is_not_found_with_tritons_wording(tmp_path: Path
 
 
 async def test_the_least_recently_used_idle_model_is_evicted_to_fit_the_budget(tmp_path: Path) -> None:
-    host = _host(_models(tmp_path, {"a": 40, "b": 40, "c": 40}), budget_mib=100)
+    host = _host(sized_models(tmp_path, {"a": 40, "b": 40, "c": 40}), budget_mib=100)
     try:
         await _ask(host, "a")
         await _ask(host, "b")
@@ -117,7 +120,7 @@ async def test_the_least_recently_used_idle_model_is_evicted_to_fit_the_budget(t
 
 
 async def test_a_model_with_a_request_inside_is_never_evicted(tmp_path: Path) -> None:
-    host = _host(_models(tmp_path, {"a": 40, "b": 40, "c": 40}), budget_mib=100)
+    host = _host(sized_models(tmp_path, {"a": 40, "b": 40, "c": 40}), budget_mib=100)
     try:
         await _ask(host, "b")
         await _ask(host, "a")
@@ -131,7 +134,7 @@ async def test_a_model_with_a_request_inside_is_never_evicted(tmp_path: Path) ->
 
 
 async def test_a_model_larger_than_the_budget_fails_its_load_naming_the_budget(tmp_path: Path) -> None:
-    host = _host(_models(tmp_path, {"big": 120, "small": 4}), budget_mib=60)
+    host = _host(sized_models(tmp_path, {"big": 120, "small": 4}), budget_mib=60)
     try:
         answer = await host.infer(request("big", X=np.array([0.0], dtype=np.float32)))
         assert isinstance(answer.error, Unavailable)
@@ -143,7 +146,7 @@ async def test_a_model_larger_than_the_budget_fails_its_load_naming_the_budget(t
 
 
 async def test_concurrent_first_requests_share_one_load(tmp_path: Path) -> None:
-    host = _host(_models(tmp_path, {"a": 4}), budget_mib=200)
+    host = _host(sized_models(tmp_path, {"a": 4}), budget_mib=200)
     try:
         answers = await asyncio.gather(*(_ask(host, "a") for _ in range(8)))
         assert answers == [1.0] * 8 and host.counters["a"].loads == 1
@@ -152,7 +155,7 @@ async def test_concurrent_first_requests_share_one_load(tmp_path: Path) -> None:
 
 
 async def test_statistics_stay_cumulative_across_evictions(tmp_path: Path) -> None:
-    host = _host(_models(tmp_path, {"a": 40, "b": 40, "c": 40}), budget_mib=100)
+    host = _host(sized_models(tmp_path, {"a": 40, "b": 40, "c": 40}), budget_mib=100)
     try:
         for _ in range(3):
             await _ask(host, "a")
@@ -167,7 +170,7 @@ async def test_statistics_stay_cumulative_across_evictions(tmp_path: Path) -> No
 
 
 async def test_a_forgotten_model_is_unloaded_and_described_again(tmp_path: Path) -> None:
-    models = _models(tmp_path, {"a": 4})
+    models = sized_models(tmp_path, {"a": 4})
     host = _host(models, budget_mib=200)
     try:
         await _ask(host, "a")
@@ -181,7 +184,7 @@ async def test_a_forgotten_model_is_unloaded_and_described_again(tmp_path: Path)
 
 
 async def test_the_router_runs_every_available_model_here(tmp_path: Path) -> None:
-    host = _host(_models(tmp_path, {"a": 4}), budget_mib=200)
+    host = _host(sized_models(tmp_path, {"a": 4}), budget_mib=200)
     try:
         router = Router(local=HostedModels(host))
         probe = request("a", X=np.array([0.0], dtype=np.float32))
@@ -197,7 +200,7 @@ async def test_the_router_runs_every_available_model_here(tmp_path: Path) -> Non
 @pytest.mark.parametrize("concurrency", [1, 2])
 async def test_loads_run_at_most_load_concurrency_at_a_time(tmp_path: Path, concurrency: int) -> None:
     host = _host(
-        _models(tmp_path, {f"m{i}": 2 for i in range(4)}), budget_mib=500, load_concurrency=concurrency
+        sized_models(tmp_path, {f"m{i}": 2 for i in range(4)}), budget_mib=500, load_concurrency=concurrency
     )
     running = 0
     most = 0
@@ -248,7 +251,7 @@ async def test_a_start_of_many_pooled_models_starts_the_host_application_once(
     monkeypatch.setattr(app.RayDeployer, "_wait_running", running)
     settings = ServerSettings(model_repository=str(tmp_path), model_hosts=1)
     deployer = app.RayDeployer(settings, ClusterResources(2))
-    models = _models(tmp_path, {f"m{i}": 1 for i in range(20)})
+    models = sized_models(tmp_path, {f"m{i}": 1 for i in range(20)})
     await asyncio.gather(*(deployer.deploy(m) for m in models.values()))
     assert started == ["triton-hosts"]
     assert set(deployer.pooled) == set(models)
@@ -262,7 +265,7 @@ async def test_a_name_the_host_does_not_pool_gets_the_servers_answer(tmp_path: P
     from deployments.replica import host_dataplane
     from repository_loader.errors import ServerError
 
-    host = _host(_models(tmp_path, {"a": 1}), budget_mib=100)
+    host = _host(sized_models(tmp_path, {"a": 1}), budget_mib=100)
 
     async def server_describe(name: str, version: str) -> ModelDescription:
         if name == "loading":
@@ -284,7 +287,7 @@ async def test_a_name_the_host_does_not_pool_gets_the_servers_answer(tmp_path: P
 
 
 async def test_a_requester_that_leaves_does_not_abort_the_load_others_wait_for(tmp_path: Path) -> None:
-    host = _host(_models(tmp_path, {"a": 20}), budget_mib=200)
+    host = _host(sized_models(tmp_path, {"a": 20}), budget_mib=200)
 
     class Slow(ModelRuntime):
         async def load(self) -> None:

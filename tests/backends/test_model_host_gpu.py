@@ -19,7 +19,8 @@ from deployments.runtime.host import ModelHost
 from deployments.runtime.model import ModelRuntime
 from repository_loader.errors import Unavailable
 from repository_loader.model import InstanceKind, ModelDescription
-from tests.backends.helpers import describe, request, spec
+from tests.backends.helpers import request
+from tests.backends.test_model_host import sized_models
 
 MIB = 2**20
 METER = "triton_serve_test_gpu_meter"
@@ -78,20 +79,7 @@ def meter() -> Iterator[types.ModuleType]:
 
 
 def _models(tmp_path: Path, sizes: dict[str, int]) -> dict[str, ModelDescription]:
-    found = {}
-    for name, mib in sizes.items():
-        folder = tmp_path / name
-        (folder / "1").mkdir(parents=True)
-        (folder / "1" / "model.py").write_text(GPU_MODEL_PY)
-        found[name] = describe(
-            name,
-            folder,
-            "python",
-            [spec("X", "FP32", [1])],
-            [spec("Y", "FP32", [1])],
-            parameters={"MIB": str(mib)},
-        )
-    return found
+    return sized_models(tmp_path, sizes, GPU_MODEL_PY)
 
 
 def _host(
