@@ -114,10 +114,16 @@ class VersionRuntime:
             end_compute_times(token)
         end = time.monotonic_ns()
         rows = sum(r.batch_rows() for r in requests) if self.model.max_batch_size > 0 else len(requests)
+        inferences = rows
+        if (
+            self.model.sequence_batching is not None
+        ):  # a Direct batch's padding (no correlation ID) is no inference
+            real = [r for r in requests if r.correlation_id]
+            inferences = sum(r.batch_rows() for r in real) if self.model.max_batch_size > 0 else len(real)
         input_ns, output_ns = times.input_ns, times.output_ns
         infer_ns = max(end - start - input_ns - output_ns, 0)
-        self.stats.record_batch(rows, len(requests), queue, input_ns, infer_ns, output_ns)
-        self._metrics.batch(self._tags, rows, sum(queue), input_ns, infer_ns, output_ns, len(requests))
+        self.stats.record_batch(rows, len(requests), queue, input_ns, infer_ns, output_ns, inferences)
+        self._metrics.batch(self._tags, inferences, sum(queue), input_ns, infer_ns, output_ns, len(requests))
         return responses
 
     async def _execute_streams(self, requests: Sequence[InferRequest]) -> list[InferResponse]:

@@ -58,11 +58,14 @@ class ModelStats:
         input_ns: int,
         infer_ns: int,
         output_ns: int,
+        inferences: int | None = None,
     ) -> None:
-        """One executed batch: every request of it is charged the batch's compute time."""
+        """One executed batch of ``rows`` (its batch-size statistics): every request of it is charged
+        the batch's compute time; ``inferences`` (default ``rows``) counts the real ones, without a
+        sequence batch's padding, as Triton's inference count does."""
         d = self.durations
         self.execution_count += 1
-        self.inference_count += rows
+        self.inference_count += rows if inferences is None else inferences
         for q in queue_ns:
             d["queue"].add(q)
         d["compute_input"].add(input_ns * requests, requests)

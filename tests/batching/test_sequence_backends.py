@@ -188,3 +188,37 @@ async def test_onnx_model_with_implicit_state_64_interleaved_sequences(tmp_path:
     assert await sums(batcher, sequences) == {c: running_sums(v) for c, v in sequences.items()}
     await batcher.close()
     backend.unload()
+
+
+async def test_a_direct_batchs_padding_counts_in_its_batch_size_not_in_the_inference_count(
+    tmp_path: Path,
+) -> None:
+    """Sequences in slots 0 and 2 run together with slot 1 padded: the execution is of batch size 3
+    (what the model ran) and the inference count grows by 2, as Triton counts them."""
+    import asyncio
+
+    from deployments.runtime.model import ModelRuntime
+
+    folder = tmp_path / "sequence_accumulator"
+    shutil.copytree(MODELS / "sequence_accumulator", folder)
+    model = from_text((folder / "config.pbtxt").read_text(), folder)
+    runtime = ModelRuntime(model)  # type: ignore[arg-type]
+    await runtime.load()
+
+    async def ask(cid: int, start: bool = False) -> None:
+        inputs = {"IN": np.array([[1]], dtype=np.int32)}
+        request = InferRequest(
+            model_name="sequence_accumulator", inputs=inputs, correlation_id=cid, sequence_start=start
+        )
+        response = await runtime.infer(request)
+        assert response.error is None, response.error
+
+    try:
+        for cid in (1, 2, 3):  # slots 0, 1, 2, one batch each: sizes 1, 2 and 3, the slots below padded
+            await ask(cid, start=True)
+        await asyncio.gather(ask(1), ask(3))  # slots 0 and 2: size 3, slot 1 padded
+        stats = runtime.statistics()[0]
+        assert stats["execution_count"] == 4 and stats["inference_count"] == 5  # not 1 + 2 + 3 + 3
+        assert sorted(int(b["batch_size"]) for b in stats["batch_stats"]) == [1, 2, 3]
+    finally:
+        await runtime.close()
