@@ -1,4 +1,9 @@
-"""The processes a test started, found by parentage (never by name), and the ports they listen on."""
+"""The processes a test started, found by parentage (never by name), and the ports they listen on.
+
+A pid is known here with the clock tick its process started at (:class:`Pid`): this machine's pids wrap
+at 32,768, so a pid a test recorded minutes ago can name another program by the time it is checked or
+signalled. A recorded process counts as alive, and is signalled, only while the same process holds it.
+"""
 
 from __future__ import annotations
 
@@ -9,22 +14,46 @@ import time
 from pathlib import Path
 
 
-def _children() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
+class Pid(int):
+    """A pid with its process's start time (``/proc/<pid>/stat`` field 22): equal to the plain pid, so
+    sets and ``os.kill`` take it as one, and told apart from a later process given the same number."""
+
+    born: int | None
+
+    def __new__(cls, pid: int, born: int | None = None) -> Pid:
+        self = super().__new__(cls, pid)
+        self.born = born
+        return self
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields 3 onwards of ``/proc/<pid>/stat`` (state, ppid, ...), or None where it has ended."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def identify(pid: int) -> Pid:
+    """``pid`` with the start time of the process that holds it now."""
+    fields = _stat_fields(pid)
+    return Pid(pid, int(fields[19]) if fields else None)
+
+
+def _children() -> dict[int, list[Pid]]:
+    kids: dict[int, list[Pid]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
+        fields = _stat_fields(int(entry.name))
+        if fields is None:
             continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        kids.setdefault(ppid, []).append(int(entry.name))
+        kids.setdefault(int(fields[1]), []).append(Pid(int(entry.name), int(fields[19])))
     return kids
 
 
 def descendants(root: int | None = None) -> set[int]:
-    """Every live process below ``root`` (this process by default)."""
+    """Every live process below ``root`` (this process by default), each a :class:`Pid`."""
     kids = _children()
     found: set[int] = set()
     todo = [os.getpid() if root is None else root]
@@ -37,15 +66,17 @@ def descendants(root: int | None = None) -> set[int]:
 
 
 def alive(pids: set[int]) -> set[int]:
-    """Those of ``pids`` still running (zombies count as ended)."""
+    """Those of ``pids`` still running (zombies count as ended); a :class:`Pid` whose number another
+    process has taken since counts as ended."""
     live = set()
     for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
+        fields = _stat_fields(pid)
+        if fields is None or fields[0] == "Z":
             continue
-        if state != "Z":
-            live.add(pid)
+        born = getattr(pid, "born", None)
+        if born is not None and int(fields[19]) != born:
+            continue
+        live.add(pid)
     return live
 
 

@@ -145,11 +145,14 @@ class Server:
             # was itself started in the background (a non-interactive shell's `&` ignores SIGINT, inherited)
             preexec_fn=_default_sigint,
         )
-        self.pids: set[int] = set()
+        self.pids: set[int] = {processes.identify(self.proc.pid)}
 
     def track(self) -> set[int]:
-        """Every process the server started so far (kept after they end, so the teardown can check)."""
-        self.pids |= {self.proc.pid} | processes.descendants(self.proc.pid)
+        """Every process the server started so far (kept after they end, so the teardown can check), each
+        a :class:`processes.Pid`: a number another process has taken since is never counted as ours."""
+        if self.proc.poll() is None:  # not reaped yet: the number is still the server's
+            found = processes.descendants(self.proc.pid)
+            self.pids = {p for p in self.pids if p not in found} | found  # a reused number: the new one
         return self.pids
 
     def wait_ready(self, models: list[str], timeout_s: float = 300.0) -> None:

@@ -258,7 +258,7 @@ def test_make_serve_is_fast_binds_one_host_and_stops_clean(tmp_path: Path) -> No
         ours = [
             (processes.command(pid)[:60], addr, port)
             for pid, addr, port in listeners
-            if port in configured or "haproxy" in processes.command(pid)
+            if port in configured or processes.command(pid).split(" ")[0].endswith("haproxy")
         ]
         assert {server.port, server.stats_port} <= {port for _, _, port in ours}, ours
         wide = [row for row in ours if row[1] not in ("127.0.0.1", "::1")]
@@ -283,11 +283,13 @@ def test_plain_serve_run_on_the_config_is_on_the_fast_path_too(tmp_path: Path) -
         # HAProxy and the direct lane came up from the config alone; only the worker priority (a raylet
         # setting) cannot travel in it, and the server says so
         assert meta.get("request_path", {}).get("missing_settings", []) in ([], ["RAY_worker_niceness"]), meta
-        pids = processes.alive(server.track())
-        haproxies = [processes.command(p) for p in pids if "haproxy" in processes.command(p)]
-        # through the shim (deployments/serve/bin/haproxy, named by the config): before, plain `serve run`
-        # ran Serve's own configuration, with no gRPC routing by model, no JSON errors, no PDEATHSIG
-        assert haproxies and all(".triton.cfg" in command for command in haproxies), haproxies
+        # the HAProxy that holds the server's port runs the shim's configuration (deployments/serve/bin/haproxy,
+        # named by the config): before, plain `serve run` ran Serve's own, with no gRPC routing by model, no
+        # JSON errors, no PDEATHSIG. Found by the port it listens on: Serve reloads HAProxy as deployments
+        # come up, and a reload's shim (a shell, then Python) names Serve's file until it execs HAProxy.
+        listeners = processes.listening(processes.alive(server.track()))
+        serving = {processes.command(pid) for pid, _, port in listeners if port == server.port}
+        assert serving and all(".triton.cfg" in command for command in serving), serving
         assert one_request(server.url, "add_one", 1.0).correct
         _grpc_add_one(server)
     finally:
