@@ -5,19 +5,27 @@ task started the moment all the tensors it reads are there, so independent
 branches run together; only the steps the requested outputs need run. A step
 that fails fails its request alone: the error names the step's model and keeps
 the step's error code, and the request's other steps are cancelled.
+
+A tensor may pass between a model that batches and one that does not (the
+validator accepts it where the shapes agree with or without the batch
+dimension). Each tensor keeps the batch size of the request that made it
+(0: made without batching) and :func:`fit_batching` adds or strips a batch of
+one where the receiving model's configuration asks for it, as Triton does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from deployments.inference import InferRequest, InferResponse, ModelExecutor, RequestedOutput
 from ensembles.graph import EnsembleGraph, StepNode
+from repository_loader.ensemble_rules import shapes_agree
 from repository_loader.errors import InternalError, ServerError, error_for_code
+from repository_loader.model import ModelDescription
 
 Tensor = Any
 
@@ -41,6 +49,35 @@ class StepTiming:
 StepCallback = Callable[[StepTiming], None]
 # Turns a tensor into what a step receives (the hand-off across processes); identity by default.
 InputHandoff = Callable[[StepNode, str, Tensor], Tensor]
+
+
+def fit_batching(tensor: Tensor, dims: Sequence[int], batching: bool, batch_size: int) -> Tensor:
+    """``tensor`` (made with ``batch_size``, 0 where made without batching) shaped for a receiver whose
+    configuration has ``dims`` and batches or not.
+
+    A receiver that batches, given a tensor made without batching that matches its ``dims``, gets it as a
+    batch of one; a receiver that does not batch, given a batch of one that does not match its ``dims``,
+    gets it without the batch dimension. Anything else passes as it is (the receiver checks it).
+    """
+    if batching == (batch_size != 0):
+        return tensor
+    shape = tuple(int(d) for d in tensor.shape)
+    if batching and shapes_agree(dims, shape):
+        return tensor.reshape((1, *shape))
+    if not batching and batch_size == 1 and not shapes_agree(dims, shape):
+        return tensor.reshape(shape[1:])
+    return tensor
+
+
+def request_batch_size(model: ModelDescription, inputs: Mapping[str, Tensor]) -> int:
+    """The batch size of a request to ``model`` with ``inputs`` (0 where ``model`` does not batch)."""
+    if model.max_batch_size <= 0:
+        return 0
+    for tensor in inputs.values():
+        shape = tensor.shape
+        if len(shape):
+            return int(shape[0])
+    return 0
 
 
 def step_error(ensemble: str, step: StepNode, error: BaseException) -> ServerError:
@@ -92,11 +129,19 @@ class EnsembleScheduler:
         )
         try:
             outputs = request.output_names(self.graph.output_names)
-            tensors = await self._run(self._plan(outputs), request, outputs)
+            batches: dict[str, int] = {}
+            tensors = await self._run(self._plan(outputs), request, outputs, batches)
         except ServerError as error:
             response.error = error
             return response
-        response.outputs = {name: tensors[name] for name in outputs}
+        ensemble = self.graph.ensemble
+        batching = request_batch_size(ensemble, request.inputs) != 0
+        response.outputs = {
+            name: fit_batching(
+                tensors[name], _dims(ensemble, name, output=True), batching, batches.get(name, 0)
+            )
+            for name in outputs
+        }
         return response
 
     def _plan(self, outputs: list[str]) -> EnsembleGraph:
@@ -106,9 +151,12 @@ class EnsembleScheduler:
         return self._pruned[key]
 
     async def _run(
-        self, graph: EnsembleGraph, request: InferRequest, outputs: list[str]
+        self, graph: EnsembleGraph, request: InferRequest, outputs: list[str], batches: dict[str, int]
     ) -> dict[str, Tensor]:
+        """Every tensor the requested ``outputs`` need; ``batches`` gets each one's batch size."""
         tensors: dict[str, Tensor] = dict(request.inputs)
+        batch_size = request_batch_size(graph.ensemble, request.inputs)
+        batches.update((name, batch_size) for name in tensors)
         needed = set(outputs).union(*(s.consumes for s in graph.steps))
         pending = {s.index: s for s in graph.steps}
         running: dict[asyncio.Task[dict[str, Tensor]], StepNode] = {}
@@ -116,7 +164,7 @@ class EnsembleScheduler:
             while pending or running:
                 for step in self._ready(graph, pending, tensors):
                     del pending[step.index]
-                    task = asyncio.create_task(self._run_step(step, request, tensors, needed))
+                    task = asyncio.create_task(self._run_step(step, request, tensors, batches, needed))
                     running[task] = step
                 if not running:
                     raise InternalError(f"in ensemble '{graph.name}', no step can run (inputs missing)")
@@ -140,10 +188,16 @@ class EnsembleScheduler:
         ]
 
     async def _run_step(
-        self, step: StepNode, request: InferRequest, tensors: Mapping[str, Tensor], needed: set[str]
+        self,
+        step: StepNode,
+        request: InferRequest,
+        tensors: Mapping[str, Tensor],
+        batches: dict[str, int],
+        needed: set[str],
     ) -> dict[str, Tensor]:
         wanted = [name for name, tensor in step.output_map.items() if tensor in needed]
-        sub = self._step_request(step, request, tensors, wanted)
+        sub = self._step_request(step, request, tensors, batches, wanted)
+        made_with = request_batch_size(step.model, sub.inputs)
         start = time.perf_counter_ns()
         success = False
         try:
@@ -151,6 +205,7 @@ class EnsembleScheduler:
             if response.error is not None:
                 raise response.error
             produced = {step.output_map[name]: _output(response, name) for name in wanted}
+            batches.update((tensor, made_with) for tensor in produced)
             success = True
             return produced
         except asyncio.CancelledError:
@@ -161,12 +216,20 @@ class EnsembleScheduler:
             self._record(step, start, success)
 
     def _step_request(
-        self, step: StepNode, request: InferRequest, tensors: Mapping[str, Tensor], wanted: list[str]
+        self,
+        step: StepNode,
+        request: InferRequest,
+        tensors: Mapping[str, Tensor],
+        batches: Mapping[str, int],
+        wanted: list[str],
     ) -> InferRequest:
         inputs = {}
+        batching = step.model.max_batch_size > 0
         for step_input, tensor in step.input_map.items():
             if tensor in tensors:
-                value = tensors[tensor]
+                value = fit_batching(
+                    tensors[tensor], _dims(step.model, step_input), batching, batches.get(tensor, 0)
+                )
                 inputs[step_input] = self.handoff(step, step_input, value) if self.handoff else value
         return InferRequest(
             model_name=step.model_name,
@@ -205,6 +268,11 @@ class EnsembleScheduler:
                 self.graph.name, step.model_name, step.version, start_ns, time.perf_counter_ns(), success
             )
             self.on_step(timing)
+
+
+def _dims(model: ModelDescription, name: str, output: bool = False) -> Sequence[int]:
+    spec = model.output(name) if output else model.input(name)
+    return spec.dims if spec is not None else ()
 
 
 def _output(response: InferResponse, name: str) -> Tensor:

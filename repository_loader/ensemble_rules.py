@@ -362,7 +362,8 @@ def _check_maps(
     for name in step.output_map:
         if member.output(name) is None:
             findings.add(f"{where}.output_map", f"'{name}' is not an output of model '{member.name}'")
-    if ensemble.max_batch_size > 0 and member.max_batch_size < ensemble.max_batch_size:
+    # a model that does not batch may serve a batching ensemble (its full shapes checked below)
+    if 0 < member.max_batch_size < ensemble.max_batch_size:
         findings.add(
             f"{where}.model_name",
             f"ensemble '{ensemble.name}' allows max_batch_size {ensemble.max_batch_size}, "
@@ -381,7 +382,8 @@ class _Seen:
     def __init__(self, spec: TensorSpec, max_batch_size: int, model: str, own: bool) -> None:
         dims = spec.reshape if own and spec.reshape is not None else spec.dims
         self.datatype = wire_to_config(spec.datatype)
-        self.shape = ([-1] if max_batch_size > 0 else []) + list(dims)
+        self.dims = list(dims)
+        self.shape = ([-1] if max_batch_size > 0 else []) + self.dims
         self.model = model
 
 
@@ -416,7 +418,9 @@ def _disagreement(first: _Seen, here: _Seen) -> str:
             f"inconsistent data type: {first.datatype} is inferred from model '{first.model}' "
             f"while {here.datatype} is inferred from model '{here.model}'"
         )
-    if not shapes_agree(first.shape, here.shape):
+    # the dimensions agree, or the full shapes do (a tensor passed between a model that batches and one that
+    # does not: [-1, d...] without batching is [d...] with it); the scheduler adds or strips the batch of one
+    if not shapes_agree(first.dims, here.dims) and not shapes_agree(first.shape, here.shape):
         return (
             f"inconsistent shape: {first.shape} is inferred from model '{first.model}' "
             f"while {here.shape} is inferred from model '{here.model}'"

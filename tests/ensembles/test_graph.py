@@ -182,9 +182,15 @@ def test_batching_ensemble_needs_batching_models_that_take_as_many_rows() -> Non
         r"but model 'b2' allows only 2",
     ):
         validate_ensemble(too_many, table)
+    # a model that does not batch serves a batching ensemble where its dims are the ensemble's full shape
+    # (Triton's rule: only a batching model may limit the ensemble's batch size)
     no_batch = diamond(steps=[step("flat", {"X": "INPUT"}, {"Y": "OUTPUT"})], max_batch_size=4)
-    with pytest.raises(ConfigError, match=r"step\[0\] 'flat'.model_name: .* but model 'flat' allows only 0"):
-        validate_ensemble(no_batch, table)
+    validate_ensemble(no_batch, table)
+    table["flat5"] = model("flat5", [("X", "FP32", (-1, 5))], [("Y", "FP32", (-1, 5))])
+    with pytest.raises(ConfigError, match=r"'flat5'.input_map: ensemble tensor 'INPUT': inconsistent shape"):
+        validate_ensemble(
+            diamond(steps=[step("flat5", {"X": "INPUT"}, {"Y": "OUTPUT"})], max_batch_size=4), table
+        )
     # a non-batching ensemble feeding a batching model: the batch dim is part of the ensemble's dims
     unbatched = diamond(
         steps=[step("b8", {"X": "INPUT"}, {"Y": "OUTPUT"})],
@@ -193,6 +199,9 @@ def test_batching_ensemble_needs_batching_models_that_take_as_many_rows() -> Non
     )
     validate_ensemble(unbatched, table)
     assert build_graph(unbatched, table).steps[0].model.max_batch_size == 8
+    # ... or where its dims are the model's own (L0_infer_zero's ensembles: the step gets a batch of one)
+    same_dims = diamond(steps=[step("b8", {"X": "INPUT"}, {"Y": "OUTPUT"})])
+    validate_ensemble(same_dims, table)
 
 
 def test_nested_ensembles_are_built_and_validated() -> None:

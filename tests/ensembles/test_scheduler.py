@@ -224,3 +224,43 @@ async def test_nested_ensemble_error_names_both_levels() -> None:
     assert response.error.message == (
         "in ensemble 'outer', step 'inner': in ensemble 'inner', step 'left': negative input"
     )
+
+
+def _nop_ensemble(ensemble_batch: int, step_batch: int, dims: tuple[int, ...]) -> EnsembleGraph:
+    """INPUT -> nop -> OUTPUT, the ensemble and its step each batching or not (L0_infer_zero's shape)."""
+    nop = model("nop", [("IN", "FP32", dims)], [("OUT", "FP32", dims)], max_batch_size=step_batch)
+    ens = ensemble(
+        "zero",
+        [("INPUT", "FP32", dims)],
+        [("OUTPUT", "FP32", dims)],
+        [step("nop", {"IN": "INPUT"}, {"OUT": "OUTPUT"})],
+        max_batch_size=ensemble_batch,
+    )
+    return build_graph(ens, {"nop": nop})
+
+
+async def test_a_step_that_batches_gets_a_batch_of_one_from_an_ensemble_that_does_not() -> None:
+    ex = NumpyExecutor({})
+    ex.add("nop", lambda i: {"OUT": i["IN"].copy()})
+    scheduler = EnsembleScheduler(_nop_ensemble(0, 1024, (-1,)), ex)
+    for length in (0, 3):
+        data = np.arange(length, dtype=np.float32)
+        response = await scheduler.infer(InferRequest("zero", {"INPUT": data}))
+        assert response.error is None
+        # the step saw [1, n] (its batch dimension added), the client gets [n] back, as it sent
+        assert ex.calls[-1].inputs["IN"].shape == (1, length)
+        assert response.outputs["OUTPUT"].shape == (length,)
+        assert response.outputs["OUTPUT"].tolist() == data.tolist()
+
+
+async def test_a_step_that_does_not_batch_gets_a_batch_of_one_without_its_batch_dimension() -> None:
+    ex = NumpyExecutor({})
+    ex.add("nop", lambda i: {"OUT": i["IN"] * 2})
+    scheduler = EnsembleScheduler(_nop_ensemble(8, 0, (4,)), ex)
+    response = await scheduler.infer(InferRequest("zero", {"INPUT": np.ones((1, 4), np.float32)}))
+    assert response.error is None
+    assert ex.calls[-1].inputs["IN"].shape == (4,)
+    assert response.outputs["OUTPUT"].shape == (1, 4) and response.outputs["OUTPUT"].tolist() == [[2.0] * 4]
+    # a batch of more than one cannot drop its batch dimension: it goes as it is, for the step to refuse
+    await scheduler.infer(InferRequest("zero", {"INPUT": np.ones((3, 4), np.float32)}))
+    assert ex.calls[-1].inputs["IN"].shape == (3, 4)
