@@ -273,6 +273,15 @@ MODEL_HOST_GAUGES = {
     "nv_model_host_resident_bytes": "Memory a pooled model takes on the host replicas where it is loaded",
     "nv_model_host_resident_gpu_bytes": "GPU memory a pooled model takes on the host replicas where it is loaded",
 }
+# Every family /metrics prints, custom families aside: what a dashboard may query (none is a histogram)
+FAMILIES: tuple[str, ...] = (
+    *COUNTERS,
+    *CACHE_COUNTERS,
+    PENDING,
+    *SYSTEM_GAUGES,
+    *MODEL_HOST_COUNTERS,
+    *MODEL_HOST_GAUGES,
+)
 
 
 def render_model_hosts(statuses: Sequence[Mapping[str, Any]]) -> str:
