@@ -258,6 +258,8 @@ class ModelHost:
         async with self._loads:
             await self._make_room(*self.expected_footprint(), keep=name)
             start = time.monotonic()
+            # freed memory the allocator still holds (resident) would be reused by the load unseen
+            _release_memory()
             before, before_gpus = self._measure(), self._measure_gpus()
             runtime = self._make_runtime(model)
             try:
