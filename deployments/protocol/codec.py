@@ -175,10 +175,7 @@ def decode_raw_request(
             shape[variable] = size // itemsize // fixed if fixed else 0
         expected = _count(shape) * itemsize
         if size != expected:
-            raise InvalidArgument(
-                f"input byte size mismatch for input '{name}' for model '{model.name}'. "
-                f"Expected {expected}, got {size}"
-            )
+            raise byte_size_mismatch(name, model.name, expected, size)
         check_shape(name, shape, limits)
         tensor = np.frombuffer(body, dtype=dtype, count=size // itemsize).reshape(shape)
     return InferRequest(model_name=model.name, inputs={name: tensor}, model_version=model_version)
@@ -202,7 +199,9 @@ def decode_infer_request(
     doc = parse_json(body if header_length is None else body[:split])
     if type(doc) is not dict:
         raise InvalidArgument("the inference request JSON must be an object")
-    inputs = _decode_inputs(_list(doc, "inputs", required=True), body, split, header_length, limits)
+    inputs = _decode_inputs(
+        _list(doc, "inputs", required=True), body, split, header_length, limits, model_name
+    )
     request = InferRequest(model_name=model_name, inputs=inputs, model_version=model_version)
     request_id = doc.get("id")
     if request_id is not None:
@@ -296,6 +295,7 @@ def _decode_inputs(
     offset: int,
     header_length: int | None,
     limits: RequestLimits,
+    model_name: str,
 ) -> dict[str, Any]:
     inputs: dict[str, Any] = {}
     for item in items:
@@ -322,7 +322,7 @@ def _decode_inputs(
                 f"input '{name}' needs {size} bytes of binary data but only {len(body) - offset} "
                 f"remain after the {HEADER_LENGTH} of {header_length}"
             )
-        inputs[name] = _binary_tensor(name, datatype, shape, body, offset, size)
+        inputs[name] = _binary_tensor(name, model_name, datatype, shape, body, offset, size)
         offset += size
     if header_length is not None and offset != len(body):
         raise InvalidArgument(
@@ -383,21 +383,44 @@ def _count(shape: Sequence[int]) -> int:
     return math.prod(shape)
 
 
-def _binary_tensor(name: str, datatype: str, shape: list[int], body: bytes, offset: int, size: int) -> Any:
-    count = _count(shape)
+def byte_size_mismatch(name: str, model: str, expected: int, got: int) -> InvalidArgument:
+    """An input whose data is not the size its shape and data type make, in Triton's words."""
+    return InvalidArgument(
+        f"input byte size mismatch for input '{name}' for model '{model}'. Expected {expected}, got {got}"
+    )
+
+
+def bytes_tensor(name: str, model: str, data: bytes | memoryview, shape: list[int]) -> Any:
+    """A BYTES input of ``shape`` from its length-prefixed ``data``; a different element count is refused
+    in Triton's words (an extra element is named as the one past those expected)."""
+    expected = _count(shape)
+    try:
+        flat = deserialize_bytes_tensor(data)
+    except InvalidArgument as e:
+        raise InvalidArgument(f"input '{name}': {e.message}") from None
+    if len(flat) > expected:
+        raise InvalidArgument(
+            f"unexpected number of string elements {expected + 1} for inference input '{name}' for "
+            f"model '{model}', expecting {expected}"
+        )
+    if len(flat) < expected:
+        raise InvalidArgument(
+            f"expected {expected} string elements for inference input '{name}' for model '{model}', "
+            f"got {len(flat)}"
+        )
+    return flat.reshape(shape)
+
+
+def _binary_tensor(
+    name: str, model: str, datatype: str, shape: list[int], body: bytes, offset: int, size: int
+) -> Any:
     if datatype == "BYTES":
-        try:
-            flat = deserialize_bytes_tensor(memoryview(body)[offset : offset + size], count)
-        except InvalidArgument as e:
-            raise InvalidArgument(f"input '{name}': {e.message}") from None
-        return flat.reshape(shape)
+        return bytes_tensor(name, model, memoryview(body)[offset : offset + size], shape)
+    count = _count(shape)
     dtype = _dtype(name, datatype)
     expected = count * _ITEMSIZE[datatype]
     if size != expected:
-        raise InvalidArgument(
-            f"input '{name}' got unexpected byte size {size}, expected {expected} "
-            f"for shape {shape} of data-type {datatype}"
-        )
+        raise byte_size_mismatch(name, model, expected, size)
     return np.frombuffer(body, dtype=dtype, count=count, offset=offset).reshape(shape)
 
 
@@ -750,7 +773,8 @@ def decode_infer_response(
         if size is None:
             outputs[name] = _json_tensor(name, datatype, shape, item.get("data"))
             continue
-        outputs[name] = _binary_tensor(name, datatype, shape, data, offset, int(size))  # type: ignore[arg-type]
+        model = str(doc.get("model_name", ""))
+        outputs[name] = _binary_tensor(name, model, datatype, shape, data, offset, int(size))  # type: ignore[arg-type]
         offset += int(size)
     return InferResponse(
         outputs=outputs,

@@ -31,7 +31,6 @@ from deployments.settings import RequestLimits
 from deployments.tensors import to_numpy
 from repository_loader.datatypes import (
     BY_WIRE,
-    deserialize_bytes_tensor,
     from_numpy_dtype,
     serialize_bytes_tensor,
     to_numpy_dtype,
@@ -117,7 +116,7 @@ def decode_infer_request(message: Any, limits: RequestLimits = _DEFAULT_LIMITS) 
         if datatype not in BY_WIRE:
             raise InvalidArgument(f"input '{name}' has unknown data-type '{datatype}'")
         if raw:
-            inputs[name] = _raw_tensor(name, datatype, shape, raw[index])
+            inputs[name] = _raw_tensor(name, message.model_name, datatype, shape, raw[index])
         elif tensor.HasField("contents"):
             inputs[name] = _typed_tensor(name, datatype, shape, tensor.contents)
         elif _SHARED_MEMORY in tensor.parameters:
@@ -137,20 +136,14 @@ def decode_infer_request(message: Any, limits: RequestLimits = _DEFAULT_LIMITS) 
     return request
 
 
-def _raw_tensor(name: str, datatype: str, shape: list[int], data: bytes) -> Any:
-    count = math.prod(shape)
+def _raw_tensor(name: str, model: str, datatype: str, shape: list[int], data: bytes) -> Any:
     if datatype == "BYTES":
-        try:
-            return deserialize_bytes_tensor(data, count).reshape(shape)
-        except InvalidArgument as e:
-            raise InvalidArgument(f"input '{name}': {e.message}") from None
+        return codec.bytes_tensor(name, model, data, shape)
+    count = math.prod(shape)
     dtype = _numpy_dtype(name, datatype)
     expected = count * dtype.itemsize
     if len(data) != expected:
-        raise InvalidArgument(
-            f"input '{name}' got unexpected byte size {len(data)}, expected {expected} "
-            f"for shape {shape} of data-type {datatype}"
-        )
+        raise codec.byte_size_mismatch(name, model, expected, len(data))
     return np.frombuffer(data, dtype=dtype, count=count).reshape(shape)
 
 

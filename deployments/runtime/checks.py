@@ -136,8 +136,8 @@ class ModelSchema:
             )
             raise InvalidArgument(
                 f"expected {expected} but got {len(names)} inputs for model "
-                f"'{self.name}'. Got input(s) {sorted(names)}, but missing required input(s) "
-                f"{sorted(missing)}. Please provide all required input(s)."
+                f"'{self.name}'. Got input(s) {_names(names)}, but missing required input(s) "
+                f"{_names(missing)}. Please provide all required input(s)."
             )
         if self.max_batch_size > 0 and len(batch_sizes) > 1:
             raise InvalidArgument(
@@ -184,3 +184,8 @@ def _datatype(tensor: object) -> str:
 
 def _fmt(shape: Sequence[int]) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def _names(names: Collection[str]) -> str:
+    """``names`` sorted, as Triton lists them: ``['A','B']``."""
+    return "[" + ",".join(f"'{n}'" for n in sorted(names)) + "]"

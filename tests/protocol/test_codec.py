@@ -230,8 +230,39 @@ def test_binary_size_must_match_the_shape():
         {"inputs": [fp32(n, parameters={"binary_data_size": 60}) for n in ("INPUT0", "INPUT1")]}
     )
     body = header.encode() + b"\0" * 120
-    with pytest.raises(InvalidArgument, match="'INPUT0' got unexpected byte size 60, expected 64"):
+    # Triton's words (tritonclient's and Triton's qa tests look for them)
+    with pytest.raises(
+        InvalidArgument,
+        match=r"input byte size mismatch for input 'INPUT0' for model '\w+'\. Expected 64, got 60",
+    ):
         decode(body, len(header))
+
+
+@pytest.mark.parametrize(
+    ("count", "message"),
+    [
+        (2, r"expected 3 string elements for inference input 'S' for model 'm', got 2"),
+        (5, r"unexpected number of string elements 4 for inference input 'S' for model 'm', expecting 3"),
+    ],
+)
+def test_a_bytes_input_with_another_element_count_is_refused_in_tritons_words(count: int, message: str):
+    from repository_loader.datatypes import serialize_bytes_tensor
+
+    data = serialize_bytes_tensor(np.array([b"x"] * count, dtype=object))
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "S",
+                    "datatype": "BYTES",
+                    "shape": [3],
+                    "parameters": {"binary_data_size": len(data)},
+                }
+            ]
+        }
+    )
+    with pytest.raises(InvalidArgument, match=message):
+        codec.decode_infer_request(header.encode() + data, len(header), "m")
 
 
 def test_truncated_binary_bytes_tensor():

@@ -479,7 +479,9 @@ def test_infer_raw_size_mismatch(url):
     with grpc.insecure_channel(url) as channel, pytest.raises(grpc.RpcError) as error:
         triton_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "unexpected byte size 12, expected 16" in error.value.details()
+    assert "input byte size mismatch for input 'X' for model 'echo_slow'. Expected 16, got 12" in (
+        error.value.details()
+    )
 
 
 def test_shared_memory_inputs_are_refused(url):
