@@ -65,9 +65,39 @@ class TritonPythonModel:
         return responses
 '''
 
+# the add/sub of two BYTES tensors of numbers, as INT32: the code of a Python stand-in for the TensorFlow
+# models ``*_object_int32_int32`` (their configuration comes from the ONNX model of the same types)
+_OBJECT_ADDSUB_MODEL = """import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy().astype(np.int32)
+            b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy().astype(np.int32)
+            outputs = [pb_utils.Tensor("OUTPUT0", a + b), pb_utils.Tensor("OUTPUT1", a - b)]
+            responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
+        return responses
+"""
+
+# a TorchScript identity over FP32 [8] with dynamic batching (L0_input_validation's pt_identity)
+_PT_IDENTITY_CONFIG = """name: "pt_identity"
+backend: "pytorch"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 8 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 8 ] } ]
+dynamic_batching { max_queue_delay_microseconds: 1000000 }
+"""
+
 OWN_MODELS: dict[str, dict[str, str]] = {
     "simple": {"config.pbtxt": _SIMPLE_CONFIG, "1/model.py": _SIMPLE_MODEL},
+    "object_addsub": {"1/model.py": _OBJECT_ADDSUB_MODEL},
+    "pt_identity": {"config.pbtxt": _PT_IDENTITY_CONFIG},
 }
+# own models with a TorchScript file: the module torch.jit.script makes for each
+TORCHSCRIPT_MODULES = {"pt_identity": "torch.nn.Identity"}
 
 
 class ModelBuildError(RuntimeError):
@@ -149,6 +179,8 @@ def build_model(model: Model, checkout: Path, cache: Path, dest: Path) -> None:
         for rel, text in OWN_MODELS[model.source].items():
             (target / rel).parent.mkdir(parents=True, exist_ok=True)
             (target / rel).write_text(text)
+        if model.source in TORCHSCRIPT_MODULES:
+            _save_torchscript(TORCHSCRIPT_MODULES[model.source], target / "1" / "model.pt")
     elif model.kind == "folder":
         src = checkout / model.source
         if not src.is_dir():
@@ -161,15 +193,30 @@ def build_model(model: Model, checkout: Path, cache: Path, dest: Path) -> None:
             raise ModelBuildError(f"{repository} has no model {name}")
         if not model.files:
             shutil.copytree(src, target)
-        for rel_from, rel_to in model.files:  # a "qa/..." source is a file of the checkout
-            origin = checkout / rel_from if rel_from.startswith("qa/") else src / rel_from
+        for rel_from, rel_to in model.files:  # "qa/...": a file of the checkout; "own:<model>/<file>": ours
             (target / rel_to).parent.mkdir(parents=True, exist_ok=True)
+            if rel_from.startswith("own:"):
+                own, _, rel = rel_from[4:].partition("/")
+                (target / rel_to).write_text(OWN_MODELS[own][rel])
+                continue
+            origin = checkout / rel_from if rel_from.startswith("qa/") else src / rel_from
             shutil.copy2(origin, target / rel_to)
     elif model.kind == "python":
         _copy_python_model(checkout / model.source, target, model)
     else:
         raise ModelBuildError(f"unknown model kind {model.kind!r}")
     edit_config(target / "config.pbtxt", model)
+
+
+def _save_torchscript(module: str, path: Path) -> None:
+    """``torch.jit.script(<module>())`` saved at ``path``, in a Python of its own (torch stays out of the
+    runner's process)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    package, _, name = module.rpartition(".")
+    code = f"import torch, {package}; torch.jit.save(torch.jit.script({package}.{name}()), {str(path)!r})"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise ModelBuildError(f"TorchScript {module} could not be saved: {result.stderr.strip()[-400:]}")
 
 
 def _copy_python_model(src: Path, target: Path, model: Model) -> None:
