@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -213,6 +214,9 @@ class ServerSettings:
     allow_model_file_upload: bool = False  # load with ``file:<version>/<name>`` contents (runs code)
     http_restricted_api: tuple[RestrictedApi, ...] = ()
     grpc_restricted_api: tuple[RestrictedApi, ...] = ()
+    # Triton's --http/--grpc-header-forward-pattern: matching headers become request parameters ("": none)
+    http_header_forward_pattern: str = ""
+    grpc_header_forward_pattern: str = ""
     response_cache_bytes: int | None = None  # the local response cache of each replica process (None: off)
     model_hosts: int = 0  # replicas of the shared model host (docs/hosts.md); 0: every model its own
     model_host_cpus: float = 0.5  # CPUs each model host replica asks Ray for
@@ -307,6 +311,8 @@ class ServerSettings:
             "allow_model_file_upload": _flag(args, "allow_model_file_upload", False),
             "http_restricted_api": parse_restricted(args.get("http_restricted_api")),
             "grpc_restricted_api": parse_restricted(args.get("grpc_restricted_api")),
+            "http_header_forward_pattern": _pattern(args, "http_header_forward_pattern"),
+            "grpc_header_forward_pattern": _pattern(args, "grpc_header_forward_pattern"),
             "access_log": _flag(args, "access_log", False),
             "allow_metrics": _flag(args, "allow_metrics", True),
             "metrics_host": str(args.get("metrics_host") or args.get("http_host") or "127.0.0.1"),
@@ -364,6 +370,8 @@ class ServerSettings:
             "allow_model_file_upload": self.allow_model_file_upload,
             "http_restricted_api": [r.to_text() for r in self.http_restricted_api],
             "grpc_restricted_api": [r.to_text() for r in self.grpc_restricted_api],
+            "http_header_forward_pattern": self.http_header_forward_pattern,
+            "grpc_header_forward_pattern": self.grpc_header_forward_pattern,
             "access_log": self.access_log,
             "http_host": self.http_host,
             "http_port": self.http_port,
@@ -407,6 +415,8 @@ _ARG_NAMES = {
     "allow_model_file_upload",
     "http_restricted_api",
     "grpc_restricted_api",
+    "http_header_forward_pattern",
+    "grpc_header_forward_pattern",
     "access_log",
     "http_host",
     "http_port",
@@ -479,3 +489,26 @@ def resolve_repository(repo: str) -> str:
     if here.exists():
         return str(here.resolve())
     return str((PROJECT_ROOT / repo).resolve())
+
+
+def _pattern(args: Mapping[str, Any], name: str) -> str:
+    """A header forward pattern, checked that it compiles (a bad one fails the start, named)."""
+    text = str(args.get(name) or "")
+    try:
+        compile_header_pattern(text)
+    except re.error as e:
+        raise SettingsError(f"args.{name}: invalid header forward pattern '{text}': {e}") from None
+    return text
+
+
+_CASE_SENSITIVE = "(?-i)"
+
+
+def compile_header_pattern(text: str) -> re.Pattern[str] | None:
+    """The pattern of Triton's ``--http/--grpc-header-forward-pattern`` (None: forward nothing). It
+    ignores case unless it starts with ``(?-i)``, as Triton's flag reads; raises :class:`re.error`."""
+    if not text:
+        return None
+    if text.startswith(_CASE_SENSITIVE):
+        return re.compile(text[len(_CASE_SENSITIVE) :])
+    return re.compile(text, re.IGNORECASE)

@@ -25,15 +25,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
+from deployments.inference import InferRequest
 from deployments.protocol import extension_queries, grpc_codec
 from deployments.protocol.dataplane import DataPlane
+from deployments.protocol.forwarding import forward_headers
 from deployments.protocol.inference_calls import InferenceCalls
 from deployments.protocol.proto import grpc_service_pb2 as pb
 from deployments.settings import RestrictedApi, restriction_for
@@ -72,6 +76,7 @@ class GrpcOptions:
     compression: str | None = None
     max_concurrent_rpcs: int | None = None
     restricted: tuple[RestrictedApi, ...] = ()  # Triton's --grpc-restricted-protocol (metadata key/value)
+    header_forward: re.Pattern[str] | None = None  # Triton's --grpc-header-forward-pattern
 
     def __post_init__(self) -> None:
         if self.compression not in _COMPRESSION:
@@ -191,8 +196,15 @@ class GRPCInferenceServicer:
         description, schema = await self.calls.schema(request.model_name, request.model_version)
         self.calls.refuse_decoupled(description, "ModelInfer RPC", "ModelStreamInfer")
         infer_request = grpc_codec.decode_infer_request(request)
+        self._forward_headers(infer_request)
         response = await self.calls.infer_one(infer_request, description)
         return grpc_codec.encode_infer_response(response, infer_request.requested_outputs, schema)
+
+    def _forward_headers(self, request: InferRequest) -> None:
+        """The call's metadata that ``options.header_forward`` matches, as request parameters."""
+        metadata = _call_metadata.get()
+        if self.options.header_forward is not None and metadata is not None:
+            forward_headers(request, self.options.header_forward, metadata().items())
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
         """Answer each request of the stream as it completes; a decoupled model may answer 0..N times.
@@ -238,6 +250,7 @@ class GRPCInferenceServicer:
         try:
             description, schema = await self.calls.schema(message.model_name, message.model_version)
             request = grpc_codec.decode_infer_request(message)
+            self._forward_headers(request)
             outputs = request.requested_outputs
             if not description.decoupled:
                 response = await self.calls.infer_one(request, description)
@@ -377,6 +390,12 @@ def _check_restricted(rule: RestrictedApi | None, metadata: Callable[[], Mapping
         raise Restricted(f"This protocol is restricted, expecting header '{key}'")
 
 
+# The metadata of the call being answered (for --grpc-header-forward-pattern), set per call.
+_call_metadata: contextvars.ContextVar[Callable[[], Mapping[str, str]] | None] = contextvars.ContextVar(
+    "grpc_call_metadata", default=None
+)
+
+
 def _context_metadata(context: Any) -> Callable[[], Mapping[str, str]]:
     return lambda: dict(context.invocation_metadata() or ())
 
@@ -427,6 +446,7 @@ def _guarded_stream(
         except ServerError as e:
             await context.abort(grpc.StatusCode[e.grpc_status], e.message)
         _per_call(context, options)
+        _call_metadata.set(_context_metadata(context))  # read by the stream's requests (their tasks copy it)
         try:
             async for item in method(requests_within(requests), context):
                 yield item
@@ -449,6 +469,7 @@ async def answer_unary(
     _check_restricted(method.rule, metadata)
     if isinstance(request, _Oversized):
         raise request.error()
+    _call_metadata.set(metadata)  # this call's task only (each call runs in a task of its own)
     response = await method.call(request)
     size = response.ByteSize()
     if size > send_limit:

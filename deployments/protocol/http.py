@@ -27,6 +27,7 @@ from typing import Any
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol import codec, compression, extension_queries, generate
 from deployments.protocol.dataplane import DataPlane
+from deployments.protocol.forwarding import forward_headers
 from deployments.protocol.inference_calls import InferenceCalls
 from deployments.runtime.checks import ModelSchema
 from deployments.runtime.router import RawRequest
@@ -240,6 +241,8 @@ class _BaseApp:
         self.calls = InferenceCalls(dataplane)
         # Triton's restricted API (``ServerSettings.http_restricted_api``): groups that need a header
         self.restricted: tuple[RestrictedApi, ...] = ()
+        # Triton's --http-header-forward-pattern: headers that become request parameters (None: none)
+        self.header_forward: re.Pattern[str] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -404,6 +407,9 @@ class _BaseApp:
             request, binary_output = codec.decode_infer_request(
                 body, header_length, name, version, self.limits
             )
+        if self.header_forward is not None:
+            sent = ((k.decode("latin-1"), v.decode("latin-1")) for k, v in call.scope["headers"])
+            forward_headers(request, self.header_forward, sent)
         raw = RawRequest(_full_path(call.scope), call.scope["headers"], call.body)
         response = await self.calls.infer(request, description, raw)
         if not isinstance(response, InferResponse):

@@ -41,7 +41,7 @@ from deployments.serve.names import (
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory, ServedElsewhere, own_app
 from deployments.serve.reloads import Order, ReloadBoard
 from deployments.serve.server_api import GroupApps, Member, ReplicaClient, replica_client
-from deployments.settings import ServerSettings
+from deployments.settings import ServerSettings, compile_header_pattern
 from repository_loader.errors import ServerError, Unavailable
 from repository_loader.model import ModelDescription
 from repository_loader.plan import (
@@ -488,6 +488,7 @@ class ServerDeployment:
 
         app = ServerHTTPApp(self.dataplane, limits=self.deployer.settings.limits)
         app.restricted = self.deployer.settings.http_restricted_api
+        app.header_forward = compile_header_pattern(self.deployer.settings.http_header_forward_pattern)
         deployer = self.deployer
 
         async def with_routing(scope: Any, receive: Any, send: Any) -> None:

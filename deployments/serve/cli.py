@@ -58,6 +58,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="API[,API...]:KEY=VALUE",
         help="the same for gRPC, checked on the request metadata",
     )
+    p.add_argument(
+        "--http-header-forward-pattern",
+        default="",
+        metavar="REGEX",
+        help="HTTP headers whose name matches become request parameters (case-insensitive)",
+    )
+    p.add_argument(
+        "--grpc-header-forward-pattern",
+        default="",
+        metavar="REGEX",
+        help="the same for gRPC metadata ('(?-i)' first: case-sensitive)",
+    )
     p.add_argument("--grpc-port", type=int, default=8001, help="port of the KServe v2 gRPC service")
     p.add_argument(
         "--grpc-host",
@@ -138,6 +150,8 @@ def server_args(args: argparse.Namespace) -> dict[str, Any]:
         "allow_model_file_upload": args.allow_model_file_upload,
         "http_restricted_api": args.http_restricted_api,
         "grpc_restricted_api": args.grpc_restricted_api,
+        "http_header_forward_pattern": args.http_header_forward_pattern,
+        "grpc_header_forward_pattern": args.grpc_header_forward_pattern,
         "model_config_name": args.model_config_name,
         "disable_auto_complete_config": args.disable_auto_complete_config,
         "strict_readiness": "false" if args.no_strict_readiness else args.strict_readiness,

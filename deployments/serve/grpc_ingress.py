@@ -38,7 +38,7 @@ from deployments.protocol.dataplane import ModelDataPlane
 from deployments.protocol.grpc import SERVICE, GRPCInferenceServicer, GrpcOptions, restricted_metadata_key
 from deployments.protocol.grpc_http1 import GrpcOverHttp1
 from deployments.serve import hooks, ingress
-from deployments.settings import RestrictedApi, ServerSettings, restriction_for
+from deployments.settings import RestrictedApi, ServerSettings, compile_header_pattern, restriction_for
 
 logger = logging.getLogger("ray.serve")
 
@@ -67,6 +67,7 @@ def grpc_options(settings: ServerSettings) -> GrpcOptions:
         max_send_message_bytes=settings.grpc_max_send_message_bytes,
         compression=settings.grpc_compression,
         restricted=settings.grpc_restricted_api,
+        header_forward=compile_header_pattern(settings.grpc_header_forward_pattern),
     )
 
 

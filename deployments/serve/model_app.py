@@ -26,7 +26,7 @@ from deployments.serve.names import hosted_key, model_app_name, model_route
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory
 from deployments.serve.response_writes import coalesce_response_writes
 from deployments.serve.server_api import ServerClient
-from deployments.settings import ServerSettings
+from deployments.settings import ServerSettings, compile_header_pattern
 from repository_loader.errors import Unavailable
 from repository_loader.model import InstanceKind, ModelDescription
 
@@ -114,6 +114,7 @@ class ModelDeployment:
         own_group = context is None or context.app_name == model_app_name(model.name)
         ingress.serve_directly(self._route, self._app, enabled=settings.direct_routes or not own_group)
         self._app.restricted = settings.http_restricted_api
+        self._app.header_forward = compile_header_pattern(settings.http_header_forward_pattern)
         self._kind = kind
         self._reloads = asyncio.get_running_loop().create_task(self._follow_reloads())
         self._publish: asyncio.Task[None] | None = None

@@ -40,7 +40,7 @@ from deployments.serve.names import hosted_key
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory
 from deployments.serve.response_writes import coalesce_response_writes
 from deployments.serve.server_api import ServerClient
-from deployments.settings import ServerSettings
+from deployments.settings import ServerSettings, compile_header_pattern
 from repository_loader.model import InstanceKind, ModelDescription
 from repository_loader.plan import HOST_APP, HOST_ROUTE
 
@@ -94,6 +94,7 @@ class ModelHostDeployment:
         self.router = dataplane.router
         self._app = ServerHTTPApp(dataplane, limits=settings.limits)
         self._app.restricted = settings.http_restricted_api
+        self._app.header_forward = compile_header_pattern(settings.http_header_forward_pattern)
         ingress.serve_directly(HOST_ROUTE, self._app, enabled=settings.direct_routes)
         if settings.allow_grpc:  # ModelInfer calls for pooled models, routed by HAProxy
             grpc_ingress.serve_grpc(dataplane, grpc_ingress.grpc_options(settings))
