@@ -40,7 +40,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -513,12 +513,31 @@ def _dtype(name: str, datatype: str) -> np.dtype:
     return dtype
 
 
-def _apply_parameters(request: InferRequest, params: Any) -> bool:
+# the one parameter starting with "triton_" a client may send (gRPC streams of decoupled models)
+ALLOWED_TRITON_PARAMETERS = frozenset({"triton_enable_empty_final_response"})
+
+
+def check_reserved_parameters(params: Mapping[str, Any], grpc: bool = False) -> None:
+    """Refuse a request parameter starting with ``triton_`` (Triton's own), in Triton's words per protocol."""
+    for key in params:
+        if key.startswith("triton_") and key not in ALLOWED_TRITON_PARAMETERS:
+            if grpc:
+                raise InvalidArgument(
+                    "parameter keys starting with 'triton_' are reserved for Triton usage. Only the following "
+                    f"keys starting with 'triton_' are allowed: {' '.join(sorted(ALLOWED_TRITON_PARAMETERS))}"
+                )
+            raise InvalidArgument(
+                "parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified."
+            )
+
+
+def _apply_parameters(request: InferRequest, params: Any, grpc: bool = False) -> bool:
     """Move Triton's request parameters onto ``request``; return ``binary_data_output``."""
     if not params:
         return False
     if type(params) is not dict:
         raise InvalidArgument("the request 'parameters' must be an object")
+    check_reserved_parameters(params, grpc)
     binary_output = params.get("binary_data_output", False)
     if type(binary_output) is not bool:
         raise InvalidArgument("the request parameter 'binary_data_output' must be a boolean")

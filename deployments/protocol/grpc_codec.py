@@ -130,7 +130,7 @@ def decode_infer_request(message: Any, limits: RequestLimits = _DEFAULT_LIMITS) 
         id=message.id,
     )
     if message.parameters:
-        codec._apply_parameters(request, parameters_dict(message.parameters))
+        codec._apply_parameters(request, parameters_dict(message.parameters), grpc=True)
     if message.outputs:
         request.requested_outputs = [_requested_output(o) for o in message.outputs]
     return request

@@ -417,3 +417,13 @@ def test_response_compression_roundtrip():
     body = b'{"outputs": []}' * 20
     assert gzip.decompress(compression.compress(body, "gzip")) == body
     assert zlib.decompress(compression.compress(body, "deflate")) == body
+
+
+def test_parameters_starting_with_triton_are_refused_but_the_one_clients_may_send():
+    for params in ({"triton_": True}, {"triton_x": 1, "key": "v"}):
+        with pytest.raises(
+            InvalidArgument, match="parameter keys starting with 'triton_' are reserved for Triton"
+        ):
+            decode(json_body(pair(), parameters=params))
+    request, _ = decode(json_body(pair(), parameters={"triton_enable_empty_final_response": True}))
+    assert request.parameters == {"triton_enable_empty_final_response": True}

@@ -73,3 +73,17 @@ def test_grpc_metadata_that_matches_becomes_request_parameters(tmp_path: Path, t
             assert plane.requests[-1].parameters == {"my_header_3": "x"}
         finally:
             client.close()
+
+
+def test_a_grpc_parameter_of_tritons_own_prefix_is_refused_in_the_grpc_front_ends_words() -> None:
+    from deployments.protocol import grpc_codec
+    from deployments.protocol.proto import grpc_service_pb2 as pb
+    from repository_loader.errors import InvalidArgument
+
+    message = pb.ModelInferRequest(model_name="m")
+    message.parameters["triton_x"].int64_param = 1
+    with pytest.raises(InvalidArgument, match="Only the following keys starting with 'triton_' are allowed"):
+        grpc_codec.decode_infer_request(message)
+    del message.parameters["triton_x"]
+    message.parameters["triton_enable_empty_final_response"].bool_param = True
+    assert grpc_codec.decode_infer_request(message).parameters == {"triton_enable_empty_final_response": True}
