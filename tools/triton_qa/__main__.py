@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Any
 
 # importing these modules registers their suites
-from tools.triton_qa import batcher, infer_variable, infer_zero, input_validation, sequence, string_io  # noqa: F401
+from tools.triton_qa import (  # noqa: F401
+    batcher,
+    infer_variable,
+    infer_zero,
+    input_validation,
+    parameters,
+    sequence,
+    string_io,
+)
 from tools.triton_qa.report import RESULTS_DIR, RunRecord, git_commit, write_results
 from tools.triton_qa.runner import COMMON_TRITON_ARGS, REFERENCE, THIS, Workspace, run_both
 from tools.triton_qa.suites import SUITES, select

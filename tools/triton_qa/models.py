@@ -91,7 +91,32 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 8 ] } ]
 dynamic_batching { max_queue_delay_microseconds: 1000000 }
 """
 
+# an identity over every input (OUTPUTn = INPUTn): the code of Python stand-ins for models on Triton's
+# C++ identity backend
+_IDENTITY_MODEL = """import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        import json
+
+        config = json.loads(args["model_config"])
+        self.names = [(i["name"], i["name"].replace("INPUT", "OUTPUT")) for i in config["input"]]
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            outputs = []
+            for source, target in self.names:
+                tensor = pb_utils.get_input_tensor_by_name(request, source)
+                if tensor is not None:
+                    outputs.append(pb_utils.Tensor(target, tensor.as_numpy()))
+            responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
+        return responses
+"""
+
 OWN_MODELS: dict[str, dict[str, str]] = {
+    "identity": {"1/model.py": _IDENTITY_MODEL},
     "simple": {"config.pbtxt": _SIMPLE_CONFIG, "1/model.py": _SIMPLE_MODEL},
     "object_addsub": {"1/model.py": _OBJECT_ADDSUB_MODEL},
     "pt_identity": {"config.pbtxt": _PT_IDENTITY_CONFIG},
@@ -186,6 +211,10 @@ def build_model(model: Model, checkout: Path, cache: Path, dest: Path) -> None:
         if not src.is_dir():
             raise ModelBuildError(f"{model.source} is not in the checkout")
         shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__"))
+        for rel_from, rel_to in model.files:  # only "own:<model>/<file>": the runner's code added
+            own, _, rel = rel_from.removeprefix("own:").partition("/")
+            (target / rel_to).parent.mkdir(parents=True, exist_ok=True)
+            (target / rel_to).write_text(OWN_MODELS[own][rel])
     elif model.kind == "generated":
         repository, _, name = model.source.partition("/")
         src = generate(checkout, cache, repository) / name
