@@ -234,6 +234,8 @@ def build_model(model: Model, checkout: Path, cache: Path, dest: Path) -> None:
         _copy_python_model(checkout / model.source, target, model)
     else:
         raise ModelBuildError(f"unknown model kind {model.kind!r}")
+    for folder in model.version_folders:
+        (target / folder).mkdir(parents=True, exist_ok=True)
     edit_config(target / "config.pbtxt", model)
 
 

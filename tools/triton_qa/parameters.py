@@ -6,6 +6,10 @@ header forwarding, ``--grpc-header-forward-pattern`` and ``--http-header-forward
 the same in upper case (matching ignores case), and ``(?-i)MY_HEADER.*`` for gRPC alone (case-sensitive:
 nothing forwarded). The suite's ``identity`` model is on Triton's C++ identity backend: here a Python
 identity with the same configuration, on both servers.
+
+One header the tests send ends in a space. HTTP (RFC 9110) and HTTP/2 (RFC 9113) leave whitespace around
+a field value out of it, and HAProxy in front of this server does so: the model gets the value without
+the space, where tritonserver (no proxy in front) keeps it.
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ MODELS = (
         "folder",
         f"{_FOLDER}/identity",
         files=(("own:identity/1/model.py", "1/model.py"),),
+        version_folders=("1",),
         edits=(Edit(r'^backend: "identity"', 'backend: "python"'),),
     ),
     Model("parameter", "folder", f"{_FOLDER}/parameter"),
-    Model("ensemble", "folder", f"{_FOLDER}/ensemble"),
+    Model("ensemble", "folder", f"{_FOLDER}/ensemble", version_folders=("1",)),
 )
 _TIMEOUT = "--exit-timeout-secs=120"
 # (TEST_HEADER, the server's flags besides the timeout)

@@ -45,6 +45,7 @@ class Model:
     files: tuple[tuple[str, str], ...] = ()
     edits: tuple[Edit, ...] = ()
     append: str = ""
+    version_folders: tuple[str, ...] = ()  # folders test.sh makes (``mkdir -p <model>/1``), empty
 
 
 @dataclass(frozen=True)
