@@ -12,6 +12,7 @@ from typing import Any
 from ray import serve
 
 import ensembles
+from deployments.backends.python_api.context import as_stub_process
 from deployments.backends.python_api.logger import log_to_stderr
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.http import ModelHTTPApp
@@ -62,6 +63,7 @@ class ModelDeployment:
     ) -> None:
         coalesce_response_writes()
         log_to_stderr()  # pb_utils.Logger lines into the replica's worker log
+        as_stub_process()  # sys.argv as model code sees it under tritonserver
         ensembles.register()  # an ensemble's replica runs the ensemble backend
         ray_metrics.export_to_ray()  # Triton's counters of this process's models, through Ray
         response_cache.configure(settings.response_cache_bytes)  # one cache for the models of this process
@@ -82,8 +84,10 @@ class ModelDeployment:
         self._calls = ReplicaCalls(self._directory)
         remote = RemoteModels(calls=self._calls if settings.direct_routes else None, server=self.server)
         self._ranks: Ranks | None = None
-        if model.sequence_batching is not None and replicas > 1 and context is not None:
-            # ranked over the replicas of every instance group of the model: one owner per sequence
+        sequences = model.sequence_batching is not None and not model.sequence_batching.iterative
+        if sequences and replicas > 1 and context is not None:
+            # ranked over the replicas of every instance group of the model: one owner per sequence (an
+            # iterative sequence is one request, which any replica can run)
             own: Any = context.rank  # a ReplicaRank (its ``rank``), or the number itself
             rank = rank_offset + int(getattr(own, "rank", own))
             self._ranks = Ranks(model.name, rank, replicas)

@@ -26,6 +26,7 @@ from typing import Any
 import ray
 from ray import serve
 
+from deployments.backends.python_api.context import as_stub_process
 from deployments.backends.python_api.logger import log_to_stderr
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.http import ServerHTTPApp
@@ -62,6 +63,7 @@ class ModelHostDeployment:
     ) -> None:
         coalesce_response_writes()
         log_to_stderr()
+        as_stub_process()  # sys.argv as model code sees it under tritonserver
         ray_metrics.export_to_ray()
         response_cache.configure(settings.response_cache_bytes)
         batch_execute.hold_first_batches(settings.delay_scheduler, settings.backlog_delay_scheduler)

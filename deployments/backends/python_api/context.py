@@ -10,6 +10,7 @@ the executor.
 from __future__ import annotations
 
 import contextvars
+import sys
 from typing import TYPE_CHECKING
 
 from deployments.backends.python_api.errors import TritonModelException
@@ -45,3 +46,11 @@ def current_bridge() -> BlsBridge:
     if bridge is None:
         raise TritonModelException("BLS is unavailable: no Python model is loaded in this process")
     return bridge
+
+
+def as_stub_process() -> None:
+    """Present this replica process to model code as the Python backend's stub presents itself: an
+    embedded interpreter, whose ``sys.argv`` is ``[""]``. Code that parses the command line (a model
+    running ``unittest.main`` in ``execute``, as Triton's own test models do) would otherwise read the
+    Ray worker's arguments and exit."""
+    sys.argv = [""]
