@@ -82,8 +82,12 @@ def test_request_and_response_objects() -> None:
     assert server.inputs["X"] is x.data() and [o.name for o in server.requested_outputs] == ["Y"]
     response = pb_utils.InferenceResponse(output_tensors=[x])
     assert not response.has_error() and pb_utils.get_output_tensor_by_name(response, "X") is x
+    # as Triton's bindings take them: any sequence of tensors; None is a TypeError, a None in it is refused
+    assert pb_utils.InferenceResponse(output_tensors=(x,)).output_tensors() == [x]
+    with pytest.raises(TypeError):
+        pb_utils.InferenceResponse(output_tensors=None)  # type: ignore[arg-type]
     with pytest.raises(pb_utils.TritonModelException):
-        pb_utils.InferenceResponse(output_tensors=(x,))
+        pb_utils.InferenceResponse(output_tensors=[None])  # type: ignore[list-item]
     with pytest.raises(pb_utils.TritonModelException, match="response sender"):
         req.get_response_sender()
 
@@ -257,3 +261,39 @@ def test_model_config_helpers_for_auto_complete() -> None:
     assert pb_utils.get_input_config_by_name(completed, "IN")["optional"] is True
     with pytest.raises(ValueError):
         config.add_input({"name": "IN", "data_type": "TYPE_INT32", "dims": [2]})
+
+
+def test_arguments_are_checked_as_tritons_bindings_check_them() -> None:
+    """L0_backend_python's argument_validation: None where a typed argument is expected is a TypeError."""
+    x = pb_utils.Tensor("X", np.zeros(2, np.float32))
+    with pytest.raises(pb_utils.TritonModelException):
+        pb_utils.InferenceRequest(inputs=[None], model_name="m", requested_output_names=[])  # type: ignore[list-item]
+    for bad in (
+        {"inputs": None},
+        {"model_name": None},
+        {"requested_output_names": None},
+        {"requested_output_names": [None]},
+        {"correlation_id": None},
+    ):
+        arguments = {"inputs": [x], "model_name": "m", "requested_output_names": ["Y"], **bad}
+        with pytest.raises(TypeError):
+            pb_utils.InferenceRequest(**arguments)  # type: ignore[arg-type]
+    assert pb_utils.InferenceRequest(inputs=[], model_name="m", requested_output_names=[], correlation_id=5)
+    for name, data in ((None, np.zeros(1)), ("OUTPUT0", None), ("", None)):
+        with pytest.raises(TypeError):
+            pb_utils.Tensor(name, data)  # type: ignore[arg-type]
+    for name in ("OUTPUT0", ""):
+        with pytest.raises(pb_utils.TritonModelException):
+            pb_utils.Tensor.from_dlpack(name, None)
+    logger = pb_utils.Logger
+    for call in (
+        lambda: logger.log("x", None),
+        lambda: logger.log("x", 1),
+        lambda: logger.log_info(None),
+        lambda: logger.log_warn(None),
+        lambda: logger.log_error(None),
+        lambda: logger.log_verbose(None),
+    ):
+        with pytest.raises(TypeError):
+            call()
+    logger.log("Level unspecified")

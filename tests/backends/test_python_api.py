@@ -201,9 +201,9 @@ def test_bls_request_arguments() -> None:
     assert server.sequence_start and not server.sequence_end and server.timeout_us == 5
     assert server.parameters == {"k": "v"} and req.timeout() == 5
     with pytest.raises(pb_utils.TritonModelException, match="bool, int or str"):
-        pb_utils.InferenceRequest(model_name="m", inputs=[], parameters={"x": 1.5})
+        pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[], parameters={"x": 1.5})
     with pytest.raises(pb_utils.TritonModelException, match="JSON"):
-        pb_utils.InferenceRequest(model_name="m", inputs=[], parameters="not json")
+        pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[], parameters="not json")
 
 
 async def test_bls_timeout_answers_with_an_error() -> None:
@@ -219,7 +219,9 @@ async def test_bls_timeout_answers_with_an_error() -> None:
 
     token = set_bridge(BlsBridge(Slow(), asyncio.get_running_loop()), default=False)
     try:
-        call = pb_utils.InferenceRequest(model_name="slow", inputs=[], timeout=20_000)
+        call = pb_utils.InferenceRequest(
+            model_name="slow", inputs=[], requested_output_names=[], timeout=20_000
+        )
         response = await call.async_exec()
     finally:
         reset_bridge(token)

@@ -76,20 +76,31 @@ class Logger:
 
     @staticmethod
     def log(message: Any, level: int = _LogLevel.INFO) -> None:
-        _emit(level, message)
+        if not isinstance(level, _LogLevel):  # an int too: Triton's bindings take pb_utils.LogLevel only
+            raise TypeError(
+                f"Logger.log(): the level must be a pb_utils.LogLevel, not {type(level).__name__}"
+            )
+        _emit(level, _text(message))
 
     @staticmethod
     def log_info(message: Any) -> None:
-        _emit(_LogLevel.INFO, message)
+        _emit(_LogLevel.INFO, _text(message))
 
     @staticmethod
     def log_warn(message: Any) -> None:
-        _emit(_LogLevel.WARNING, message)
+        _emit(_LogLevel.WARNING, _text(message))
 
     @staticmethod
     def log_error(message: Any) -> None:
-        _emit(_LogLevel.ERROR, message)
+        _emit(_LogLevel.ERROR, _text(message))
 
     @staticmethod
     def log_verbose(message: Any) -> None:
-        _emit(_LogLevel.VERBOSE, message)
+        _emit(_LogLevel.VERBOSE, _text(message))
+
+
+def _text(message: Any) -> str:
+    """A log message: a str, as Triton's bindings require (``None`` is refused with ``TypeError``)."""
+    if not isinstance(message, str):
+        raise TypeError(f"Logger: the message must be a str, not {type(message).__name__}")
+    return message

@@ -57,6 +57,7 @@ class InferenceRequest:
     ) -> None:
         if preferred_memory is not None and not isinstance(preferred_memory, PreferredMemory):
             raise TritonModelException("preferred_memory must be a pb_utils.PreferredMemory")
+        _check_arguments(inputs, requested_output_names, model_name, correlation_id)
         self._request_id = as_text(request_id)
         self._correlation_id = (
             correlation_id.decode() if isinstance(correlation_id, bytes) else correlation_id
@@ -220,3 +221,24 @@ def _version(value: Any) -> int:
         return int(text) if text else -1
     except ValueError:
         raise TritonModelException(f"model_version must be an integer, not {text!r}") from None
+
+
+def _check_arguments(inputs: Any, requested_output_names: Any, model_name: Any, correlation_id: Any) -> None:
+    """Refuse what Triton's bindings refuse: ``TypeError`` for an argument of the wrong type (``None``
+    included), ``TritonModelException`` for an input that is not a tensor."""
+    if not isinstance(inputs, list | tuple):
+        raise TypeError(
+            f"InferenceRequest(): 'inputs' must be a list of pb_utils.Tensor, not {type(inputs).__name__}"
+        )
+    if any(not isinstance(t, Tensor) for t in inputs):
+        raise TritonModelException("InferenceRequest(): every element of 'inputs' must be a pb_utils.Tensor")
+    if not isinstance(requested_output_names, list | tuple) or any(
+        not isinstance(n, str | bytes) for n in requested_output_names
+    ):
+        raise TypeError("InferenceRequest(): 'requested_output_names' must be a list of str")
+    if not isinstance(model_name, str | bytes):
+        raise TypeError(f"InferenceRequest(): 'model_name' must be a str, not {type(model_name).__name__}")
+    if not isinstance(correlation_id, int | str | bytes) or isinstance(correlation_id, bool):
+        raise TypeError(
+            f"InferenceRequest(): 'correlation_id' must be an int or a str, not {type(correlation_id).__name__}"
+        )

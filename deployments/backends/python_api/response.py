@@ -19,20 +19,29 @@ from deployments.backends.python_api.errors import (
 from deployments.backends.python_api.tensor import PreferredMemory, Tensor
 from deployments.inference import InferResponse
 
+_NO_TENSORS: list[Tensor] = []  # the default: no output tensors (a fresh list each time)
+
 
 class InferenceResponse:
     """A response: output tensors, or an error."""
 
     def __init__(
         self,
-        output_tensors: list[Tensor] | None = None,
+        output_tensors: list[Tensor] = _NO_TENSORS,
         error: TritonError | None = None,
         parameters: dict[str, Any] | str | None = None,
     ) -> None:
-        if output_tensors is None:
+        if output_tensors is _NO_TENSORS:
             output_tensors = []
-        if not isinstance(output_tensors, list):
-            raise TritonModelException('"output_tensors" must be a list.')
+        if not isinstance(output_tensors, list | tuple):  # None refused, as Triton's bindings refuse it
+            raise TypeError(
+                f'InferenceResponse(): "output_tensors" must be a list, not {type(output_tensors).__name__}'
+            )
+        output_tensors = list(output_tensors)
+        if any(not isinstance(t, Tensor) for t in output_tensors):
+            raise TritonModelException(
+                'InferenceResponse(): every element of "output_tensors" must be a pb_utils.Tensor'
+            )
         if error is not None and not isinstance(error, TritonError):
             error = TritonError(str(error))
         self._output_tensors = output_tensors

@@ -38,6 +38,10 @@ class Tensor:
     """A named tensor of a request or response: a numpy array, or a DLPack array on a device."""
 
     def __init__(self, name: str, data: Any, triton_dtype: int | None = None) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"Tensor(): the name must be a str, not {type(name).__name__}")
+        if data is None:
+            raise TypeError(f"Tensor(): tensor '{name}' needs a numpy array (or a DLPack array), not None")
         if isinstance(data, np.ndarray):
             if data.dtype.kind in ("U", "S"):
                 data = np.vectorize(_as_bytes, otypes=[object])(data) if data.size else data.astype(object)
@@ -100,6 +104,10 @@ class Tensor:
     @staticmethod
     def from_dlpack(name: str, dlpack: Any) -> Tensor:
         """A tensor sharing the buffer of a DLPack capsule or of an object with ``__dlpack__``."""
+        if dlpack is None:
+            raise TritonModelException(
+                f"Tensor.from_dlpack(): tensor '{name}' needs a DLPack capsule or array, not None"
+            )
         if isinstance(dlpack, np.ndarray) or arrays.is_torch(dlpack):
             return Tensor(name, dlpack)
         try:
