@@ -133,6 +133,7 @@ def _sequence(seq: pb.ModelSequenceBatching) -> SequenceBatching:
         controls=tuple(_control(ci.name, c) for ci in seq.control_input for c in ci.control),
         max_candidate_sequences=seq.oldest.max_candidate_sequences if strategy == "oldest" else 0,
         max_queue_delay_microseconds=delay,
+        iterative=seq.iterative_sequence,
     )
 
 

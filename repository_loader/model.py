@@ -124,6 +124,8 @@ class SequenceBatching:
     controls: tuple[SequenceControl, ...] = ()
     max_candidate_sequences: int = 0
     max_queue_delay_microseconds: int = 0
+    # every request is a sequence of its own, which the model runs over iterations (rescheduling it)
+    iterative: bool = False
 
 
 @dataclass(frozen=True)

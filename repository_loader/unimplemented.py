@@ -74,12 +74,6 @@ UNIMPLEMENTED: tuple[Unimplemented, ...] = (
         lambda c: bool(c.model_repository_agents.agents),
     ),
     Unimplemented(
-        "sequence_batching.iterative_sequence",
-        Policy.FAIL,
-        "iterative sequences are not scheduled by this server; requests would not be rescheduled",
-        lambda c: c.sequence_batching.iterative_sequence,
-    ),
-    Unimplemented(
         "instance_group.rate_limiter",
         Policy.WARN,
         "the rate limiter is not implemented; instances run without resource limits or priority",

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import heapq
+import itertools
 import logging
 import time
 from collections import deque
@@ -48,6 +49,7 @@ BatcherClass = Callable[..., Any]
 """``deployments.runtime.batching.DynamicBatcher``, passed in by ``make_scheduler`` (which imports this module)."""
 
 NEVER = 1 << 62
+_ITERATIVE_IDS = itertools.count(1 << 63)  # the sequence IDs of iterative requests sent without one
 _RELEASE = object()  # queued by the idle reaper: the slot's sequence is over once this is reached
 
 
@@ -155,12 +157,23 @@ class SequenceBatcher:
 
     async def submit(self, request: InferRequest) -> InferResponse:
         """Queue ``request`` in its sequence's slot (or the backlog); return its own response."""
+        if self.settings.iterative:
+            self._own_sequence(request)
         error = self._admission_error(request)
         if error is not None:
             return InferResponse.failed(request, error)
         item = _Item(request, asyncio.get_running_loop().create_future(), time.monotonic_ns())
         self._enqueue(item)
         return await item.future
+
+    def _own_sequence(self, request: InferRequest) -> None:
+        """An iterative sequence (``iterative_sequence: true``): the one request is the whole sequence, its
+        control inputs filled here, as Triton's scheduler does; the model runs it again each time it
+        releases it with ``RESCHEDULE``. A request without a sequence ID gets one of the server's own,
+        apart from any a client sends (above 2**63)."""
+        if request.correlation_id == 0 or request.correlation_id == "":
+            request.correlation_id = next(_ITERATIVE_IDS)
+        request.sequence_start = request.sequence_end = True
 
     def _admission_error(self, request: InferRequest) -> ServerError | None:
         cid = request.correlation_id

@@ -61,6 +61,7 @@ class SequenceSettings:
     preferred_batch_size: tuple[int, ...] = ()
     preserve_ordering: bool = False
     instances: int = 1  # the model's instances over every instance group (model_instances)
+    iterative: bool = False  # iterative_sequence: each request is a sequence of its own
 
     @property
     def batched(self) -> bool:
@@ -85,6 +86,7 @@ class SequenceSettings:
             preferred_batch_size=tuple(int(p) for p in oldest.get("preferred_batch_size") or ()),
             preserve_ordering=bool(oldest.get("preserve_ordering", False)),
             instances=model_instances(model),
+            iterative=seq.iterative,
         )
 
     # -- control tensors ---------------------------------------------------

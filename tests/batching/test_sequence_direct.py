@@ -241,3 +241,24 @@ async def test_a_held_sequence_batcher_waits_for_requests_and_backlog_before_its
     await asyncio.wait_for(batcher.submit(req(1, 1.0, end=True)), 5)  # frees a slot for sequence 3
     assert [out(r) for r in await asyncio.wait_for(asyncio.gather(*third), 5)] == [1.0, 3.0]
     await batcher.close()
+
+
+async def test_an_iterative_sequence_is_one_request_its_controls_filled_by_the_scheduler() -> None:
+    """``iterative_sequence: true``: a request without a sequence ID or flags is a whole sequence (START
+    and END), under an ID of the server's own; one with an ID keeps it."""
+    acc = Accumulator()
+    batcher = SequenceBatcher(sequence_model(extra="iterative_sequence: true"), acc)
+    first = await batcher.submit(req(0, 2.0))
+    second = await batcher.submit(req(0, 3.0))
+    assert out(first) == 2.0 and out(second) == 3.0  # two sequences: no running sum across them
+    (cid_a, start_a, end_a, ready_a), (cid_b, *_) = acc.batches[0][0], acc.batches[1][0]
+    assert (start_a, end_a, ready_a) == (1, 1.0, True) and cid_a >= 1 << 63 and cid_b == cid_a + 1
+    own = await batcher.submit(req(5, 4.0))
+    assert out(own) == 4.0 and acc.batches[-1][0][0] == 5
+    assert batcher.active_sequences == 0  # every one ended with its request
+    # without the field, the same request is refused as Triton refuses it
+    plain = SequenceBatcher(sequence_model(), Accumulator())
+    refused = await plain.submit(req(0, 1.0))
+    assert isinstance(refused.error, InvalidArgument) and "correlation ID" in refused.error.message
+    await batcher.close()
+    await plain.close()

@@ -270,11 +270,6 @@ CASES: dict[str, tuple[str, dict[str, bytes | str], str, str]] = {
         "model_repository_agents",
         "not implemented by this server: repository agents are not run",
     ),
-    "iterative_sequence": (
-        *_pt("sequence_batching { iterative_sequence: true }"),
-        "sequence_batching.iterative_sequence",
-        "not implemented by this server",
-    ),
 }
 
 
@@ -291,6 +286,7 @@ def test_rule_fails_with_tritons_words(case: str, repo: Path, write_model) -> No
 
 
 VALID = {
+    "iterative_sequence": _pt("sequence_batching { iterative_sequence: true }"),
     "reshape_variable_chunks_agree": _pt("", _io("dims: [ 2, 4, -1, 6 ] reshape { shape: [ 8, -1, 1, 6 ] }")),
     "empty_reshape_batching": _pt("", _io("dims: [ 1 ] reshape { shape: [ ] }")),
     "preserve_ordering_one_level": _pt(

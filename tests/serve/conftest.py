@@ -165,10 +165,6 @@ def _python_api_e2e_models(repo: Path) -> None:
         shutil.copytree(BLS_MODELS / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name, config in PYTHON_API_E2E_CONFIGS.items():
         (repo / name / "config.pbtxt").write_text(config)
-    # Triton needs `sequence_batching { iterative_sequence: true }` for rescheduling; this server
-    # refuses that field (repository_loader/unimplemented.py) and reschedules without it
-    config = repo / "reschedule" / "config.pbtxt"
-    config.write_text(config.read_text().replace("sequence_batching { iterative_sequence: true }\n", ""))
 
 
 # A running sum per sequence that also reports what it was given (START, END, READY, CORRID) and
