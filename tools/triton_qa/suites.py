@@ -254,6 +254,64 @@ _DECOUPLED_MODELS = (
     python_model("dlpack_add_sub"),
 )
 
+_UINT8_BATCHING = "dynamic_batching { preferred_batch_size: [8], max_queue_delay_microseconds: 12000000 }\n"
+
+
+def _identity_as(name: str, datatype: str, *edits: Edit, append: str = "") -> Model:
+    """``qa/python_models/identity_fp32`` renamed ``name``, its FP32 tensors made ``datatype``."""
+    return python_model(
+        name,
+        "identity_fp32",
+        edits=(
+            Edit(r"^name:.*", f'name: "{name}"'),
+            Edit("TYPE_FP32", f"TYPE_{datatype}", scope="all"),
+            *edits,
+        ),
+        append=append,
+    )
+
+
+# python_test.py's repository, as test.sh lays it out
+_PYTHON_TEST_MODELS = (
+    python_model("identity_fp32"),
+    python_model("identity_bf16"),
+    _identity_as(
+        "identity_uint8", "UINT8", Edit(r"^max_batch_size:.*", "max_batch_size: 8"), append=_UINT8_BATCHING
+    ),
+    _identity_as("identity_uint8_nobatch", "UINT8", Edit(r"^max_batch_size:.*", "")),
+    _identity_as("identity_uint32", "UINT32"),
+    _identity_as("identity_bool", "BOOL"),
+    python_model(
+        "default_model_name",
+        "identity_fp32",
+        files=(("config.pbtxt", "config.pbtxt"), ("model.py", "1/mymodel.py")),
+        edits=(Edit(r"^name:.*", 'name: "default_model_name"'),),
+        append='default_model_filename: "mymodel.py"\n',
+    ),
+    python_model("pytorch_fp32_fp32", edits=(Edit(r"^name:.*", 'name: "pytorch_fp32_fp32"'),)),
+    python_model("delayed_model"),
+    python_model("init_args"),
+    python_model("optional"),
+    python_model("non_contiguous"),
+    python_model("string"),
+    python_model("string_fixed"),
+    python_model("dlpack_identity"),
+)
+_SHM_LEAK_TEST = "test_infer_shm_leak.py"  # runs MODEL_NAME, a model whose execute checks the backend API
+_RESCHEDULING_MODELS = tuple(
+    python_model(n)
+    for n in (
+        "bls_request_rescheduling",
+        "request_rescheduling_addsub",
+        "iterative_sequence",
+        "wrong_return_type",
+    )
+)
+_EXPLICIT_ALL = ("--model-control-mode=explicit", "--load-model=*", "--log-verbose=1")
+
+
+_GPU_OUTPUTS = "asks its models for output tensors on a GPU"
+
 L0_BACKEND_PYTHON = Suite(
     "L0_backend_python",
     (
@@ -301,6 +359,90 @@ L0_BACKEND_PYTHON = Suite(
             server_args=("--log-verbose=1",),
             runner="pytest",
         ),
+        Run(
+            "python_test",
+            "python_test.py",
+            _PYTHON_TEST_MODELS,
+            server_args=("--log-verbose=1", "--backend-config=python,shm-default-byte-size=5242880"),
+            runner="pytest",
+            not_here=(
+                ("PythonTest.test_gpu_tensor_error", "needs a CUDA device"),
+                ("PythonTest.test_dlpack_tensor_error", "needs a CUDA device"),
+            ),
+        ),
+        *(
+            Run(
+                name,
+                _SHM_LEAK_TEST,
+                models,
+                server_args=args,
+                env=MappingProxyType({"MODEL_NAME": model}),
+                runner="pytest",
+            )
+            for name, model, models, args in (
+                ("custom_metrics", "custom_metrics", (python_model("custom_metrics"),), ("--log-verbose=1",)),
+                (
+                    "argument_validation",
+                    "argument_validation",
+                    (
+                        Model(
+                            "argument_validation",
+                            "folder",
+                            "qa/L0_backend_python/argument_validation/models/argument_validation",
+                        ),
+                    ),
+                    ("--log-verbose=1",),
+                ),
+                ("request_rescheduling", "bls_request_rescheduling", _RESCHEDULING_MODELS, _EXPLICIT_ALL),
+            )
+        ),
+        Run(
+            "request_rescheduling grpc",
+            "request_rescheduling/grpc_endpoint_test.py",
+            _RESCHEDULING_MODELS,
+            server_args=_EXPLICIT_ALL,
+            runner="pytest",
+        ),
+        Run(
+            "model_control",
+            "model_control/model_control_test.py",
+            (
+                python_model("identity_fp32"),
+                Model(
+                    "simple_identity_fp32",
+                    "python",
+                    "qa/python_models/simple_identity_fp32",
+                    files=(("config.pbtxt", "config.pbtxt"),),
+                ),
+            ),
+            server_args=("--model-control-mode=explicit", "--log-verbose=1"),
+            runner="pytest",
+        ),
+        Run(
+            "ensemble",
+            "ensemble/ensemble_test.py",
+            (
+                Model(
+                    "ensemble",
+                    "python",
+                    "qa/python_models/ensemble",
+                    files=(("config.pbtxt", "config.pbtxt"),),
+                ),
+                python_model("add_sub_1", "add_sub"),
+                python_model("add_sub_2", "add_sub"),
+            ),
+            server_args=("--log-verbose=1",),
+            runner="pytest",
+            not_here=(("EnsembleTest.test_ensemble_gpu", "a LibTorch model on a GPU"),),
+        ),
+        Run(
+            "io requested outputs",
+            "io/io_test.py",
+            (python_model("add_sub"), python_model("dlpack_io_identity_decoupled")),
+            server_args=("--log-verbose=1",),
+            tests=("IOTest.test_requested_output_default", "IOTest.test_requested_output_decoupled"),
+            runner="pytest",
+        ),
     ),
     (
         (
@@ -321,7 +463,14 @@ L0_BACKEND_PYTHON = Suite(
             "test.sh compares /dev/shm before and after; not a Python test",
         ),
         ("decoupled log-count checks", "test.sh greps tritonserver's log; not a Python test"),
-        ("other L0_backend_python subsets", "not in this runner's table yet"),
+        (
+            "python_test init_args",
+            "checks the repository path against $TRITON_DIR/qa/L0_backend_python/models, a layout of Triton's CI",
+        ),
+        (
+            "the bls, env, logging, restart, variants, examples and python_based_backends subsets",
+            "not in this runner's table yet",
+        ),
     ),
 )
 
