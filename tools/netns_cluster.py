@@ -39,7 +39,7 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -52,8 +52,6 @@ DEFAULT_DIR = Path(os.environ.get("TRS_NETNS_DIR", "/tmp/trs_netns"))
 STATE_FILE = "state.json"
 PREFIX = "trs"
 SUBNET = "10.213.0"
-BRIDGE = f"{PREFIX}br0"
-BRIDGE_IP = f"{SUBNET}.1"
 GCS_PORT = 6379
 DASHBOARD_PORT = 8265
 HTTP_PORT = 8090
@@ -65,6 +63,27 @@ CPU_HEADROOM = 0.5
 
 
 @dataclass(frozen=True)
+class Network:
+    """A bridge and the /24 its namespaces use; ``prefix`` starts every name (namespaces, links)."""
+
+    prefix: str
+    subnet: str  # the first three bytes of the addresses
+
+    @property
+    def bridge(self) -> str:
+        return f"{self.prefix}br0"
+
+    @property
+    def bridge_ip(self) -> str:
+        return f"{self.subnet}.1"
+
+
+NETWORK = Network(PREFIX, SUBNET)
+BRIDGE = NETWORK.bridge
+BRIDGE_IP = NETWORK.bridge_ip
+
+
+@dataclass(frozen=True)
 class NodeSpec:
     """One Ray node: its namespace, address and what it declares to the scheduler."""
 
@@ -73,6 +92,7 @@ class NodeSpec:
     num_cpus: int
     num_gpus: int = 0
     resources: dict[str, float] = field(default_factory=dict)
+    net: Network = NETWORK
 
     @property
     def head(self) -> bool:
@@ -80,15 +100,15 @@ class NodeSpec:
 
     @property
     def netns(self) -> str:
-        return f"{PREFIX}-{self.name}"
+        return f"{self.net.prefix}-{self.name}"
 
     @property
     def veth(self) -> str:
-        return f"{PREFIX}v-{self.name}"  # the bridge's end; the namespace's end is eth0
+        return f"{self.net.prefix}v-{self.name}"  # the bridge's end; the namespace's end is eth0
 
     @property
     def ip(self) -> str:
-        return f"{SUBNET}.{self.host}"
+        return f"{self.net.subnet}.{self.host}"
 
 
 # 3 logical CPUs on this machine's 2 cores: replicas ask fractional shares (the plan sizes them).
@@ -98,6 +118,9 @@ NODES = (
     NodeSpec("gpu", 12, num_cpus=1, num_gpus=1, resources={"gpu_node": 1}),
 )
 HEAD = NODES[0]
+
+
+_State = TypeVar("_State", bound="ClusterState")
 
 
 @dataclass
@@ -111,7 +134,7 @@ class ClusterState:
     pids: dict[str, int] = field(default_factory=dict)  # node -> pid (= process group) of ray start
 
     @classmethod
-    def load(cls, root: Path) -> ClusterState:
+    def load(cls: type[_State], root: Path) -> _State:
         path = root / STATE_FILE
         if not path.is_file():
             return cls(dir=str(root))
@@ -164,21 +187,23 @@ def link_exists(name: str) -> bool:
     return subprocess.run(["ip", "link", "show", name], capture_output=True).returncode == 0
 
 
-def make_network(state: ClusterState) -> None:
-    """The bridge (with an address, so this machine reaches the nodes) and one namespace per node."""
-    _ip("link", "add", BRIDGE, "type", "bridge")
-    state.links.append(BRIDGE)
+def make_network(state: ClusterState, nodes: tuple[NodeSpec, ...] = NODES) -> None:
+    """The bridge (with an address, so this machine reaches the nodes) and one namespace per node, all
+    on the network of ``nodes[0]``."""
+    net = nodes[0].net
+    _ip("link", "add", net.bridge, "type", "bridge")
+    state.links.append(net.bridge)
     state.save()
-    _ip("addr", "add", f"{BRIDGE_IP}/24", "dev", BRIDGE)
-    _ip("link", "set", BRIDGE, "up")
-    for node in NODES:
+    _ip("addr", "add", f"{net.bridge_ip}/24", "dev", net.bridge)
+    _ip("link", "set", net.bridge, "up")
+    for node in nodes:
         _ip("netns", "add", node.netns)
         state.netns.append(node.netns)
         state.save()
         _ip("link", "add", node.veth, "type", "veth", "peer", "name", "eth0", "netns", node.netns)
         state.links.append(node.veth)
         state.save()
-        _ip("link", "set", node.veth, "master", BRIDGE, "up")
+        _ip("link", "set", node.veth, "master", net.bridge, "up")
         _ip("-n", node.netns, "link", "set", "lo", "up")
         _ip("-n", node.netns, "addr", "add", f"{node.ip}/24", "dev", "eth0")
         _ip("-n", node.netns, "link", "set", "eth0", "up")
@@ -338,11 +363,14 @@ def write_serve_config(state: ClusterState, model_repository: Path) -> Path:
     return path
 
 
-def serve_deploy(config: Path) -> None:
+def serve_deploy(config: Path, dashboard: str | None = None, token: bool = True) -> None:
+    """``serve deploy config`` to ``dashboard`` (this cluster's head by default), with Ray's token."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     # `serve deploy` talks to the dashboard (RAY_DASHBOARD_ADDRESS / --address, default localhost:8265),
     # not to the GCS address that RAY_ADDRESS names for `serve run`
-    env.update({"RAY_AUTH_MODE": "token", "RAY_DASHBOARD_ADDRESS": dashboard_url("")})
+    env["RAY_DASHBOARD_ADDRESS"] = dashboard or dashboard_url("")
+    if token:
+        env["RAY_AUTH_MODE"] = "token"
     done = subprocess.run(
         [str(BIN / "serve"), "deploy", str(config)], env=env, capture_output=True, text=True, timeout=120
     )
@@ -508,8 +536,18 @@ def down(root: Path = DEFAULT_DIR, log: Any = print) -> None:
     state = ClusterState.load(root)
     # the fixed names too: a state file lost in a crash must not leave namespaces behind
     names = sorted((set(state.netns) | {n.netns for n in NODES}) & existing_netns())
-    inside = _ours(names)
-    _signal(set(state.pids.values()) & inside, signal.SIGTERM)  # ray start ends its node's processes
+    links = [*state.links, *(n.veth for n in NODES), BRIDGE]
+    left = clear_network(names, links, set(state.pids.values()), log)  # ray start ends its node first
+    if not left:
+        shutil.rmtree(root, ignore_errors=True)
+    log(f"cluster down ({len(names)} namespaces removed)")
+
+
+def clear_network(names: list[str], links: list[str], first: set[int], log: Any = print) -> set[int]:
+    """End every process inside namespaces ``names`` by pid (SIGTERM to ``first``, then to what is
+    left, then SIGKILL), then delete the namespaces and ``links``. Returns the pids that outlived
+    SIGKILL (their namespaces are kept)."""
+    _signal(first & _ours(names), signal.SIGTERM)
     left = _wait_gone(names, 10.0)
     _signal(left, signal.SIGTERM)
     left = _wait_gone(names, 5.0)
@@ -520,12 +558,10 @@ def down(root: Path = DEFAULT_DIR, log: Any = print) -> None:
             log(f"keeping namespace {name}: processes {sorted(netns_pids(name) & left)} outlived SIGKILL")
             continue
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
-    for link in [*state.links, *(n.veth for n in NODES), BRIDGE]:
+    for link in links:
         if link_exists(link):
             subprocess.run(["ip", "link", "del", link], capture_output=True)
-    if not left:
-        shutil.rmtree(root, ignore_errors=True)
-    log(f"cluster down ({len(names)} namespaces removed)")
+    return left
 
 
 def kill_node(node: NodeSpec) -> int:
