@@ -5,7 +5,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install serve validate test test-fast test-multinode test-gpu lint bench-peers clean
+.PHONY: install ssh-peers serve validate test test-fast test-multinode test-gpu lint bench-peers clean
 
 $(BIN)/activate:
 	$(PY) -m venv $(VENV)
@@ -13,6 +13,18 @@ $(BIN)/activate:
 install: $(BIN)/activate
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e ".[cpu,dev]"
+	@$(MAKE) -s ssh-peers
+
+# sshd and rsync for `ray up` on Ray's local provider (tests/cluster/test_ray_up_local.py), as root where
+# apt-get is; never fails the install (without them that test skips and says why).
+ssh-peers:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  { [ ! -x /usr/sbin/sshd ] || ! command -v rsync >/dev/null; }; then \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -qq openssh-server rsync >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq openssh-server rsync >/dev/null 2>&1; } || \
+	  echo "openssh-server / rsync not installed: the ray up test will skip"; \
+	fi
 
 # `serve run` with the request-path variables; it ends when make does (SIGTERM to make included).
 serve: install
@@ -27,7 +39,7 @@ test: install lint bench-peers
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not serve"
 
-# Three Ray nodes in network namespaces on this machine (needs root; docs/multinode.md).
+# Ray nodes in network namespaces on this machine, and `ray up` on them (needs root; docs/multinode.md).
 test-multinode: install
 	$(BIN)/python -m pytest -q -m multinode tests/cluster
 
