@@ -81,8 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``triton-serve``; returns the exit status."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["ray-start"]:  # every word after it is ray start's, options first too (--head ...)
+        return serve_cli.ray_start(argparse.Namespace(ray_args=words[1:]))
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(words)
     try:
         return int(args.func(args))
     except ServerError as exc:

@@ -111,6 +111,18 @@ def test_one_command_validates_and_serves() -> None:
     assert parser.parse_args(["ray-start"]).func.__module__ == "deployments.serve.cli"
 
 
+def test_ray_start_passes_every_word_to_ray_start_options_first_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``triton-serve ray-start --head --port=6379`` as the README prints it (argparse alone refused options
+    before the remainder)."""
+    from deployments import cli
+    from deployments.serve import launch
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(launch, "main", lambda words: seen.append(list(words)) or 0)
+    assert cli.main(["ray-start", "--head", "--port=6379", "--disable-usage-stats"]) == 0
+    assert seen == [["ray-start", "--head", "--port=6379", "--disable-usage-stats"]]
+
+
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "deployments", *args],
