@@ -274,6 +274,9 @@ def test_arguments_are_checked_as_tritons_bindings_check_them() -> None:
         {"requested_output_names": None},
         {"requested_output_names": [None]},
         {"correlation_id": None},
+        {"request_id": None},
+        {"model_version": None},
+        {"flags": None},
     ):
         arguments = {"inputs": [x], "model_name": "m", "requested_output_names": ["Y"], **bad}
         with pytest.raises(TypeError):

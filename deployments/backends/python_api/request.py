@@ -58,6 +58,7 @@ class InferenceRequest:
         if preferred_memory is not None and not isinstance(preferred_memory, PreferredMemory):
             raise TritonModelException("preferred_memory must be a pb_utils.PreferredMemory")
         _check_arguments(inputs, requested_output_names, model_name, correlation_id)
+        _check_scalars(request_id=request_id, model_version=model_version, flags=flags, timeout=timeout)
         self._request_id = as_text(request_id)
         self._correlation_id = (
             correlation_id.decode() if isinstance(correlation_id, bytes) else correlation_id
@@ -242,3 +243,10 @@ def _check_arguments(inputs: Any, requested_output_names: Any, model_name: Any, 
         raise TypeError(
             f"InferenceRequest(): 'correlation_id' must be an int or a str, not {type(correlation_id).__name__}"
         )
+
+
+def _check_scalars(**arguments: Any) -> None:
+    """``TypeError`` for a scalar argument given as ``None`` (Triton's bindings take none of them)."""
+    for name, value in arguments.items():
+        if value is None:
+            raise TypeError(f"InferenceRequest(): '{name}' must not be None")
