@@ -323,8 +323,11 @@ class PythonBackend(Backend):
                 yield response
             return
         channel = ResponseChannel(asyncio.get_running_loop())
-        pb_request = InferenceRequest.from_server(request, self._output_names, channel, self._host_inputs)
-        task = asyncio.ensure_future(self._run([pb_request], [channel]))
+        # no reference kept here: once ``execute`` returns, the model alone holds the request (and its
+        # sender, which answers with an error if the model lets go of it before the FINAL flag)
+        pb_requests = [InferenceRequest.from_server(request, self._output_names, channel, self._host_inputs)]
+        task = asyncio.ensure_future(self._run(pb_requests, [channel]))
+        del pb_requests
         try:
             async with contextlib.aclosing(self._responses(request, channel)) as responses:
                 async for response in responses:

@@ -352,3 +352,27 @@ async def test_non_decoupled_model_may_answer_through_the_sender() -> None:
     assert first.final and second.final
     assert backend._instance.closed_sender_refused
     backend.unload()
+
+
+async def test_a_decoupled_request_whose_sender_is_let_go_before_final_ends_with_an_error() -> None:
+    """The model's response thread dies after one response: the stream ends with an error naming the
+    missing final flag instead of waiting for ever (the sender goes with the thread)."""
+    import asyncio
+    import gc
+
+    backend = _python("dying_sender", [spec("IN", "INT32", [1])], [spec("OUT", "INT32", [1])], decoupled=True)
+
+    async def collect() -> list:
+        return [r async for r in backend.stream(request("dying_sender", IN=np.array([1], np.int32)))]
+
+    task = asyncio.ensure_future(collect())
+    for _ in range(100):  # the thread's frame (and the sender in it) is freed when the thread ends
+        if task.done():
+            break
+        gc.collect()
+        await asyncio.sleep(0.02)
+    streamed = await asyncio.wait_for(task, 5)
+    assert int(streamed[0].outputs["OUT"][0]) == 1
+    assert streamed[-1].final and streamed[-1].error is not None
+    assert "without sending the final flag" in streamed[-1].error.message
+    backend.unload()

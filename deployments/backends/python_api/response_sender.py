@@ -11,6 +11,7 @@ answers the request (a FINAL flag may follow it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections import deque
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ from typing import Any
 
 from deployments.backends.python_api.errors import TritonModelException
 from deployments.backends.python_api.response import InferenceResponse
+from repository_loader.errors import InternalError
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 
@@ -29,6 +31,10 @@ FINAL_BEFORE_RESPONSE = (
     "Unable to send response. Non-decoupled model cannot send complete final before sending a response."
 )
 SENDER_CLOSED = "Unable to send response. Response sender has been closed."
+RELEASED_OPEN = (
+    "the model released the request's response sender without sending the final flag "
+    "(TRITONSERVER_RESPONSE_COMPLETE_FINAL); no further response can come"
+)
 
 
 class InferenceResponseSender:
@@ -46,6 +52,17 @@ class InferenceResponseSender:
 
     def is_cancelled(self) -> bool:
         return self._channel.cancelled
+
+    def __del__(self) -> None:
+        # the model let go of its request without the FINAL flag (a response thread that died, a request
+        # dropped): nothing can answer it any more, so its client gets an error instead of waiting forever
+        channel = self.__dict__.get("_channel")
+        if channel is None or channel.closed:
+            return
+        with contextlib.suppress(
+            Exception
+        ):  # the replica's loop is gone (the process ends): no client either
+            channel.fail(InternalError(RELEASED_OPEN))
 
 
 class ResponseChannel:
