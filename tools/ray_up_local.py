@@ -9,8 +9,8 @@ behaves as a machine of its own: its own PID namespace (``ray down`` runs ``ray 
 head, which ends every Ray process it can see), its own ``/root``, ``/tmp`` and ``/run`` (bind
 mounts in its own mount namespace, from the cluster's folder), the checkout linked at
 ``~/triton-ray-serve``, and an ``sshd`` on its address that lets root in with a key made for
-the cluster. Then it writes ``examples/cluster_local.yaml`` with the cluster's addresses and
-key, runs ``ray up`` on it (the head's autoscaler starts the workers over SSH), waits for
+the cluster. Then it fills a copy of ``examples/cluster_local.yaml`` in the cluster's folder with
+the cluster's addresses and key, runs ``ray up`` on it (the head's autoscaler starts the workers over SSH), waits for
 every node, runs ``ray exec <yaml> 'ray status'``, ``serve deploy``s the example repository
 to the head's dashboard and waits until every node's ingress answers for the models.
 
