@@ -222,3 +222,61 @@ async def test_a_direct_batchs_padding_counts_in_its_batch_size_not_in_the_infer
         assert sorted(int(b["batch_size"]) for b in stats["batch_stats"]) == [1, 2, 3]
     finally:
         await runtime.close()
+
+
+ITERATIVE_PY = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Runs each sequence over two executions: the first reschedules its request, the second answers
+    IN + the executions its sequence ID has seen (2; more where two requests shared an ID)."""
+
+    def initialize(self, args):
+        self.executions = {}
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            key = request.correlation_id()
+            self.executions[key] = self.executions.get(key, 0) + 1
+            if self.executions[key] == 1:
+                request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+                responses.append(None)
+                continue
+            x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            out = (x + self.executions[key]).astype(x.dtype)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out)]))
+        return responses
+'''
+
+
+async def test_an_iterative_sequence_runs_a_request_again_until_the_model_answers(tmp_path: Path) -> None:
+    """``iterative_sequence: true`` through the model runtime: requests without a sequence ID each become
+    a sequence of their own (one ID each), which the model reschedules once and then answers."""
+    from deployments.runtime.model import ModelRuntime
+
+    folder = tmp_path / "iterative"
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.py").write_text(ITERATIVE_PY)
+    text = """
+name: "iterative"
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+sequence_batching { iterative_sequence: true }
+"""
+    runtime = ModelRuntime(from_text(text, folder))  # type: ignore[arg-type]
+    await runtime.load()
+    try:
+        for value in (1, 5):
+            request = InferRequest(model_name="iterative", inputs={"IN": np.array([value], dtype=np.int32)})
+            response = await runtime.infer(request)
+            assert response.error is None, response.error
+            assert response.outputs["OUT"].tolist() == [value + 2]  # rescheduled once, its own sequence
+        stats = runtime.statistics()[0]
+        assert stats["inference_stats"]["success"]["count"] == 2
+    finally:
+        await runtime.close()
