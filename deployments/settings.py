@@ -217,6 +217,14 @@ class ServerSettings:
     # Triton's --http/--grpc-header-forward-pattern: matching headers become request parameters ("": none)
     http_header_forward_pattern: str = ""
     grpc_header_forward_pattern: str = ""
+    # Triton's log flags, applied in every replica: --log-verbose (0: off), --log-info/-warning/-error,
+    # --log-format (default | ISO8601), --log-file (append there instead of standard error)
+    log_verbose: int = 0
+    log_info: bool = True
+    log_warning: bool = True
+    log_error: bool = True
+    log_format: str = "default"
+    log_file: str = ""
     response_cache_bytes: int | None = None  # the local response cache of each replica process (None: off)
     model_hosts: int = 0  # replicas of the shared model host (docs/hosts.md); 0: every model its own
     model_host_cpus: float = 0.5  # CPUs each model host replica asks Ray for
@@ -311,6 +319,11 @@ class ServerSettings:
             "allow_model_file_upload": _flag(args, "allow_model_file_upload", False),
             "http_restricted_api": parse_restricted(args.get("http_restricted_api")),
             "grpc_restricted_api": parse_restricted(args.get("grpc_restricted_api")),
+            "log_info": _flag(args, "log_info", True),
+            "log_warning": _flag(args, "log_warning", True),
+            "log_error": _flag(args, "log_error", True),
+            "log_format": _log_format(args.get("log_format")),
+            "log_file": str(args.get("log_file") or ""),
             "http_header_forward_pattern": _pattern(args, "http_header_forward_pattern"),
             "grpc_header_forward_pattern": _pattern(args, "grpc_header_forward_pattern"),
             "access_log": _flag(args, "access_log", False),
@@ -331,6 +344,7 @@ class ServerSettings:
         }
         for name, kind in (
             ("repository_poll_secs", float),
+            ("log_verbose", int),
             ("http_host", str),
             ("http_port", int),
             ("metrics_port", int),
@@ -370,6 +384,12 @@ class ServerSettings:
             "allow_model_file_upload": self.allow_model_file_upload,
             "http_restricted_api": [r.to_text() for r in self.http_restricted_api],
             "grpc_restricted_api": [r.to_text() for r in self.grpc_restricted_api],
+            "log_verbose": self.log_verbose,
+            "log_info": self.log_info,
+            "log_warning": self.log_warning,
+            "log_error": self.log_error,
+            "log_format": self.log_format,
+            "log_file": self.log_file,
             "http_header_forward_pattern": self.http_header_forward_pattern,
             "grpc_header_forward_pattern": self.grpc_header_forward_pattern,
             "access_log": self.access_log,
@@ -417,6 +437,12 @@ _ARG_NAMES = {
     "grpc_restricted_api",
     "http_header_forward_pattern",
     "grpc_header_forward_pattern",
+    "log_verbose",
+    "log_info",
+    "log_warning",
+    "log_error",
+    "log_format",
+    "log_file",
     "access_log",
     "http_host",
     "http_port",
@@ -512,3 +538,11 @@ def compile_header_pattern(text: str) -> re.Pattern[str] | None:
     if text.startswith(_CASE_SENSITIVE):
         return re.compile(text[len(_CASE_SENSITIVE) :])
     return re.compile(text, re.IGNORECASE)
+
+
+def _log_format(value: Any) -> str:
+    """Triton's ``--log-format``: ``default`` or ``ISO8601``."""
+    text = str(value or "default")
+    if text not in ("default", "ISO8601"):
+        raise SettingsError(f"log_format must be 'default' or 'ISO8601', not '{text}'")
+    return text

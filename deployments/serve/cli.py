@@ -59,6 +59,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="the same for gRPC, checked on the request metadata",
     )
     p.add_argument(
+        "--log-verbose", type=int, default=None, metavar="LEVEL", help="Triton's: >0 logs verbose lines"
+    )
+    for level in ("info", "warning", "error"):
+        p.add_argument(
+            f"--log-{level}", default=None, metavar="BOOL", help=f"Triton's: log {level} lines (true)"
+        )
+    p.add_argument(
+        "--log-format", default=None, choices=("default", "ISO8601"), help="Triton's log line format"
+    )
+    p.add_argument("--log-file", default=None, metavar="PATH", help="append the log there instead of stderr")
+    p.add_argument(
         "--http-header-forward-pattern",
         default="",
         metavar="REGEX",
@@ -150,6 +161,12 @@ def server_args(args: argparse.Namespace) -> dict[str, Any]:
         "allow_model_file_upload": args.allow_model_file_upload,
         "http_restricted_api": args.http_restricted_api,
         "grpc_restricted_api": args.grpc_restricted_api,
+        "log_verbose": args.log_verbose,
+        "log_info": args.log_info,
+        "log_warning": args.log_warning,
+        "log_error": args.log_error,
+        "log_format": args.log_format,
+        "log_file": args.log_file,
         "http_header_forward_pattern": args.http_header_forward_pattern,
         "grpc_header_forward_pattern": args.grpc_header_forward_pattern,
         "model_config_name": args.model_config_name,

@@ -28,3 +28,45 @@ def test_server_errors_and_model_lines_go_to_the_real_stderr() -> None:
     assert sum("ValueError: boom" in line for line in lines) == 1, lines
     assert lines[0].startswith("E") and "not at INFO" not in done.stderr
     assert sum("model line" in line for line in lines) == 1
+
+
+def test_tritons_log_flags_choose_the_levels_the_form_and_the_file(tmp_path) -> None:
+    """--log-verbose shows the models' verbose lines and the server's debug lines; --log-info=false hides
+    INFO; --log-format=ISO8601 and --log-file change the form and the place, as in tritonserver."""
+    log = tmp_path / "server.log"
+    script = textwrap.dedent(
+        f"""
+        import logging
+        import triton_python_backend_utils as pb_utils
+        from deployments.backends.python_api.logger import LogOptions, log_to_stderr
+        from deployments.settings import ServerSettings
+
+        settings = ServerSettings.from_args(
+            {{"model_repository": "{tmp_path}", "log_verbose": 1, "log_format": "ISO8601", "log_file": "{log}"}}
+        )
+        log_to_stderr(LogOptions.from_settings(settings))
+        pb_utils.Logger.log_verbose("verbose line")
+        logging.getLogger("deployments.runtime").debug("server debug line")
+        log_to_stderr(LogOptions(info=False))
+        pb_utils.Logger.log_info("hidden info line")
+        pb_utils.Logger.log_warn("shown warning line")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    written = log.read_text()
+    assert "verbose line" in written and "server debug line" in written
+    assert written.splitlines()[0][:4].isdigit() and "T" in written.splitlines()[0][:20]  # 2026-11-26T...
+    assert "hidden info line" not in done.stderr and "shown warning line" in done.stderr
+    assert done.stderr.lstrip().startswith("W")  # Triton's default form: the level's letter first
+
+
+def test_the_log_flags_are_checked_at_start(tmp_path) -> None:
+    import pytest
+
+    from deployments.settings import ServerSettings, SettingsError
+
+    settings = ServerSettings.from_args({"model_repository": str(tmp_path), "log_info": "false"})
+    assert not settings.log_info and settings.to_args()["log_info"] is False
+    with pytest.raises(SettingsError, match="log_format must be 'default' or 'ISO8601'"):
+        ServerSettings.from_args({"model_repository": str(tmp_path), "log_format": "json"})
