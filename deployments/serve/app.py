@@ -385,6 +385,10 @@ def _same_shape(a: tuple[DeploymentEntry, ...], b: tuple[DeploymentEntry, ...]) 
     ray_actor_options={"num_cpus": 0.05},
     max_ongoing_requests=1000,
     max_constructor_retry_count=1,
+    # a dead server replica is found within a second (Serve's default: 10 s), as a model replica is:
+    # /v2 answers 503 from then until the new one has adopted what runs
+    health_check_period_s=1.0,
+    health_check_timeout_s=10.0,
 )
 @serve.ingress()
 class ServerDeployment:
