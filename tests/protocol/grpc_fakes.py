@@ -40,9 +40,9 @@ class StreamingFakeDataPlane(FakeDataPlane):
         if model.ready:
             check(ModelSchema.from_description(model.description), request)
         if model.description.name == "echo_slow":
-            # at least 2 ms: gRPC's deadline timer has about a millisecond of slack, so an answer in
-            # under one could beat a 10 us deadline (the deadline test failed that way at random)
-            await asyncio.sleep(random.uniform(0.002, 0.01))
+            # 2 to 10 ms, or the request's ``delay_s``: a test that needs its deadline to pass first asks
+            # for a second (a loaded machine's client timer fired after a 10 ms answer, at random)
+            await asyncio.sleep(float(request.parameters.get("delay_s", random.uniform(0.002, 0.01))))
         return await super().infer(request)
 
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:

@@ -465,7 +465,7 @@ def test_a_call_past_its_deadline_is_deadline_exceeded_and_the_next_one_is_answe
     client = grpcclient.InferenceServerClient(url)
     x = [int_input("X", [1, 2, 3], "INT64")]
     with pytest.raises(InferenceServerException) as error:
-        client.infer("echo_slow", x, client_timeout=1e-5)
+        client.infer("echo_slow", x, client_timeout=1e-5, parameters={"delay_s": 1.0})
     assert status_of(error.value) == "StatusCode.DEADLINE_EXCEEDED"
     for _ in range(3):
         assert client.infer("echo_slow", x, client_timeout=30).as_numpy("Y").tolist() == [1, 2, 3]
