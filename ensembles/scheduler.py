@@ -28,6 +28,7 @@ from repository_loader.errors import InternalError, ServerError, error_for_code
 from repository_loader.model import ModelDescription
 
 Tensor = Any
+ABSENT: Any = object()  # an ensemble tensor its step did not send (an optional output left out)
 
 
 @dataclass(frozen=True)
@@ -136,11 +137,12 @@ class EnsembleScheduler:
             return response
         ensemble = self.graph.ensemble
         batching = request_batch_size(ensemble, request.inputs) != 0
-        response.outputs = {
+        response.outputs = {  # an output no step sent is left out, as Triton leaves it out
             name: fit_batching(
                 tensors[name], _dims(ensemble, name, output=True), batching, batches.get(name, 0)
             )
             for name in outputs
+            if tensors.get(name, ABSENT) is not ABSENT
         }
         return response
 
@@ -204,7 +206,9 @@ class EnsembleScheduler:
             response = await self._call(step, sub)
             if response.error is not None:
                 raise response.error
-            produced = {step.output_map[name]: _output(response, name) for name in wanted}
+            # an output the step did not send stays absent (Triton's placeholder): a later step may take
+            # it as an optional input; one that requires it fails on its own input check
+            produced = {step.output_map[name]: response.outputs.get(name, ABSENT) for name in wanted}
             batches.update((tensor, made_with) for tensor in produced)
             success = True
             return produced
@@ -226,7 +230,7 @@ class EnsembleScheduler:
         inputs = {}
         batching = step.model.max_batch_size > 0
         for step_input, tensor in step.input_map.items():
-            if tensor in tensors:
+            if tensors.get(tensor, ABSENT) is not ABSENT:
                 value = fit_batching(
                     tensors[tensor], _dims(step.model, step_input), batching, batches.get(tensor, 0)
                 )
@@ -273,13 +277,6 @@ class EnsembleScheduler:
 def _dims(model: ModelDescription, name: str, output: bool = False) -> Sequence[int]:
     spec = model.output(name) if output else model.input(name)
     return spec.dims if spec is not None else ()
-
-
-def _output(response: InferResponse, name: str) -> Tensor:
-    try:
-        return response.outputs[name]
-    except KeyError:
-        raise InternalError(f"output '{name}' is missing from the response") from None
 
 
 async def _cancel(running: Mapping[asyncio.Task[Any], StepNode]) -> None:

@@ -132,12 +132,20 @@ async def test_unexpected_exception_and_missing_output_are_internal_errors() -> 
     response = await EnsembleScheduler(diamond_graph(), ex).infer(request())
     assert isinstance(response.error, InternalError)
     assert response.error.message.startswith("in ensemble 'diamond', step 'pre': IndexError")
+
+
+async def test_an_output_a_step_does_not_send_is_absent_as_in_triton() -> None:
+    """Triton's placeholder: a requested ensemble output no step sent is left out of the response; a
+    later step that reads the missing tensor runs without it (an optional input) or fails its own check."""
     ex = executor(left=lambda i: {"WRONG": i["X"]})
-    response = await EnsembleScheduler(diamond_graph(), ex).infer(request(["LEFT"]))
-    assert (
-        response.error.message
-        == "in ensemble 'diamond', step 'left': output 'Y' is missing from the response"
-    )
+    response = await EnsembleScheduler(diamond_graph(), ex).infer(request(["LEFT", "RIGHT"]))
+    assert response.error is None and list(response.outputs) == ["RIGHT"]
+    assert [c.inputs for c in ex.called("join")] == []  # not needed for LEFT and RIGHT
+    response = await EnsembleScheduler(diamond_graph(), ex).infer(request(["OUTPUT"]))
+    (join,) = ex.called("join")
+    assert "A" not in join.inputs and "B" in join.inputs  # the step got what exists, nothing in its place
+    assert isinstance(response.error, InternalError)  # this fake's join needs A: its KeyError is the step's
+    assert response.error.message.startswith("in ensemble 'diamond', step 'join': KeyError")
 
 
 def test_ensemble_requests_meet_the_one_request_check() -> None:
