@@ -64,14 +64,18 @@ SSH_OPTIONS = [
 # where pyenv installs it) bound in; its own /tmp and /run (sshd's privilege separation folder is
 # /run/sshd); then sshd in the foreground.
 BOOT = """set -e
-folder=$1 home=$2
-shift 2
+folder=$1 home=$2 root=$3
+shift 3
+mkdir -p "$folder/checkout"
+mount --bind "$root" "$folder/checkout"
 for keep in "$@"; do
   mkdir -p "$folder/home${{keep#"$home"}}"
   mount --bind "$keep" "$folder/home${{keep#"$home"}}"
 done
 mount --rbind "$folder/home" "$home"
 mount --bind "$folder/tmp" /tmp
+mkdir -p "$root"
+mount --bind "$folder/checkout" "$root"
 mount -t tmpfs -o mode=755 tmpfs /run
 mkdir -m 755 /run/sshd
 exec {sshd} -D -e -f "$folder/sshd_config"
@@ -183,7 +187,9 @@ def start_sshd(node: NodeSpec, state: LocalState, keys: Path) -> None:
     folder = prepare_node(node, Path(state.dir), keys)
     home = Path(pwd.getpwnam("root").pw_dir)
     keep = [str(p) for p in kept_in_home(home)]
-    boot = ["sh", "-c", BOOT.format(sshd=SSHD), "boot", str(folder), str(home), *keep]
+    # the checkout stays at its own path in the node (under a /tmp or /root the node hides too): its
+    # virtualenv's scripts and its editable install name it by that path
+    boot = ["sh", "-c", BOOT.format(sshd=SSHD), "boot", str(folder), str(home), str(ROOT), *keep]
     log = open(folder / "sshd.log", "ab")  # noqa: SIM115 (the child holds it)
     proc = subprocess.Popen(
         ["ip", "netns", "exec", node.netns, "unshare", "--pid", "--fork", "--mount-proc", *boot],
