@@ -130,13 +130,14 @@ class EnsembleScheduler:
         )
         try:
             outputs = request.output_names(self.graph.output_names)
-            batches: dict[str, int] = {}
+            batch_size = request_batch_size(self.graph.ensemble, request.inputs)
+            batches: dict[str, int] = dict.fromkeys(request.inputs, batch_size)
             tensors = await self._run(self._plan(outputs), request, outputs, batches)
         except ServerError as error:
             response.error = error
             return response
         ensemble = self.graph.ensemble
-        batching = request_batch_size(ensemble, request.inputs) != 0
+        batching = batch_size != 0
         response.outputs = {  # an output no step sent is left out, as Triton leaves it out
             name: fit_batching(
                 tensors[name], _dims(ensemble, name, output=True), batching, batches.get(name, 0)
@@ -155,10 +156,9 @@ class EnsembleScheduler:
     async def _run(
         self, graph: EnsembleGraph, request: InferRequest, outputs: list[str], batches: dict[str, int]
     ) -> dict[str, Tensor]:
-        """Every tensor the requested ``outputs`` need; ``batches`` gets each one's batch size."""
+        """Every tensor the requested ``outputs`` need; ``batches`` (the inputs' batch size given) gets each
+        produced one's."""
         tensors: dict[str, Tensor] = dict(request.inputs)
-        batch_size = request_batch_size(graph.ensemble, request.inputs)
-        batches.update((name, batch_size) for name in tensors)
         needed = set(outputs).union(*(s.consumes for s in graph.steps))
         pending = {s.index: s for s in graph.steps}
         running: dict[asyncio.Task[dict[str, Tensor]], StepNode] = {}
