@@ -35,6 +35,13 @@ RawReply = tuple[int, Headers, bytes]
 FORWARDED = b"x-triton-sequence-owner"
 """Set on a request sent on to a sequence's owner (value: the owner's rank): it runs where it lands."""
 
+REPLICA_SNAPSHOT = b"x-triton-replica-snapshot"
+"""Set on a sibling's request for a replica's own counts now (its statistics and metrics, not summed
+with other replicas'). HAProxy removes both headers from client requests."""
+
+INTERNAL_HEADERS = (FORWARDED, REPLICA_SNAPSHOT)
+"""Headers only replicas set on their calls to each other."""
+
 
 class Runner(Protocol):
     """A model this process runs (``deployments.runtime.model.ModelRuntime``)."""
@@ -215,11 +222,13 @@ async def _one(executor: ModelExecutor, request: InferRequest) -> AsyncGenerator
 
 __all__ = [
     "FORWARDED",
+    "INTERNAL_HEADERS",
     "OwnerCalls",
     "Placement",
     "Ranks",
     "RawReply",
     "RawRequest",
+    "REPLICA_SNAPSHOT",
     "Router",
     "Runner",
     "Where",

@@ -544,14 +544,17 @@ class ServerDeployment:
         return text + render_model_hosts(hosts)
 
     async def _model_metrics(self, name: str) -> list[dict[str, Any]]:
-        """The model's snapshots by replica: those pushed, with the one replica asked now replacing its own
-        (a single replica's counters are then current; others are at most a push interval old)."""
+        """The model's snapshots by replica: each replica's counts asked now, and the last push of a
+        replica that does not answer (one that is busy, restarting, or died: its counts stay counted)."""
         snapshots = dict(self._metrics.get(name, {}))
         if name not in self.deployer.pooled:  # a pooled model has no replica of its own: its hosts push
             try:
-                client = self._models.client(name)
-                fresh = await asyncio.wait_for(client.metrics_snapshot(), METRICS_ASK_TIMEOUT_S)
-                snapshots[fresh.get("replica", "")] = fresh
+                fresh = await self._models.replica_snapshots(name)
+                if not fresh:  # no direct lane: one replica through its deployment handle
+                    client = self._models.client(name)
+                    one = await asyncio.wait_for(client.metrics_snapshot(), METRICS_ASK_TIMEOUT_S)
+                    fresh = {one.get("replica", ""): one}
+                snapshots.update(fresh)
             except Exception as exc:  # a replica restarting or busy: its last push stands for it
                 logger.debug("metrics of model '%s' not asked: %s", name, exc)
         hosted = [{"stats": s} for key, s in self._stats.get(name, {}).items() if is_hosted_key(key)]
@@ -576,14 +579,22 @@ class ServerDeployment:
             return False
 
     def cluster_stats(
-        self, model: str, replica: str, snapshot: list[dict[str, Any]], remember: bool = True
+        self,
+        model: str,
+        replica: str,
+        snapshot: list[dict[str, Any]],
+        remember: bool = True,
+        siblings: dict[str, list[dict[str, Any]]] | None = None,
     ) -> list[dict[str, Any]]:
-        """``snapshot`` summed with everything else held for ``model``; ``remember`` keeps it (replicas
-        that push every second), a single replica's is used for this answer only."""
+        """``snapshot`` summed with everything else held for ``model``, where ``siblings`` (replica id
+        -> statistics, asked just now) stand in for those replicas' pushes; ``remember`` keeps them
+        (replicas that push every second), a single replica's is used for this answer only."""
+        fresh = {**(siblings or {}), replica: snapshot}
         if remember:
-            self.report_stats(model, replica, snapshot)
-        others = [s for key, s in self._stats.get(model, {}).items() if key != replica]
-        return merge_snapshots([snapshot, *others])
+            for key, stats in fresh.items():
+                self.report_stats(model, key, stats)
+        held = {key: s for key, s in self._stats.get(model, {}).items() if key not in fresh}
+        return merge_snapshots([*fresh.values(), *held.values()])
 
     def sequence_register(self, model: str, rank: int, member: Member) -> None:
         """A replica of a stateful model: which replica holds its rank (application, actor name)."""

@@ -399,6 +399,21 @@ def route_model_hosts(lines: list[str]) -> list[str]:
     return out
 
 
+def strip_internal_headers(lines: list[str]) -> list[str]:
+    """``lines`` with the headers replicas set on their calls to each other
+    (``deployments.runtime.router.INTERNAL_HEADERS``) removed from every client request: a client
+    cannot pose as a sequence's owner or ask one replica for its own counts."""
+    from deployments.runtime.router import INTERNAL_HEADERS
+    from deployments.serve.hooks import GRPC_FRONTEND
+
+    out = list(lines)
+    for name in ("http_frontend", GRPC_FRONTEND):
+        found = _frontend(out, name)
+        if found is not None:
+            out[found[0] : found[0]] = [f"    http-request del-header {h.decode()}" for h in INTERNAL_HEADERS]
+    return out
+
+
 ROUTING_PATH = "/v2/-/routing"
 """Where the server application says how HAProxy balances each model (:func:`fetch_routing_slots`)."""
 ROUTING_TIMEOUT_S = 2.0
@@ -521,7 +536,7 @@ def rewrite(text: str, error_dir: Path, slots: dict[str, int] | None = None) -> 
         return text
     lines = route_model_hosts(route_grpc_by_model(merge_group_backends(text.splitlines())))
     lines = concentrate_batching_models(lines, fetch_routing_slots(lines) if slots is None else slots)
-    lines = raise_connection_limit(add_request_timeout(lines))
+    lines = strip_internal_headers(raise_connection_limit(add_request_timeout(lines)))
     host = frontend_host(lines)
     out = []
     for line in lines:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -19,11 +20,11 @@ from deployments.protocol.http import ModelHTTPApp
 from deployments.replica import replica_dataplane
 from deployments.runtime import batch_execute, response_cache
 from deployments.runtime.model import ModelRuntime
-from deployments.runtime.router import Ranks, Router
+from deployments.runtime.router import REPLICA_SNAPSHOT, Ranks, Router
 from deployments.runtime.stats import PushGate
 from deployments.serve import grpc_ingress, hooks, ingress, ray_metrics, reloads
 from deployments.serve.devices import pin_replica_gpu
-from deployments.serve.names import hosted_key, model_app_name, model_route
+from deployments.serve.names import hosted_key, model_app_name, model_route, stats_path
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory
 from deployments.serve.response_writes import coalesce_response_writes
 from deployments.serve.server_api import ServerClient
@@ -85,6 +86,7 @@ class ModelDeployment:
         self._directory = ReplicaDirectory(self.server)
         self._calls = ReplicaCalls(self._directory)
         remote = RemoteModels(calls=self._calls if settings.direct_routes else None, server=self.server)
+        self._remote = remote
         self._ranks: Ranks | None = None
         sequences = model.sequence_batching is not None and not model.sequence_batching.iterative
         if sequences and replicas > 1 and context is not None:
@@ -118,7 +120,8 @@ class ModelDeployment:
         # a later instance group's replica answers the model's routes only directly: Serve would refuse
         # them as outside its own application's route
         own_group = context is None or context.app_name == model_app_name(model.name)
-        ingress.serve_directly(self._route, self._app, enabled=settings.direct_routes or not own_group)
+        self._asgi = self._answering_snapshots(self._app)
+        ingress.serve_directly(self._route, self._asgi, enabled=settings.direct_routes or not own_group)
         self._app.restricted = settings.http_restricted_api
         self._app.header_forward = compile_header_pattern(settings.http_header_forward_pattern)
         self._kind = kind
@@ -130,7 +133,28 @@ class ModelDeployment:
             grpc_ingress.serve_grpc(dataplane, grpc_ingress.grpc_options(settings))
 
     def __serve_build_asgi_app__(self) -> Any:
-        return self._app
+        return self._asgi
+
+    def _answering_snapshots(self, app: Any) -> Any:
+        """``app``, with a sibling's request for this replica's own counts answered before it: a
+        statistics or metrics read sums every replica's counts as they are at that moment."""
+
+        path = stats_path(self.model.name)
+
+        async def asgi(scope: Any, receive: Any, send: Any) -> None:
+            if (
+                scope["type"] == "http"
+                and scope["path"] == path
+                and any(k == REPLICA_SNAPSHOT for k, _ in scope["headers"])
+            ):
+                body = json.dumps(self.metrics_snapshot()).encode()
+                headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return
+            await app(scope, receive, send)
+
+        return asgi
 
     async def _publish_rank(self, app: str, timeout_s: float = 120.0) -> None:
         """Register which replica holds this rank (docs/sequence.md), once the server answers."""
@@ -273,11 +297,23 @@ class ModelDeployment:
                 logger.debug("stats push failed: %s", exc)
 
     async def _cluster_stats(self, name: str, version: str) -> dict[str, Any]:
-        """This replica's statistics summed with what the server holds for the model (other replicas,
-        copies hosted by ensembles); this replica's alone where the server does not answer."""
+        """This replica's statistics summed with those of the model's other replicas, asked now (what a
+        replica that does not answer pushed last stands for it), and copies hosted by ensembles; this
+        replica's alone where the server does not answer."""
+        import ray
+
+        siblings = await self._remote.replica_snapshots(
+            name, skip=ray.get_runtime_context().get_actor_name() or ""
+        )
         own = self.stats_snapshot()
         try:
-            merged = await self.server.cluster_stats(name, self.replica_id, own, remember=True)
+            merged = await self.server.cluster_stats(
+                name,
+                self.replica_id,
+                own,
+                remember=True,
+                siblings={replica: snapshot["stats"] for replica, snapshot in siblings.items()},
+            )
         except Exception as exc:
             logger.warning("statistics of other replicas unavailable: %s", exc)
             merged = own

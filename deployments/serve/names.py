@@ -25,6 +25,11 @@ def is_hosted_key(key: str) -> bool:
     return HOSTED_MARK in key
 
 
+def stats_path(model: str) -> str:
+    """The path of ``model``'s statistics, where a sibling also asks a replica for its own counts."""
+    return f"{model_route(model)}/stats"
+
+
 __all__ = [
     "HOSTED_MARK",
     "MODEL_DEPLOYMENT",
@@ -36,4 +41,5 @@ __all__ = [
     "is_hosted_key",
     "model_app_name",
     "model_route",
+    "stats_path",
 ]

@@ -35,10 +35,10 @@ from urllib.parse import quote
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.codec import HEADER_LENGTH, decode_infer_response, encode_infer_request
 from deployments.protocol.dataplane import empty_model_statistics, model_metadata_document
-from deployments.runtime.router import FORWARDED, RawReply, RawRequest, owner_rank
+from deployments.runtime.router import FORWARDED, REPLICA_SNAPSHOT, RawReply, RawRequest, owner_rank
 from deployments.runtime.stats import merge_snapshots
 from deployments.serve import hooks
-from deployments.serve.names import is_hosted_key, model_app_name
+from deployments.serve.names import is_hosted_key, model_app_name, stats_path
 from deployments.serve.server_api import (
     GroupApps,
     Member,
@@ -53,6 +53,7 @@ from repository_loader.model import ModelDescription
 logger = logging.getLogger("ray.serve")
 
 TARGETS_TTL_S = 5.0
+SNAPSHOT_TIMEOUT_S = 1.0  # how long a statistics or metrics read waits for a sibling replica's counts
 OWNER_WAIT_S = 3.0  # how long a registered sequence owner may be missing from Serve's targets
 GROUP_APPS_REFRESH_S = 30.0  # how long a model replica trusts what the server said of a model's groups
 GROUP_APPS_ASK_TIMEOUT_S = 2.0  # the server may be starting (its constructor deploys the models)
@@ -224,7 +225,41 @@ class ReplicaCalls:
     def _least_loaded(self, addresses: list[Address]) -> Address:
         return min(addresses, key=lambda a: self.in_flight.get(a, 0))
 
-    async def _post(self, address: Address, path: str, headers: dict[str, str], body: bytes) -> RawReply:
+    async def snapshots(
+        self, apps: list[str], path: str, skip: str = "", timeout_s: float | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """The own counts of every replica of ``apps`` but actor ``skip`` (the caller), by replica id,
+        asked at ``path`` at once; a replica that does not answer within ``timeout_s`` (default
+        :data:`SNAPSHOT_TIMEOUT_S`) is left out."""
+        timeout_s = SNAPSHOT_TIMEOUT_S if timeout_s is None else timeout_s
+        addresses = [
+            address
+            for app in apps
+            for actor, address in (await self.directory.targets(app)).items()
+            if actor != skip
+        ]
+        replies = await asyncio.gather(*(self._snapshot(a, path, timeout_s) for a in addresses))
+        return {str(reply["replica"]): reply for reply in replies if reply is not None}
+
+    async def _snapshot(self, address: Address, path: str, timeout_s: float) -> dict[str, Any] | None:
+        import aiohttp
+
+        url = f"http://{address[0]}:{address[1]}{path}"
+        try:
+            async with self._client().get(
+                url,
+                headers={REPLICA_SNAPSHOT.decode(): "1"},
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+            ) as resp:
+                if resp.status != 200:
+                    return None
+                found = await resp.json(content_type=None)
+        except Exception as exc:  # gone, starting or busy: its last push stands for it
+            logger.debug("replica at %s:%d gave no counts: %s", address[0], address[1], exc)
+            return None
+        return found if isinstance(found, dict) and "replica" in found else None
+
+    def _client(self) -> Any:
         import aiohttp
 
         if self._session is None:
@@ -235,10 +270,15 @@ class ReplicaCalls:
                 auto_decompress=False,
                 skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
             )
+        return self._session
+
+    async def _post(self, address: Address, path: str, headers: dict[str, str], body: bytes) -> RawReply:
+        import aiohttp
+
         url = f"http://{address[0]}:{address[1]}{path}"
         try:
             with counting(self.in_flight, address):
-                async with self._session.post(url, data=body, headers=headers) as resp:
+                async with self._client().post(url, data=body, headers=headers) as resp:
                     out = await resp.read()
                     returned = [
                         (k.lower().encode(), resp.headers[k].encode("latin-1"))
@@ -350,6 +390,16 @@ class RemoteModels:
         self._groups[model] = (apps, now)
         return apps
 
+    async def replica_snapshots(self, model: str, skip: str = "") -> dict[str, dict[str, Any]]:
+        """What each replica of ``model`` (every instance group) counts now, by replica id: its
+        ``ModelDeployment.metrics_snapshot()``, statistics included, asked over the replicas' own HTTP
+        ports. ``skip``: the calling replica's actor name. Empty without that lane; a replica that
+        does not answer is left out (what it pushed last stands for it)."""
+        if self.calls is None:
+            return {}
+        apps = [app for app, _ in await self._group_apps(model)]
+        return await self.calls.snapshots(apps, stats_path(model), skip)
+
     async def _pick(self, model: str, correlation_id: int | str = 0) -> tuple[str, ReplicaClient]:
         app = self.picker.pick(await self._group_apps(model), correlation_id)
         return app, self.client(model, app)
@@ -435,8 +485,9 @@ class ServedElsewhere:
     """A :class:`~deployments.protocol.dataplane.ServedModel` whose replicas run in their own
     applications, as the server application's registry holds it.
 
-    Metadata and configuration come from the description the server holds; statistics are those
-    the replicas pushed (several replicas, copies hosted by ensembles), else asked of one replica.
+    Metadata and configuration come from the description the server holds; statistics are each
+    replica's counts asked now (what a replica that does not answer pushed last stands for it), and
+    those of copies hosted by ensembles.
     """
 
     def __init__(
@@ -478,11 +529,14 @@ class ServedElsewhere:
 
     async def statistics(self, version: str = "") -> list[dict[str, Any]]:
         served = {str(v) for v in self._version(version)}
-        own = [s for key, s in self._pushed.items() if not is_hosted_key(key)]
+        own = {key: s for key, s in self._pushed.items() if not is_hosted_key(key)}
         hosted = [s for key, s in self._pushed.items() if is_hosted_key(key)]
-        if not own and self._ask_replica:
-            own = [await self._models.client(self.description.name).stats_snapshot()]
-        merged = merge_snapshots(own + hosted) or [
+        if self._ask_replica:  # each replica's counts now where it answers, its last push where not
+            fresh = await self._models.replica_snapshots(self.description.name)
+            own.update({replica: snapshot["stats"] for replica, snapshot in fresh.items()})
+            if not own:
+                own[""] = await self._models.client(self.description.name).stats_snapshot()
+        merged = merge_snapshots([*own.values(), *hosted]) or [
             empty_model_statistics(self.description.name, str(v)) for v in self.description.versions
         ]
         return [s for s in merged if s["version"] in served]

@@ -89,10 +89,15 @@ class ServerClient:
         await self._call(self.handle.report_metrics, model, replica, snapshot)
 
     async def cluster_stats(
-        self, model: str, replica: str, snapshot: list[dict[str, Any]], remember: bool = True
+        self,
+        model: str,
+        replica: str,
+        snapshot: list[dict[str, Any]],
+        remember: bool = True,
+        siblings: dict[str, list[dict[str, Any]]] | None = None,
     ) -> list[dict[str, Any]]:
         found: list[dict[str, Any]] = await self._call(
-            self.handle.cluster_stats, model, replica, snapshot, remember
+            self.handle.cluster_stats, model, replica, snapshot, remember, siblings
         )
         return found
 

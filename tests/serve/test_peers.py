@@ -228,3 +228,79 @@ def test_a_registered_owner_missing_from_serves_targets_is_waited_for_then_given
         assert loop.time() - started >= 1.0
 
     asyncio.run(scenario())
+
+
+def test_each_replicas_own_counts_are_asked_at_once_and_a_silent_one_is_left_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``RemoteModels.replica_snapshots``: every replica of every instance group but the caller is asked
+    at the model's statistics path with the internal header; one that fails, refuses or does not answer
+    within the timeout is left out, so what it pushed last stands for it."""
+    from aiohttp import web
+
+    from deployments.runtime.router import REPLICA_SNAPSHOT
+    from deployments.serve import peers
+
+    asked: list[tuple[str, str | None]] = []
+
+    def replica(name: str, status: int = 200, delay_s: float = 0.0) -> web.Application:
+        async def answer(request: web.Request) -> web.Response:
+            asked.append((request.path, request.headers.get(REPLICA_SNAPSHOT.decode())))
+            await asyncio.sleep(delay_s)
+            return web.json_response({"replica": name, "stats": [{"n": name}]}, status=status)
+
+        app = web.Application()
+        app.router.add_get("/v2/models/m/stats", answer)
+        return app
+
+    async def scenario() -> dict[str, dict[str, Any]]:
+        runners, ports = [], {}
+        for actor, app in {
+            "a0": replica("r0"),
+            "a1": replica("r1"),
+            "a2": replica("r2", status=500),
+            "a3": replica("r3", delay_s=1.5),
+            "self": replica("me"),
+        }.items():
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            runners.append(runner)
+            ports[actor] = runner.addresses[0][1]
+        listed = {
+            "model-m": {a: ("127.0.0.1", ports[a]) for a in ("a0", "a2", "self")},
+            "model-m--group-1": {"a1": ("127.0.0.1", ports["a1"]), "a3": ("127.0.0.1", ports["a3"])},
+        }
+        listed["model-m--group-1"]["a4"] = ("127.0.0.1", 1)  # takes no connection
+
+        async def targets(app: str) -> dict[str, tuple[str, int]]:
+            return listed[app]
+
+        async def group_apps(model: str) -> GroupApps:
+            return APPS
+
+        monkeypatch.setattr(peers.hooks, "replica_http_targets", targets)
+        monkeypatch.setattr(peers, "SNAPSHOT_TIMEOUT_S", 0.5)
+        calls = peers.ReplicaCalls(peers.ReplicaDirectory(object()))  # type: ignore[arg-type]
+        remote = RemoteModels(group_apps, calls=calls)
+        try:
+            return await remote.replica_snapshots("m", skip="self")
+        finally:
+            await calls.close()
+            for runner in runners:
+                await runner.cleanup()
+
+    found = asyncio.run(scenario())
+    assert {replica: snapshot["stats"] for replica, snapshot in found.items()} == {
+        "r0": [{"n": "r0"}],
+        "r1": [{"n": "r1"}],
+    }
+    assert sorted(asked) == [("/v2/models/m/stats", "1")] * 4  # r0, r1, r2 (500), r3 (too slow); not self
+
+
+def test_without_the_direct_lane_no_replica_is_asked() -> None:
+    async def group_apps(model: str) -> GroupApps:
+        raise AssertionError("not asked")
+
+    assert asyncio.run(RemoteModels(group_apps).replica_snapshots("m")) == {}
