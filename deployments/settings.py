@@ -123,6 +123,72 @@ def restriction_for(restricted: tuple[RestrictedApi, ...], group: str) -> Restri
     return next((r for r in restricted if group in r.groups), None)
 
 
+DEFAULT_QUANTILES = ((0.5, 0.05), (0.9, 0.01), (0.95, 0.001), (0.99, 0.001), (0.999, 0.001))
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """Triton's ``--metrics-config <setting>=<value>`` (repeatable): ``counter_latencies`` (the
+    cumulative ``*_duration_us`` counters, on by default), ``summary_latencies`` (the ``*_summary_us``
+    summaries, off by default) and ``summary_quantiles`` (``<quantile>:<error>,...``). Another setting
+    is accepted and has no effect, as in tritonserver."""
+
+    counter_latencies: bool = True
+    summary_latencies: bool = False
+    summary_quantiles: tuple[tuple[float, float], ...] = DEFAULT_QUANTILES
+    ignored: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, texts: tuple[str, ...]) -> MetricsConfig:
+        values: dict[str, Any] = {}
+        ignored: list[str] = []
+        for text in texts:
+            setting, eq, value = text.partition("=")
+            if not eq or not setting or not value or "," in setting:
+                raise SettingsError(f"--metrics-config option format is <setting>=<value>. Got {text}")
+            if setting in ("counter_latencies", "summary_latencies"):
+                if value.lower() not in ("true", "false", "1", "0"):
+                    raise SettingsError(f"--metrics-config {setting} must be true or false, not '{value}'")
+                values[setting] = value.lower() in ("true", "1")
+            elif setting == "summary_quantiles":
+                values[setting] = _quantiles(value)
+            else:
+                ignored.append(setting)
+        return cls(**values, ignored=tuple(ignored))
+
+    def to_texts(self) -> list[str]:
+        quantiles = ",".join(f"{q!r}:{e!r}" for q, e in self.summary_quantiles)
+        return [
+            f"counter_latencies={str(self.counter_latencies).lower()}",
+            f"summary_latencies={str(self.summary_latencies).lower()}",
+            f"summary_quantiles={quantiles}",
+            *(f"{name}=ignored" for name in self.ignored),
+        ]
+
+
+_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+def _leading_number(text: str) -> float:
+    """The number ``text`` starts with, as tritonserver reads one (``0.0.1`` is 0.0); -1 where none."""
+    found = _NUMBER.match(text.strip())
+    return float(found.group()) if found else -1.0
+
+
+def _quantiles(text: str) -> tuple[tuple[float, float], ...]:
+    out = []
+    for pair in text.split(","):
+        quantile, colon, error = pair.partition(":")
+        q, e = _leading_number(quantile), _leading_number(error)
+        if not colon or not 0 <= q <= 1 or not 0 <= e <= 1:
+            raise SettingsError(
+                f"--metrics-config summary_quantiles is '<quantile>:<error>,...' with both between 0 and 1, "
+                f"not '{text}'"
+            )
+        out.append((q, e))
+    return tuple(out)
+
+
 CACHE_KINDS = ("local",)
 # An idle replica pushes nothing new; it still says it is there every this many push intervals, and the
 # server counts a replica's report as current for three of those (deployments/control/registry.py).
@@ -226,6 +292,7 @@ class ServerSettings:
     log_format: str = "default"
     log_file: str = ""
     response_cache_bytes: int | None = None  # the local response cache of each replica process (None: off)
+    metrics_config: MetricsConfig = MetricsConfig()  # Triton's --metrics-config
     model_hosts: int = 0  # replicas of the shared model host (docs/hosts.md); 0: every model its own
     model_host_cpus: float = 0.5  # CPUs each model host replica asks Ray for
     model_host_memory_bytes: int = 4 * 1024 * MIB  # what the models of one host replica may take together
@@ -335,6 +402,7 @@ class ServerSettings:
             "backlog_delay_scheduler": _typed(
                 BACKLOG_DELAY_SCHEDULER_ENV, env.get(BACKLOG_DELAY_SCHEDULER_ENV) or "0", int
             ),
+            "metrics_config": MetricsConfig.parse(_texts(args.get("metrics_config"))),
             "response_cache_bytes": cache_size(
                 _texts(args.get("cache_config")),
                 None
@@ -413,6 +481,7 @@ class ServerSettings:
             "model_host_memory_bytes": self.model_host_memory_bytes,
             "model_host_gpus": self.model_host_gpus,
             "model_host_gpu_memory_bytes": self.model_host_gpu_memory_bytes,
+            "metrics_config": self.metrics_config.to_texts(),
             "cache_config": []
             if self.response_cache_bytes is None
             else [f"local,size={self.response_cache_bytes}"],
@@ -465,6 +534,7 @@ _ARG_NAMES = {
     "model_host_gpus",
     "model_host_gpu_memory_bytes",
     "cache_config",
+    "metrics_config",
     "response_cache_byte_size",
     *LIMIT_ARGS,
 }

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
+
+from deployments.settings import MetricsConfig
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +65,44 @@ CACHE_COUNTERS: dict[str, tuple[str, str]] = {
         "cache_miss",
     ),
 }
+# Triton's latency summaries (``--metrics-config summary_latencies=true``), with the statistics
+# duration each one observes; the request summary is left out for a model with a response cache
+SUMMARIES: dict[str, tuple[str, str]] = {
+    "nv_inference_request_summary_us": (
+        "Summary of inference request duration in microseconds (includes cached requests)",
+        "success",
+    ),
+    "nv_inference_queue_summary_us": (
+        "Summary of inference queuing duration in microseconds (includes cached requests)",
+        "queue",
+    ),
+    "nv_inference_compute_input_summary_us": (
+        "Summary of compute input duration in microseconds (does not include cached requests)",
+        "compute_input",
+    ),
+    "nv_inference_compute_infer_summary_us": (
+        "Summary of compute inference duration in microseconds (does not include cached requests)",
+        "compute_infer",
+    ),
+    "nv_inference_compute_output_summary_us": (
+        "Summary of compute output duration in microseconds (does not include cached requests)",
+        "compute_output",
+    ),
+}
+CACHE_SUMMARIES: dict[str, tuple[str, str]] = {
+    "nv_cache_hit_summary_us": ("Summary of response cache hit duration in microseconds", "cache_hit"),
+    "nv_cache_miss_summary_us": ("Summary of response cache miss duration in microseconds", "cache_miss"),
+}
+LATENCY_COUNTERS = (
+    "nv_inference_request_duration_us",
+    "nv_inference_queue_duration_us",
+    "nv_inference_compute_input_duration_us",
+    "nv_inference_compute_infer_duration_us",
+    "nv_inference_compute_output_duration_us",
+    "nv_cache_hit_duration_per_model",
+    "nv_cache_miss_duration_per_model",
+)
+"""The counters ``--metrics-config counter_latencies=false`` leaves out."""
 PENDING = "nv_inference_pending_request_count"
 PENDING_HELP = "Instantaneous number of pending requests awaiting execution per-model."
 FAILURE_REASONS = ("OTHER", "BACKEND", "CANCELED", "REJECTED")
@@ -199,11 +240,17 @@ def merge_model_metrics(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
         for version, reasons in snapshot.get("failures", {}).items():
             for reason, count in reasons.items():
                 failures[version][reason] += count
+    samples: defaultdict[str, defaultdict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for snapshot in snapshots:
+        for version, series in snapshot.get("samples", {}).items():
+            for key, values in series.items():
+                samples[version][key].extend(values)
     return {
         "stats": merge_snapshots([s.get("stats", []) for s in snapshots]),
         "pending": dict(pending),
         "failures": {v: dict(r) for v, r in failures.items()},
         "response_cache": any(s.get("response_cache", False) for s in snapshots),
+        "samples": {v: dict(series) for v, series in samples.items()},
     }
 
 
@@ -211,12 +258,16 @@ def render_triton(
     models: Mapping[str, dict[str, Any]],
     custom: list[dict[str, Any]] | None = None,
     system: Mapping[str, float] | None = None,
+    config: MetricsConfig | None = None,
 ) -> str:
     """The text of Triton's ``/metrics``: its counter families per model and version (``models``: merged
     snapshots by model name, see :func:`merge_model_metrics`), then the models' custom counters, the
     pending-request gauge, the host gauges (``system``, by name of :data:`SYSTEM_GAUGES`), the custom
-    gauges and the custom histograms — the order tritonserver prints them in."""
+    gauges and the custom histograms — the order tritonserver prints them in. ``config``
+    (``--metrics-config``) leaves the latency counters out or adds the latency summaries."""
     from deployments import custom_metrics
+
+    config = config or MetricsConfig()
 
     rows = [(name, entry) for name, entry in sorted(models.items()) for entry in entry.get("stats", [])]
     by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -224,6 +275,8 @@ def render_triton(
         by_kind[custom_family["kind"]].append(custom_family)
     lines: list[str] = []
     for family, help_text in COUNTERS.items():
+        if not config.counter_latencies and family in LATENCY_COUNTERS:
+            continue
         lines += [f"# HELP {family} {help_text}", f"# TYPE {family} counter"]
         for name, stats in rows:
             version = stats["version"]
@@ -237,11 +290,15 @@ def render_triton(
             lines.append(f"{family}{{{labels}}} {_counter_value(family, stats)}")
     cached = [(name, stats) for name, stats in rows if models[name].get("response_cache")]
     for family, (help_text, key) in CACHE_COUNTERS.items() if cached else ():
+        if not config.counter_latencies and family in LATENCY_COUNTERS:
+            continue
         lines += [f"# HELP {family} {help_text}", f"# TYPE {family} counter"]
         for name, stats in cached:
             duration = stats.get("inference_stats", {}).get(key, {})
             value = duration.get("count", 0) if "num_" in family else duration.get("ns", 0) // 1000
             lines.append(f'{family}{{model="{_escape(name)}",version="{stats["version"]}"}} {int(value)}')
+    if config.summary_latencies:
+        lines += _summaries(models, rows, cached, config.summary_quantiles)
     text = "".join(line + "\n" for line in lines)
     text += custom_metrics.render_prometheus(by_kind[custom_metrics.COUNTER])
     lines = [f"# HELP {PENDING} {PENDING_HELP}", f"# TYPE {PENDING} gauge"]
@@ -277,11 +334,54 @@ MODEL_HOST_GAUGES = {
 FAMILIES: tuple[str, ...] = (
     *COUNTERS,
     *CACHE_COUNTERS,
+    *SUMMARIES,
+    *CACHE_SUMMARIES,
     PENDING,
     *SYSTEM_GAUGES,
     *MODEL_HOST_COUNTERS,
     *MODEL_HOST_GAUGES,
 )
+
+
+def _summaries(
+    models: Mapping[str, dict[str, Any]],
+    rows: list[tuple[str, dict[str, Any]]],
+    cached: list[tuple[str, dict[str, Any]]],
+    quantiles: tuple[tuple[float, float], ...],
+) -> list[str]:
+    """The summary families: ``_count`` and ``_sum`` from the cumulative statistics, each quantile from
+    the durations every replica observed in the window (``NaN`` where it observed none)."""
+    lines: list[str] = []
+    with_cache = {name for name, _ in cached}
+    for family, (help_text, key) in [*SUMMARIES.items(), *(CACHE_SUMMARIES.items() if cached else ())]:
+        shown = [
+            (name, stats)
+            for name, stats in (cached if key.startswith("cache_") else rows)
+            if not (key == "success" and name in with_cache)
+        ]
+        if not shown:
+            continue
+        lines += [f"# HELP {family} {help_text}", f"# TYPE {family} summary"]
+        for name, stats in shown:
+            version = stats["version"]
+            labels = f'model="{_escape(name)}",version="{version}"'
+            duration = stats.get("inference_stats", {}).get(key, {})
+            lines.append(f"{family}_count{{{labels}}} {int(duration.get('count', 0))}")
+            lines.append(f"{family}_sum{{{labels}}} {int(duration.get('ns', 0)) // 1000}")
+            values = sorted(models[name].get("samples", {}).get(version, {}).get(key, []))
+            for quantile, _ in quantiles:
+                lines.append(f'{family}{{{labels},quantile="{quantile!r}"}} {_quantile(values, quantile)}')
+    return lines
+
+
+def _quantile(ordered: list[float], quantile: float) -> str:
+    """The nearest-rank ``quantile`` of ``ordered`` as Prometheus prints it (``NaN`` when empty)."""
+    from deployments import custom_metrics
+
+    if not ordered:
+        return "NaN"
+    rank = min(len(ordered) - 1, max(0, math.ceil(quantile * len(ordered)) - 1))
+    return custom_metrics.format_value(ordered[rank])
 
 
 def render_model_hosts(statuses: Sequence[Mapping[str, Any]]) -> str:

@@ -448,14 +448,19 @@ class ModelRuntime:
     def metrics_snapshot(self) -> dict[str, Any]:
         """What Triton's metrics endpoint prints of this replica, as plain data (see
         :func:`deployments.runtime.metrics.render_triton`): statistics, pending requests and failures
-        by reason per version, and this process's custom metric families."""
-        return {
+        by reason per version, this process's custom metric families, and where the latency summaries
+        are on, each version's recent durations (``samples``)."""
+        snapshot = {
             "stats": self.statistics(),
             "pending": {str(v): r.pending for v, r in self.versions.items()},
             "failures": {str(v): dict(r.failures) for v, r in self.versions.items()},
             "custom": custom_metrics.snapshot(),
             "response_cache": any(r.cache is not None for r in self.versions.values()),
         }
+        windows = {str(v): r.stats.window for v, r in self.versions.items() if r.stats.window is not None}
+        if windows:
+            snapshot["samples"] = {version: window.samples() for version, window in windows.items()}
+        return snapshot
 
     def hosted_statistics(self) -> dict[str, list[dict[str, Any]]]:
         """Statistics of the models an ensemble hosts in this replica, by model name (empty otherwise)."""

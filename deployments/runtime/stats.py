@@ -9,6 +9,7 @@ Snapshots from several replicas add up with :func:`merge_snapshots`.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,58 @@ DURATION_KEYS = (
     "cache_miss",
 )
 BATCH_KEYS = ("compute_input", "compute_infer", "compute_output")
+# Triton's latency summaries (``--metrics-config summary_latencies=true``): the duration each observes
+SUMMARY_KEYS = (
+    "success",
+    "queue",
+    "compute_input",
+    "compute_infer",
+    "compute_output",
+    "cache_hit",
+    "cache_miss",
+)
+SUMMARY_WINDOW_S = 60.0  # the sliding window the quantiles cover (a Prometheus summary's default max age)
+SUMMARY_CAPACITY = 8192  # durations one replica keeps per series and version (the most recent)
+SUMMARY_SAMPLES = 1024  # of which a snapshot carries at most this many, evenly spread
+
+_summaries = False
+
+
+def keep_latency_windows(on: bool) -> None:
+    """Whether the model versions this process loads from now on keep their recent durations
+    (:class:`LatencyWindow`, for the latency summaries of ``/metrics``)."""
+    global _summaries
+    _summaries = on
+
+
+class LatencyWindow:
+    """The durations (µs) one model version observed in the last :data:`SUMMARY_WINDOW_S`, by
+    :data:`SUMMARY_KEYS` series: what the summaries' quantiles are computed from, over every replica."""
+
+    def __init__(self, window_s: float = SUMMARY_WINDOW_S, capacity: int = SUMMARY_CAPACITY) -> None:
+        self.window_s = window_s
+        self._series: dict[str, deque[tuple[float, float]]] = {
+            key: deque(maxlen=capacity) for key in SUMMARY_KEYS
+        }
+
+    def observe(self, key: str, ns: int, times: int = 1) -> None:
+        now = time.monotonic()
+        series = self._series[key]
+        for _ in range(times):
+            series.append((now, ns / 1000))
+
+    def samples(self, now: float | None = None, limit: int = SUMMARY_SAMPLES) -> dict[str, list[float]]:
+        """Each series' durations still in the window (at most ``limit``, evenly spread), none empty."""
+        cutoff = (time.monotonic() if now is None else now) - self.window_s
+        out: dict[str, list[float]] = {}
+        for key, series in self._series.items():
+            while series and series[0][0] < cutoff:
+                series.popleft()
+            if series:
+                values = [value for _, value in series]
+                step = len(values) / limit
+                out[key] = values if step <= 1 else [values[int(i * step)] for i in range(limit)]
+        return out
 
 
 @dataclass
@@ -49,6 +102,7 @@ class ModelStats:
     execution_count: int = 0
     durations: dict[str, Duration] = field(default_factory=lambda: {k: Duration() for k in DURATION_KEYS})
     batches: dict[int, dict[str, Duration]] = field(default_factory=dict)
+    window: LatencyWindow | None = field(default_factory=lambda: LatencyWindow() if _summaries else None)
 
     def record_batch(
         self,
@@ -71,6 +125,13 @@ class ModelStats:
         d["compute_input"].add(input_ns * requests, requests)
         d["compute_infer"].add(infer_ns * requests, requests)
         d["compute_output"].add(output_ns * requests, requests)
+        window = self.window
+        if window is not None:
+            for q in queue_ns:
+                window.observe("queue", q)
+            window.observe("compute_input", input_ns, requests)
+            window.observe("compute_infer", infer_ns, requests)
+            window.observe("compute_output", output_ns, requests)
         b = self.batches.get(rows)
         if b is None:
             b = self.batches[rows] = {k: Duration() for k in BATCH_KEYS}
@@ -81,10 +142,15 @@ class ModelStats:
 
     def record_request(self, ok: bool, duration_ns: int) -> None:
         self.durations["success" if ok else "fail"].add(duration_ns)
+        if ok and self.window is not None:
+            self.window.observe("success", duration_ns)
 
     def record_cache(self, hit: bool, duration_ns: int) -> None:
         """A response-cache lookup: a hit (looked up and read) or a miss (looked up, then inserted)."""
-        self.durations["cache_hit" if hit else "cache_miss"].add(duration_ns)
+        key = "cache_hit" if hit else "cache_miss"
+        self.durations[key].add(duration_ns)
+        if self.window is not None:
+            self.window.observe(key, duration_ns)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -538,7 +538,12 @@ class ServerDeployment:
         models = {
             name: merge_model_metrics(snapshots) for name, snapshots in zip(names, gathered, strict=True)
         }
-        text = render_triton(models, merge_custom_metrics(custom), self._host_gauges.read())
+        text = render_triton(
+            models,
+            merge_custom_metrics(custom),
+            self._host_gauges.read(),
+            self.deployer.settings.metrics_config,
+        )
         current = time.monotonic() - 3 * self.deployer.settings.stats_heartbeat_s
         hosts = [status for seen, status in self._host_status.values() if seen >= current]
         return text + render_model_hosts(hosts)

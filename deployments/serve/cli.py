@@ -109,6 +109,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--response-cache-byte-size", type=int, default=None, help="older form of --cache-config")
     p.add_argument(
+        "--metrics-config",
+        action="append",
+        default=[],
+        help="Triton's metrics settings, <setting>=<value>: counter_latencies, summary_latencies, "
+        "summary_quantiles (docs/operations.md)",
+    )
+    p.add_argument(
         "--model-hosts",
         type=int,
         default=0,
@@ -174,6 +181,7 @@ def server_args(args: argparse.Namespace) -> dict[str, Any]:
         "strict_readiness": "false" if args.no_strict_readiness else args.strict_readiness,
         "access_log": args.access_log,
         "cache_config": args.cache_config,
+        "metrics_config": args.metrics_config,
         "response_cache_byte_size": args.response_cache_byte_size,
         "model_hosts": args.model_hosts,
         "model_host_cpus": args.model_host_cpus,

@@ -21,7 +21,7 @@ from deployments.replica import replica_dataplane
 from deployments.runtime import batch_execute, response_cache
 from deployments.runtime.model import ModelRuntime
 from deployments.runtime.router import REPLICA_SNAPSHOT, Ranks, Router
-from deployments.runtime.stats import PushGate
+from deployments.runtime.stats import PushGate, keep_latency_windows
 from deployments.serve import grpc_ingress, hooks, ingress, ray_metrics, reloads
 from deployments.serve.devices import pin_replica_gpu
 from deployments.serve.names import hosted_key, model_app_name, model_route, stats_path
@@ -69,6 +69,7 @@ class ModelDeployment:
         as_stub_process()  # sys.argv as model code sees it under tritonserver
         ensembles.register()  # an ensemble's replica runs the ensemble backend
         ray_metrics.export_to_ray()  # Triton's counters of this process's models, through Ray
+        keep_latency_windows(settings.metrics_config.summary_latencies)  # the latency summaries' durations
         response_cache.configure(settings.response_cache_bytes)  # one cache for the models of this process
         batch_execute.hold_first_batches(settings.delay_scheduler, settings.backlog_delay_scheduler)
         self.model = model

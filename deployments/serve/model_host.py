@@ -35,7 +35,7 @@ from deployments.runtime import batch_execute, response_cache
 from deployments.runtime.gpu_memory import GpuMemory, gpu_budgets
 from deployments.runtime.host import ModelHost
 from deployments.runtime.model import ModelRuntime
-from deployments.runtime.stats import PushGate
+from deployments.runtime.stats import PushGate, keep_latency_windows
 from deployments.serve import grpc_ingress, ingress, ray_metrics
 from deployments.serve.names import hosted_key
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory
@@ -65,6 +65,7 @@ class ModelHostDeployment:
         log_to_stderr(LogOptions.from_settings(settings))
         as_stub_process()  # sys.argv as model code sees it under tritonserver
         ray_metrics.export_to_ray()
+        keep_latency_windows(settings.metrics_config.summary_latencies)  # the latency summaries' durations
         response_cache.configure(settings.response_cache_bytes)
         batch_execute.hold_first_batches(settings.delay_scheduler, settings.backlog_delay_scheduler)
         self.settings = settings
