@@ -37,6 +37,46 @@ def _tests(*names: str) -> tuple[str, ...]:
 
 _NO_CACHE = ("cache_counters_missing", "cache_summaries_missing")
 
+# metrics_queue_size_test.py: identity_delay (an identity that takes 2 s per batch) once per scheduler
+_DELAY = "qa/L0_metrics/identity_delay"
+_QUEUE_DELAY_US = 100000
+
+
+def _delayed(name: str, append: str = "") -> Model:
+    return Model(
+        name,
+        "folder",
+        _DELAY,
+        files=(("own:identity/1/model.py", "1/model.py"),),
+        edits=(Edit(r'^backend: "identity"', 'backend: "python"'),),
+        append=append,
+    )
+
+
+_DYNAMIC = f"dynamic_batching {{ max_queue_delay_microseconds: {_QUEUE_DELAY_US} }}\n"
+QUEUE_SIZE_MODELS = (
+    _delayed("default"),
+    _delayed("dynamic", _DYNAMIC),
+    _delayed(
+        "max_queue_size",
+        f"dynamic_batching {{ max_queue_delay_microseconds: {_QUEUE_DELAY_US} "
+        "default_queue_policy { max_queue_size: 4 } }\n",
+    ),
+    _delayed(
+        "sequence_direct",
+        f"sequence_batching {{ direct {{ max_queue_delay_microseconds: {_QUEUE_DELAY_US}, "
+        "minimum_slot_utilization: 1.0 } }\n",
+    ),
+    _delayed(
+        "sequence_oldest",
+        f"sequence_batching {{ oldest {{ max_queue_delay_microseconds: {_QUEUE_DELAY_US}, "
+        "max_candidate_sequences: 4 } }\n",
+    ),
+    Model("ensemble", "folder", "qa/L0_metrics/ensemble_delay", version_folders=("1",)),
+    _delayed("default_composing"),
+    _delayed("dynamic_composing", _DYNAMIC),
+)
+
 L0_METRICS = Suite(
     "L0_metrics",
     (
@@ -87,19 +127,21 @@ L0_METRICS = Suite(
             env=env(SUMMARY_QUANTILES=QUANTILES),
             tests=_tests("summaries_custom_quantiles"),
         ),
+        Run(
+            "pending request count",
+            "metrics_queue_size_test.py",
+            QUEUE_SIZE_MODELS,
+            server_args=("--log-verbose=1",),
+        ),
     ),
     (
         (
-            "models identity_cache_on, identity_cache_off",
+            "models identity_cache_on, identity_cache_off, identity_delay",
             "on Triton's C++ identity backend; Python identities with the same configurations are used on "
             "both servers",
         ),
         ("cpu_metrics_test.py, GPU, pinned-memory and metrics-interval checks", "need a GPU or grep the log"),
         ("model namespacing runs", "--model-namespacing is not supported by this server"),
-        (
-            "metrics_queue_size_test.py",
-            "its models sleep in Triton's C++ identity backend (execute_delay_ms); not in this runner yet",
-        ),
     ),
 )
 

@@ -92,8 +92,10 @@ dynamic_batching { max_queue_delay_microseconds: 1000000 }
 """
 
 # an identity over every input (OUTPUTn = INPUTn): the code of Python stand-ins for models on Triton's
-# C++ identity backend
-_IDENTITY_MODEL = """import triton_python_backend_utils as pb_utils
+# C++ identity backend, which also takes as long as its ``execute_delay_ms`` parameter says
+_IDENTITY_MODEL = """import time
+
+import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
@@ -102,8 +104,12 @@ class TritonPythonModel:
 
         config = json.loads(args["model_config"])
         self.names = [(i["name"], i["name"].replace("INPUT", "OUTPUT")) for i in config["input"]]
+        delay = config.get("parameters", {}).get("execute_delay_ms", {}).get("string_value") or "0"
+        self.delay_s = int(delay) / 1000
 
     def execute(self, requests):
+        if self.delay_s:
+            time.sleep(self.delay_s)
         responses = []
         for request in requests:
             outputs = []
