@@ -404,6 +404,24 @@ def pooled(model: ModelDescription, policy: HostPolicy) -> bool:
     )
 
 
+HOSTS_HINT_MODELS = 16  # without hosts, this many poolable models get a hint at start
+
+
+def hosts_hint(models: Mapping[str, ModelDescription], policy: HostPolicy) -> str | None:
+    """What to tell a user whose hosts are off while many of ``models`` could share them (a replica
+    process per model costs memory and start time that one host replica does not); None otherwise."""
+    if policy.enabled:
+        return None
+    poolable = [name for name, model in models.items() if pooled(model, replace(policy, replicas=1))]
+    if len(poolable) < HOSTS_HINT_MODELS:
+        return None
+    return (
+        f"{len(poolable)} of the {len(models)} models could share model hosts, where each now gets a "
+        "replica process of its own (memory and start time per model); --model-hosts 1 "
+        "(args: model_hosts: 1) pools them in one process (docs/hosts.md)"
+    )
+
+
 @dataclass(frozen=True)
 class _Placement:
     """A resolved instance group before CPU shares are known."""

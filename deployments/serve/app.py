@@ -51,6 +51,7 @@ from repository_loader.plan import (
     DeploymentEntry,
     DeploymentPlan,
     fitted,
+    hosts_hint,
     plan_deployments,
     pooled,
     within_cpus,
@@ -135,6 +136,9 @@ class RayDeployer:
         }
 
     def prepare(self, models: dict[str, ModelDescription]) -> None:
+        hint = hosts_hint(models, self.settings.host_policy)
+        if hint is not None:
+            logger.warning(hint)
         self.plan = self._plan(models)
         self.models = dict(models)
         self.planned_from = dict(models)

@@ -380,3 +380,19 @@ def test_a_batched_model_with_several_replicas_fills_one_replicas_batcher_first(
     slots = {e.app_name: e.routing_slots for e in plan.entries}
     assert slots["model-batched"] == 8 and slots["model-groups"] == 8
     assert slots["model-alone"] is None and slots["model-plain"] is None and slots["model-one"] is None
+
+
+def test_many_poolable_models_without_hosts_get_a_hint_naming_the_flag() -> None:
+    from dataclasses import replace
+
+    from repository_loader.model import SequenceBatching
+    from repository_loader.plan import HOSTS_HINT_MODELS, HostPolicy, hosts_hint
+
+    many = {f"m{i}": _python(f"m{i}") for i in range(HOSTS_HINT_MODELS)}
+    stateful = {"s": replace(_python("s"), sequence_batching=SequenceBatching())}
+    hint = hosts_hint({**many, **stateful}, HostPolicy())
+    assert hint is not None
+    assert hint.startswith(f"{HOSTS_HINT_MODELS} of the {HOSTS_HINT_MODELS + 1} models")
+    assert "--model-hosts 1" in hint
+    assert hosts_hint(dict(list(many.items())[1:]), HostPolicy()) is None  # too few to matter
+    assert hosts_hint(many, HostPolicy(replicas=1)) is None  # hosts already on
