@@ -75,7 +75,8 @@ class Registry:
         self._order = 0
 
     def family(self, name: str, description: str, kind: str) -> FamilyState:
-        """The family ``name``, created if new; a second holder must agree on description and kind."""
+        """The family ``name``, created if new; a second holder must ask for the same kind and gets the
+        family as it is (its first description stays, as in tritonserver)."""
         if kind not in KINDS:
             raise ValueError(f"metric family '{name}': kind must be one of {', '.join(KINDS)}, not {kind!r}")
         if not name or not _valid_name(name):
@@ -85,10 +86,10 @@ class Registry:
             if state is None:
                 self._order += 1
                 state = self._families[name] = FamilyState(name, description, kind, self._order)
-            elif state.kind != kind or state.description != description:
+            elif state.kind != kind:
                 raise ValueError(
-                    f"metric family '{name}' already exists as a {state.kind} described "
-                    f"{state.description!r}; a family of that name must keep its kind and description"
+                    f"metric family '{name}' already exists as a {state.kind}; a family of that name "
+                    f"cannot be a {kind} too"
                 )
             state.holders += 1
             return state

@@ -167,8 +167,13 @@ def test_metric_family_api() -> None:
         metric.increment(-1)
     with pytest.raises(pb_utils.TritonModelException, match="gauge"):
         metric.set(3)
-    with pytest.raises(pb_utils.TritonModelException, match="kind and description"):
-        pb_utils.MetricFamily("api_requests", "Other", pb_utils.MetricFamily.GAUGE)
+    with pytest.raises(pb_utils.TritonModelException, match="already exists as a counter"):
+        pb_utils.MetricFamily("api_requests", "Requests", pb_utils.MetricFamily.GAUGE)
+    # another description: the same family, its first description kept
+    again = pb_utils.MetricFamily("api_requests", "Other", pb_utils.MetricFamily.COUNTER)
+    assert again.Metric(labels={"model": "m", "version": "1"}).value() == 2.5
+    (described,) = [f for f in custom_metrics.snapshot() if f["name"] == "api_requests"]
+    assert described["description"] == "Requests"
     # its family object is gone: as in tritonserver, the family is deleted and its metric refuses use
     dropped = pb_utils.MetricFamily("api_dropped", "Dropped", pb_utils.MetricFamily.COUNTER).Metric()
     with pytest.raises(
