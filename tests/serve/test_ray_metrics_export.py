@@ -1,0 +1,62 @@
+"""Triton's per-model counters reach Ray's own Prometheus export (what the Ray dashboard and a
+Prometheus that scrapes the Ray cluster read), named with Ray's ``ray_`` prefix and labelled by model
+and version as ``/metrics`` labels them (deploy/grafana's Ray dashboard queries these names)."""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+pytestmark = [pytest.mark.serve, pytest.mark.slow]
+
+MODEL = "add_sub_flat"
+EXPORT_WAIT_S = 90.0  # Ray's agents report every few seconds; a loaded machine takes longer
+
+
+def _export_url() -> str:
+    import ray
+
+    port = ray._private.worker.global_worker.node.metrics_export_port
+    return f"http://127.0.0.1:{port}/metrics"
+
+
+def _exported_count(text: str) -> float:
+    """The exported ``nv_inference_count`` of the model's version 1, summed over its series (each
+    replica's process reports its own)."""
+    pattern = re.compile(r"^ray_nv_inference_count(?:_total)?\{([^}]*)\} (\S+)$", re.MULTILINE)
+    total = 0.0
+    for labels, value in pattern.findall(text):
+        if f'model="{MODEL}"' in labels and 'version="1"' in labels:
+            total += float(value)
+    return total
+
+
+def test_per_model_counters_reach_rays_prometheus_export(server_url: str) -> None:
+    client = httpclient.InferenceServerClient(server_url)
+    try:
+        before = _exported_count(urllib.request.urlopen(_export_url(), timeout=10).read().decode())
+        a = np.array([1, 2, 3, 4], np.float32)
+        for _ in range(5):
+            inputs = []
+            for name in ("INPUT0", "INPUT1"):
+                tensor = httpclient.InferInput(name, [4], "FP32")
+                tensor.set_data_from_numpy(a)
+                inputs.append(tensor)
+            client.infer(MODEL, inputs)
+    finally:
+        client.close()
+    deadline = time.monotonic() + EXPORT_WAIT_S
+    seen = before
+    while time.monotonic() < deadline:
+        text = urllib.request.urlopen(_export_url(), timeout=10).read().decode()
+        seen = _exported_count(text)
+        if seen >= before + 5:
+            break
+        time.sleep(2.0)
+    assert seen == before + 5, f"Ray's export counted {seen - before} of the 5 inferences"
+    assert "# TYPE ray_nv_inference_request_success" in text
