@@ -13,7 +13,7 @@ from ray import serve
 
 import ensembles
 from deployments.backends.python_api.context import as_stub_process
-from deployments.backends.python_api.logger import LogOptions, log_to_stderr
+from deployments.backends.python_api.logger import log_to_stderr
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.http import ModelHTTPApp
 from deployments.replica import replica_dataplane
@@ -62,9 +62,7 @@ class ModelDeployment:
         rank_offset: int = 0,
     ) -> None:
         coalesce_response_writes()
-        log_to_stderr(
-            LogOptions.from_settings(settings)
-        )  # pb_utils.Logger lines into the replica's worker log
+        log_to_stderr(settings.log_settings)  # pb_utils.Logger lines into the replica's worker log
         as_stub_process()  # sys.argv as model code sees it under tritonserver
         ensembles.register()  # an ensemble's replica runs the ensemble backend
         ray_metrics.export_to_ray()  # Triton's counters of this process's models, through Ray

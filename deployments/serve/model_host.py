@@ -27,7 +27,7 @@ import ray
 from ray import serve
 
 from deployments.backends.python_api.context import as_stub_process
-from deployments.backends.python_api.logger import LogOptions, log_to_stderr
+from deployments.backends.python_api.logger import log_to_stderr
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.http import ServerHTTPApp
 from deployments.replica import host_dataplane
@@ -62,7 +62,7 @@ class ModelHostDeployment:
         self, settings: ServerSettings, memory_bytes: int, gpu_memory_bytes: int = 0
     ) -> None:
         coalesce_response_writes()
-        log_to_stderr(LogOptions.from_settings(settings))
+        log_to_stderr(settings.log_settings)
         as_stub_process()  # sys.argv as model code sees it under tritonserver
         ray_metrics.export_to_ray()
         response_cache.configure(settings.response_cache_bytes)
