@@ -21,7 +21,7 @@ from deployments.runtime import batch_execute, response_cache
 from deployments.runtime.model import ModelRuntime
 from deployments.runtime.router import Ranks, Router
 from deployments.runtime.stats import PushGate
-from deployments.serve import grpc_ingress, hooks, ingress, ray_metrics, reloads
+from deployments.serve import grpc_ingress, hooks, ingress, logs, ray_metrics, reloads
 from deployments.serve.devices import pin_replica_gpu
 from deployments.serve.names import hosted_key, model_app_name, model_route
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory
@@ -121,6 +121,9 @@ class ModelDeployment:
         self._app.header_forward = compile_header_pattern(settings.http_header_forward_pattern)
         self._kind = kind
         self._reloads = asyncio.get_running_loop().create_task(self._follow_reloads())
+        self._logs = asyncio.get_running_loop().create_task(
+            logs.follow(self.server, settings.log_settings, log_to_stderr)
+        )
         self._publish: asyncio.Task[None] | None = None
         if self._ranks is not None and context is not None:
             self._publish = asyncio.get_running_loop().create_task(self._publish_rank(context.app_name))
@@ -287,6 +290,7 @@ class ModelDeployment:
         ingress.withdraw(self._route)
         grpc_ingress.withdraw()
         self._reloads.cancel()
+        self._logs.cancel()
         if self._publish is not None:
             self._publish.cancel()
         await self._calls.close()

@@ -36,7 +36,7 @@ from deployments.runtime.gpu_memory import GpuMemory, gpu_budgets
 from deployments.runtime.host import ModelHost
 from deployments.runtime.model import ModelRuntime
 from deployments.runtime.stats import PushGate
-from deployments.serve import grpc_ingress, ingress, ray_metrics
+from deployments.serve import grpc_ingress, ingress, logs, ray_metrics
 from deployments.serve.names import hosted_key
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory
 from deployments.serve.response_writes import coalesce_response_writes
@@ -101,7 +101,11 @@ class ModelHostDeployment:
         if settings.allow_grpc:  # ModelInfer calls for pooled models, routed by HAProxy
             grpc_ingress.serve_grpc(dataplane, grpc_ingress.grpc_options(settings))
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._follow_pool()), loop.create_task(self._push_stats())]
+        self._tasks = [
+            loop.create_task(self._follow_pool()),
+            loop.create_task(self._push_stats()),
+            loop.create_task(logs.follow(self.server, settings.log_settings, log_to_stderr)),
+        ]
 
     def __serve_build_asgi_app__(self) -> Any:
         return self._app
