@@ -189,6 +189,38 @@ def _quantiles(text: str) -> tuple[tuple[float, float], ...]:
     return tuple(out)
 
 
+LOG_FORMATS = ("default", "ISO8601")
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    """Triton's log settings: set at start by its log flags, read and changed at run time through the
+    logging extension (``GET``/``POST /v2/logging``, gRPC ``LogSettings``). Every process that logs
+    applies the current value (``deployments.backends.python_api.logger.log_to_stderr``)."""
+
+    file: str = ""  # --log-file: append there instead of standard error (not changed at run time)
+    info: bool = True  # --log-info
+    warning: bool = True  # --log-warning
+    error: bool = True  # --log-error
+    verbose_level: int = 0  # --log-verbose: >0 shows the models' verbose lines and the server's debug lines
+    format: str = "default"  # --log-format: default | ISO8601
+
+    def to_json(self) -> dict[str, Any]:
+        """The extension's ``$log_setting_response``: every setting, under Triton's names."""
+        return {
+            "log_file": self.file,
+            "log_info": self.info,
+            "log_warning": self.warning,
+            "log_error": self.error,
+            "log_verbose_level": self.verbose_level,
+            "log_format": self.format,
+        }
+
+    def changed(self, **changes: Any) -> LogSettings:
+        """These settings with ``changes`` (field names; values already checked by the front end)."""
+        return dataclasses.replace(self, **changes)
+
+
 CACHE_KINDS = ("local",)
 # An idle replica pushes nothing new; it still says it is there every this many push intervals, and the
 # server counts a replica's report as current for three of those (deployments/control/registry.py).
@@ -298,6 +330,18 @@ class ServerSettings:
     model_host_memory_bytes: int = 4 * 1024 * MIB  # what the models of one host replica may take together
     model_host_gpus: int = 0  # whole GPUs per model host replica; >0 pools single-instance KIND_GPU models
     model_host_gpu_memory_bytes: int = 0  # what its models may take of each GPU; 0: 90% of what is free
+
+    @property
+    def log_settings(self) -> LogSettings:
+        """The log settings the server starts with (its log flags)."""
+        return LogSettings(
+            file=self.log_file,
+            info=self.log_info,
+            warning=self.log_warning,
+            error=self.log_error,
+            verbose_level=self.log_verbose,
+            format=self.log_format,
+        )
 
     @property
     def host_policy(self) -> HostPolicy:
@@ -613,6 +657,6 @@ def compile_header_pattern(text: str) -> re.Pattern[str] | None:
 def _log_format(value: Any) -> str:
     """Triton's ``--log-format``: ``default`` or ``ISO8601``."""
     text = str(value or "default")
-    if text not in ("default", "ISO8601"):
+    if text not in LOG_FORMATS:
         raise SettingsError(f"log_format must be 'default' or 'ISO8601', not '{text}'")
     return text

@@ -28,7 +28,9 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from deployments.inference import InferRequest, InferResponse
+from deployments.protocol.log_settings import LogBoard
 from deployments.runtime.router import RawReply, RawRequest, Router
+from deployments.settings import LogSettings
 from repository_loader.errors import NotFound, Unavailable
 from repository_loader.model import ModelDescription, TensorSpec
 
@@ -44,6 +46,7 @@ SERVER_EXTENSIONS: tuple[str, ...] = (
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "logging",
 )
 
 
@@ -107,6 +110,15 @@ class DataPlane(Protocol):
         """Unload ``name``; ``parameters`` may hold ``unload_dependents``."""
         ...
 
+    async def log_settings(self) -> LogSettings:
+        """The server's log settings (Triton's logging extension)."""
+        ...
+
+    async def update_log_settings(self, changes: Mapping[str, Any]) -> LogSettings:
+        """Apply ``changes`` (checked ``LogSettings`` fields) in every process of the server; the
+        settings now in effect."""
+        ...
+
 
 @runtime_checkable
 class ServedModel(Protocol):
@@ -166,6 +178,7 @@ class ModelDataPlane:
     ``front_ends_ready`` (the server application) holds readiness back until every front end
     answers, so that a client told "ready" over HTTP is answered over gRPC too. ``discover`` (a
     model host) makes a model its registry does not know yet known, where it exists (True).
+    ``logs`` (the server application) holds the server's log settings (the logging extension).
     """
 
     def __init__(
@@ -176,8 +189,10 @@ class ModelDataPlane:
         describe_elsewhere: Describe | None = None,
         front_ends_ready: Callable[[], bool] | None = None,
         discover: Callable[[str], Awaitable[bool]] | None = None,
+        logs: LogBoard | None = None,
     ) -> None:
         self.registry = registry
+        self.logs = logs
         self._discover = discover
         self.router = router
         # extra fields of the server metadata: what the operator must know (e.g. a slow request path)
@@ -251,6 +266,18 @@ class ModelDataPlane:
 
     async def unload_model(self, name: str, parameters: Mapping[str, Any]) -> None:
         await self.registry.unload(name, parameters)
+
+    async def log_settings(self) -> LogSettings:
+        return self._logs().current
+
+    async def update_log_settings(self, changes: Mapping[str, Any]) -> LogSettings:
+        return await self._logs().update(changes)
+
+    def _logs(self) -> LogBoard:
+        """The server's log settings: the server application holds them, a model replica does not."""
+        if self.logs is None:
+            raise Unavailable("the server does not support dynamic logging")
+        return self.logs
 
 
 def server_metadata_document(

@@ -35,14 +35,14 @@ from typing import Any
 import grpc
 
 from deployments.inference import InferRequest
-from deployments.protocol import extension_queries, grpc_codec
+from deployments.protocol import extension_queries, grpc_codec, log_settings
 from deployments.protocol.dataplane import DataPlane
 from deployments.protocol.forwarding import forward_headers
 from deployments.protocol.inference_calls import InferenceCalls
 from deployments.protocol.proto import grpc_service_pb2 as pb
 from deployments.settings import RestrictedApi, restriction_for
 from repository_loader.config import config_from_json
-from repository_loader.errors import InvalidArgument, Restricted, ServerError, TooLarge, Unsupported
+from repository_loader.errors import InvalidArgument, Restricted, ServerError, TooLarge
 
 logger = logging.getLogger(__name__)
 
@@ -307,7 +307,7 @@ class GRPCInferenceServicer:
         await self.dataplane.unload_model(request.model_name, params)
         return pb.RepositoryModelUnloadResponse()
 
-    # --- trace and shared memory: queries only (deployments.protocol.extension_queries); logging ---
+    # --- trace and shared memory: queries only (deployments.protocol.extension_queries); logging ----
 
     async def SystemSharedMemoryStatus(self, request: Any) -> Any:
         extension_queries.shared_memory_status("system", request.name)
@@ -345,7 +345,14 @@ class GRPCInferenceServicer:
         return response
 
     async def LogSettings(self, request: Any) -> Any:
-        raise _not_served("log settings")
+        changes = log_settings.changes_from_grpc(request.settings)
+        current = await (
+            self.dataplane.update_log_settings(changes) if changes else self.dataplane.log_settings()
+        )
+        response = pb.LogSettingsResponse()
+        for name, (choice, value) in log_settings.grpc_setting_values(current).items():
+            setattr(response.settings[name], choice, value)
+        return response
 
 
 # Triton's API group of each RPC (for the restricted API).
@@ -537,7 +544,3 @@ def _check_repository(name: str) -> None:
         raise InvalidArgument(
             f"this server serves one model repository; repository_name '{name}' is not known"
         )
-
-
-def _not_served(what: str) -> Unsupported:
-    return Unsupported(f"{what} is not supported by this server")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deployments.inference import InferRequest, InferResponse
-from deployments.protocol import codec, compression, extension_queries, generate
+from deployments.protocol import codec, compression, extension_queries, generate, log_settings
 from deployments.protocol.dataplane import DataPlane
 from deployments.protocol.forwarding import forward_headers
 from deployments.protocol.inference_calls import InferenceCalls
@@ -103,6 +103,8 @@ SERVER_ROUTES: tuple[Route, ...] = (
     Route("POST", "repository/models/{m}/unload", "unload_model"),
     Route("GET", "trace/setting", "trace_setting"),
     Route("POST", "trace/setting", "update_trace_setting"),
+    Route("GET", "logging", "log_settings"),
+    Route("POST", "logging", "update_log_settings"),
     *(
         route
         for kind in ("system", "cuda")
@@ -133,6 +135,8 @@ API_GROUP_OF = {
     "unload_model": "model-repository",
     "trace_setting": "trace",
     "update_trace_setting": "trace",
+    "log_settings": "logging",
+    "update_log_settings": "logging",
     "system_shm_status": "shared-memory",
     "cuda_shm_status": "shared-memory",
     "system_shm_register": "shared-memory",
@@ -359,6 +363,13 @@ class _BaseApp:
     async def _update_trace_setting(self, call: _Call) -> Reply:
         settings = _json_body(call.body)
         return _json(extension_queries.update_trace_settings(call.params.get("m"), settings))
+
+    async def _log_settings(self, call: _Call) -> Reply:
+        return _json((await self.dataplane.log_settings()).to_json())
+
+    async def _update_log_settings(self, call: _Call) -> Reply:
+        changes = log_settings.changes_from_json(_json_body(call.body))
+        return _json((await self.dataplane.update_log_settings(changes)).to_json())
 
     async def _system_shm_status(self, call: _Call) -> Reply:
         return _json(extension_queries.shared_memory_status("system", call.params.get("r", "")))

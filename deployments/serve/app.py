@@ -21,14 +21,16 @@ from typing import Any
 
 from ray import serve
 
+from deployments.backends.python_api.logger import log_to_stderr
 from deployments.control import ModelController
 from deployments.custom_metrics import merge_snapshots as merge_custom_metrics
 from deployments.protocol import metrics_http
 from deployments.protocol.dataplane import ModelDataPlane, ServedModel
+from deployments.protocol.log_settings import LogBoard
 from deployments.runtime.metrics import HostGauges, merge_model_metrics, render_model_hosts, render_triton
 from deployments.runtime.router import Router
 from deployments.runtime.stats import merge_snapshots
-from deployments.serve import hooks, request_path
+from deployments.serve import hooks, logs, request_path
 from deployments.serve.model_app import ModelDeployment
 from deployments.serve.names import (
     MODEL_DEPLOYMENT,
@@ -41,7 +43,7 @@ from deployments.serve.names import (
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory, ServedElsewhere, own_app
 from deployments.serve.reloads import Order, ReloadBoard
 from deployments.serve.server_api import GroupApps, Member, ReplicaClient, replica_client
-from deployments.settings import ServerSettings, compile_header_pattern
+from deployments.settings import LogSettings, ServerSettings, compile_header_pattern
 from repository_loader.errors import ServerError, Unavailable
 from repository_loader.model import ModelDescription
 from repository_loader.plan import (
@@ -404,6 +406,11 @@ class ServerDeployment:
         from deployments.serve.response_writes import coalesce_response_writes
 
         coalesce_response_writes()
+        # the log settings: the flags, or what a previous replica of this server was told to change
+        self._logs_key = f"{instance}/log_settings" if instance else ""
+        kept = await asyncio.to_thread(hooks.kv_get, self._logs_key) if self._logs_key else None
+        self.logs = LogBoard(logs.decode(kept, settings.log_settings), log_to_stderr, self._record_logs)
+        log_to_stderr(self.logs.current)
         cluster = ray.cluster_resources()
         resources = ClusterResources(
             num_cpus=float(cluster.get("CPU", 1)), num_gpus=int(cluster.get("GPU", 0))
@@ -427,6 +434,7 @@ class ServerDeployment:
             Router(remote=self._models),
             notices=request_path.request_path_notice(logger),
             front_ends_ready=lambda: self._grpc_answers,
+            logs=self.logs,
         )
         self._start = asyncio.get_running_loop().create_task(self._startup())
         await asyncio.shield(self._start)  # live only once the initial models settled
@@ -446,6 +454,14 @@ class ServerDeployment:
         ):
             logger.info("waiting for the gRPC port %d to answer before reporting ready", settings.grpc_port)
         self._grpc_answers = True
+
+    def _record_logs(self, settings: LogSettings) -> None:
+        if self._logs_key:
+            hooks.kv_put(self._logs_key, logs.encode(settings))
+
+    async def log_settings(self, applied: LogSettings | None, timeout_s: float) -> LogSettings | None:
+        """A replica's long poll for the log settings (``deployments.serve.logs.follow``)."""
+        return await self.logs.wait(applied, timeout_s)
 
     async def _group_apps(self, name: str) -> GroupApps:
         return self.deployer.group_apps(name)

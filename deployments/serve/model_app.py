@@ -14,7 +14,7 @@ from ray import serve
 
 import ensembles
 from deployments.backends.python_api.context import as_stub_process
-from deployments.backends.python_api.logger import LogOptions, log_to_stderr
+from deployments.backends.python_api.logger import log_to_stderr
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.http import ModelHTTPApp
 from deployments.replica import replica_dataplane
@@ -22,7 +22,7 @@ from deployments.runtime import batch_execute, response_cache
 from deployments.runtime.model import ModelRuntime
 from deployments.runtime.router import REPLICA_SNAPSHOT, Ranks, Router
 from deployments.runtime.stats import PushGate, keep_latency_windows
-from deployments.serve import grpc_ingress, hooks, ingress, ray_metrics, reloads
+from deployments.serve import grpc_ingress, hooks, ingress, logs, ray_metrics, reloads
 from deployments.serve.devices import pin_replica_gpu
 from deployments.serve.names import hosted_key, model_app_name, model_route, stats_path
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory
@@ -63,9 +63,7 @@ class ModelDeployment:
         rank_offset: int = 0,
     ) -> None:
         coalesce_response_writes()
-        log_to_stderr(
-            LogOptions.from_settings(settings)
-        )  # pb_utils.Logger lines into the replica's worker log
+        log_to_stderr(settings.log_settings)  # pb_utils.Logger lines into the replica's worker log
         as_stub_process()  # sys.argv as model code sees it under tritonserver
         ensembles.register()  # an ensemble's replica runs the ensemble backend
         ray_metrics.export_to_ray()  # Triton's counters of this process's models, through Ray
@@ -127,6 +125,9 @@ class ModelDeployment:
         self._app.header_forward = compile_header_pattern(settings.http_header_forward_pattern)
         self._kind = kind
         self._reloads = asyncio.get_running_loop().create_task(self._follow_reloads())
+        self._logs = asyncio.get_running_loop().create_task(
+            logs.follow(self.server, settings.log_settings, log_to_stderr)
+        )
         self._publish: asyncio.Task[None] | None = None
         if self._ranks is not None and context is not None:
             self._publish = asyncio.get_running_loop().create_task(self._publish_rank(context.app_name))
@@ -326,6 +327,7 @@ class ModelDeployment:
         ingress.withdraw(self._route)
         grpc_ingress.withdraw()
         self._reloads.cancel()
+        self._logs.cancel()
         if self._publish is not None:
             self._publish.cancel()
         await self._calls.close()

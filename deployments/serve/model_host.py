@@ -27,7 +27,7 @@ import ray
 from ray import serve
 
 from deployments.backends.python_api.context import as_stub_process
-from deployments.backends.python_api.logger import LogOptions, log_to_stderr
+from deployments.backends.python_api.logger import log_to_stderr
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.http import ServerHTTPApp
 from deployments.replica import host_dataplane
@@ -36,7 +36,7 @@ from deployments.runtime.gpu_memory import GpuMemory, gpu_budgets
 from deployments.runtime.host import ModelHost
 from deployments.runtime.model import ModelRuntime
 from deployments.runtime.stats import PushGate, keep_latency_windows
-from deployments.serve import grpc_ingress, ingress, ray_metrics
+from deployments.serve import grpc_ingress, ingress, logs, ray_metrics
 from deployments.serve.names import hosted_key
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory
 from deployments.serve.response_writes import coalesce_response_writes
@@ -62,7 +62,7 @@ class ModelHostDeployment:
         self, settings: ServerSettings, memory_bytes: int, gpu_memory_bytes: int = 0
     ) -> None:
         coalesce_response_writes()
-        log_to_stderr(LogOptions.from_settings(settings))
+        log_to_stderr(settings.log_settings)
         as_stub_process()  # sys.argv as model code sees it under tritonserver
         ray_metrics.export_to_ray()
         keep_latency_windows(settings.metrics_config.summary_latencies)  # the latency summaries' durations
@@ -102,7 +102,11 @@ class ModelHostDeployment:
         if settings.allow_grpc:  # ModelInfer calls for pooled models, routed by HAProxy
             grpc_ingress.serve_grpc(dataplane, grpc_ingress.grpc_options(settings))
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._follow_pool()), loop.create_task(self._push_stats())]
+        self._tasks = [
+            loop.create_task(self._follow_pool()),
+            loop.create_task(self._push_stats()),
+            loop.create_task(logs.follow(self.server, settings.log_settings, log_to_stderr)),
+        ]
 
     def __serve_build_asgi_app__(self) -> Any:
         return self._app

@@ -14,6 +14,7 @@ from typing import Any
 
 from deployments.inference import InferRequest, InferResponse
 from deployments.serve.names import MODEL_DEPLOYMENT, SERVER_APP, SERVER_DEPLOYMENT
+from deployments.settings import LogSettings
 from repository_loader.errors import ServerError
 from repository_loader.model import ModelDescription
 from repository_loader.plan import HOST_APP, HOST_DEPLOYMENT
@@ -128,6 +129,10 @@ class ServerClient:
 
     async def is_started(self) -> bool:
         return bool(await self._call(self.handle.is_started))
+
+    async def log_settings(self, applied: LogSettings | None, timeout_s: float) -> LogSettings | None:
+        found: LogSettings | None = await self._call(self.handle.log_settings, applied, timeout_s)
+        return found
 
 
 class ReplicaClient:

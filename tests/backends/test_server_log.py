@@ -4,6 +4,7 @@ log, as tritonserver prints them in its log (Triton's L0_backend_python async_ex
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -38,18 +39,20 @@ def test_tritons_log_flags_choose_the_levels_the_form_and_the_file(tmp_path) -> 
         f"""
         import logging
         import triton_python_backend_utils as pb_utils
-        from deployments.backends.python_api.logger import LogOptions, log_to_stderr
-        from deployments.settings import ServerSettings
+        from deployments.backends.python_api.logger import log_to_stderr
+        from deployments.settings import LogSettings, ServerSettings
 
         settings = ServerSettings.from_args(
             {{"model_repository": "{tmp_path}", "log_verbose": 1, "log_format": "ISO8601", "log_file": "{log}"}}
         )
-        log_to_stderr(LogOptions.from_settings(settings))
+        log_to_stderr(settings.log_settings)
         pb_utils.Logger.log_verbose("verbose line")
         logging.getLogger("deployments.runtime").debug("server debug line")
-        log_to_stderr(LogOptions(info=False))
+        log_to_stderr(LogSettings(info=False, verbose_level=1))
         pb_utils.Logger.log_info("hidden info line")
         pb_utils.Logger.log_warn("shown warning line")
+        log_to_stderr(LogSettings())
+        logging.getLogger("deployments.runtime").debug("no more debug lines")
         """
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
@@ -57,8 +60,23 @@ def test_tritons_log_flags_choose_the_levels_the_form_and_the_file(tmp_path) -> 
     written = log.read_text()
     assert "verbose line" in written and "server debug line" in written
     assert written.splitlines()[0][:4].isdigit() and "T" in written.splitlines()[0][:20]  # 2026-11-26T...
+    # --log-info=false hides INFO lines with verbose logging on too, as in tritonserver
     assert "hidden info line" not in done.stderr and "shown warning line" in done.stderr
-    assert done.stderr.lstrip().startswith("W")  # Triton's default form: the level's letter first
+    assert "no more debug lines" not in done.stderr  # verbose off again: the server's debug lines stop
+    assert re.match(r"W\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ <string>:\d+] shown", done.stderr.lstrip())
+
+
+def test_lines_take_tritons_two_forms() -> None:
+    """``<L><mmdd> <time with microseconds> <pid> <file>:<line>] <message>``, and ISO8601's
+    ``<date>T<time>Z <L> <pid> <file>:<line>] <message>``; a verbose line shows as I, as in Triton."""
+    import logging
+
+    from deployments.backends.python_api.logger import TritonLogForm
+
+    record = logging.LogRecord("deployments.x", logging.DEBUG, "/src/model.py", 12, "a %s", ("line",), None)
+    record.created, record.process = 1764174225.5, 42
+    assert TritonLogForm().format(record) == "I1126 16:23:45.500000 42 model.py:12] a line"
+    assert TritonLogForm(iso8601=True).format(record) == "2025-11-26T16:23:45Z I 42 model.py:12] a line"
 
 
 def test_the_log_flags_are_checked_at_start(tmp_path) -> None:

@@ -20,7 +20,9 @@ from deployments.protocol.dataplane import (
     model_metadata_document,
     server_metadata_document,
 )
+from deployments.protocol.log_settings import LogBoard
 from deployments.runtime.checks import ModelSchema
+from deployments.settings import LogSettings
 from repository_loader.errors import InvalidArgument, NotFound, Unavailable
 from repository_loader.model import ModelDescription, ModelState, TensorSpec
 
@@ -45,6 +47,7 @@ class FakeDataPlane:
         self.loaded: list[tuple[str, dict]] = []
         self.unloaded: list[tuple[str, dict]] = []
         self.requests: list[InferRequest] = []
+        self.logs = LogBoard(LogSettings())
 
     def _model(self, name: str) -> FakeModel:
         model = self.models.get(name)
@@ -145,6 +148,12 @@ class FakeDataPlane:
     async def unload_model(self, name: str, parameters: Mapping[str, Any]) -> None:
         self._model(name)
         self.unloaded.append((name, dict(parameters)))
+
+    async def log_settings(self) -> LogSettings:
+        return self.logs.current
+
+    async def update_log_settings(self, changes: Mapping[str, Any]) -> LogSettings:
+        return await self.logs.update(changes)
 
 
 def _description(

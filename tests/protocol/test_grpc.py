@@ -305,12 +305,50 @@ def test_repository(client, dataplane):
     assert status_of(error.value) == "StatusCode.INVALID_ARGUMENT"
 
 
-@pytest.mark.parametrize("call", [lambda c: c.get_log_settings(), lambda c: c.update_log_settings({})])
-def test_log_settings_answer_unimplemented(client, call):
-    with pytest.raises(InferenceServerException) as error:
-        call(client)
-    assert status_of(error.value) == "StatusCode.UNIMPLEMENTED"
-    assert "not supported by this server" in error.value.message()
+def _log_settings(answer: Any) -> dict[str, Any]:
+    return {
+        name: getattr(value, value.WhichOneof("parameter_choice")) for name, value in answer.settings.items()
+    }
+
+
+def test_log_settings_are_read_and_changed(client, dataplane, url):
+    defaults = {
+        "log_file": "",
+        "log_info": True,
+        "log_warning": True,
+        "log_error": True,
+        "log_verbose_level": 0,
+        "log_format": "default",
+    }
+    assert _log_settings(client.get_log_settings()) == defaults
+    try:
+        changed = client.update_log_settings(
+            {"log_info": False, "log_verbose_level": 2, "log_format": "ISO8601"}
+        )
+        wanted = {**defaults, "log_info": False, "log_verbose_level": 2, "log_format": "ISO8601"}
+        assert _log_settings(changed) == wanted
+        assert dataplane.logs.current.to_json() == wanted
+        for settings, code, message in (
+            ({"log_file": "other.log"}, "StatusCode.UNIMPLEMENTED", "log file location can not be updated"),
+            (
+                {"log_format": "json"},
+                "StatusCode.INVALID_ARGUMENT",
+                "invalid argument for log_format, got: json",
+            ),
+        ):
+            with pytest.raises(InferenceServerException) as error:
+                client.update_log_settings(settings)
+            assert status_of(error.value) == code and message in error.value.message()
+        with grpc.insecure_channel(url) as channel:  # a value of the wrong type (tritonclient types by name)
+            request = triton_pb.LogSettingsRequest()
+            request.settings["log_error"].uint32_param = 0
+            with pytest.raises(grpc.RpcError) as refused:
+                triton_grpc.GRPCInferenceServiceStub(channel).LogSettings(request)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert refused.value.details() == "expect boolean for 'log_error'"
+        assert _log_settings(client.get_log_settings()) == wanted  # a refused update changed nothing
+    finally:
+        client.update_log_settings({"log_info": True, "log_verbose_level": 0, "log_format": "default"})
 
 
 @pytest.mark.parametrize(

@@ -150,7 +150,7 @@ def test_error_status_codes(client: grpcclient.InferenceServerClient) -> None:
             lambda: client.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]}),
             "StatusCode.UNIMPLEMENTED",
         ),
-        (lambda: client.get_log_settings(), "StatusCode.UNIMPLEMENTED"),
+        (lambda: client.update_log_settings({"log_file": "elsewhere.log"}), "StatusCode.UNIMPLEMENTED"),
     ]
     for call, status in cases:
         with pytest.raises(InferenceServerException) as caught:

@@ -69,6 +69,7 @@ ARGS: dict[str, tuple[Any, ...]] = {
     "index": (),
     "deployed_plan": (),
     "is_started": (),
+    "log_settings": (None, 1.0),
     "infer_internal": (InferRequest("m", {}),),
     "infer_stream_internal": (InferRequest("m", {}),),
     "load_status": (),

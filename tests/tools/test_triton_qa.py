@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.triton_qa import batcher, infer_variable, infer_zero, string_io, unittest_junit
+from tools.triton_qa import batcher, infer_variable, infer_zero, log_settings, string_io, unittest_junit
 from tools.triton_qa.junit import TestOutcome, parse_junit_text
 from tools.triton_qa.models import apply_edit, build_repository
 from tools.triton_qa.report import RunRecord, write_results
@@ -32,6 +32,8 @@ def test_suite_table_names_the_first_suites_and_their_test_files() -> None:
     assert {"L0_http", "L0_grpc", "L0_backend_python", "L0_batcher"} <= set(SUITES)
     assert {"L0_infer_zero", "L0_infer_variable", "L0_string_io"} <= set(SUITES)
     assert batcher.L0_BATCHER is SUITES["L0_batcher"]
+    assert log_settings.L0_LOGGING is SUITES["L0_logging"]
+    assert [r.test_file for r in SUITES["L0_logging"].runs] == ["logging_endpoint_test.py"]
     for suite in SUITES.values():
         assert suite.runs
         labels = [r.label for r in suite.runs]

@@ -18,6 +18,7 @@ from tools.triton_qa import (  # noqa: F401
     infer_variable,
     infer_zero,
     input_validation,
+    log_settings,
     metrics,
     optional_input,
     parameters,

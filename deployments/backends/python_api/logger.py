@@ -9,12 +9,11 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
 from deployments.backends.python_api.context import current_model_name
-from deployments.settings import ServerSettings
+from deployments.settings import LogSettings
 
 _log = logging.getLogger("triton_python_backend")
 
@@ -29,85 +28,82 @@ class _LogLevel(IntEnum):
 _LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
 
 
-@dataclass(frozen=True)
-class LogOptions:
-    """Triton's log flags as a replica applies them (``ServerSettings.log_options()``)."""
-
-    verbose: int = 0  # --log-verbose: >0 shows the models' verbose lines and the server's debug lines
-    info: bool = True  # --log-info
-    warning: bool = True  # --log-warning
-    error: bool = True  # --log-error
-    iso8601: bool = False  # --log-format=ISO8601 (default: Triton's "default" form)
-    file: str = ""  # --log-file: append there instead of standard error
-
-    @classmethod
-    def from_settings(cls, settings: ServerSettings) -> LogOptions:
-        return cls(
-            verbose=settings.log_verbose,
-            info=settings.log_info,
-            warning=settings.log_warning,
-            error=settings.log_error,
-            iso8601=settings.log_format == "ISO8601",
-            file=settings.log_file,
-        )
-
-    def lowest(self, default: int) -> int:
-        """The lowest level a handler passes: DEBUG with verbose; else the first enabled of INFO,
-        WARNING, ERROR (no less than ``default``); above CRITICAL when every level is off."""
-        if self.verbose > 0:
-            return logging.DEBUG
-        for level, on in (
-            (logging.INFO, self.info),
-            (logging.WARNING, self.warning),
-            (logging.ERROR, self.error),
-        ):
-            if on:
-                return max(level, default)
-        return logging.CRITICAL + 1
-
-
-def log_to_stderr(options: LogOptions | None = None) -> None:
-    """Write the models' log lines to this process's standard error (or ``options.file``), as
+def log_to_stderr(settings: LogSettings | None = None) -> None:
+    """Write the models' log lines to this process's standard error (or ``settings.file``), as
     tritonserver writes its log (a served replica: Ray keeps the worker's stderr in its ``worker-*.err``
     file; Serve replaces ``sys.stderr`` with a buffered logger of its own, so the original stream is
     used). Lines are Triton's form: level letter, date and time, process, the model file's line, the
-    message. INFO and above, as tritonserver without ``--log-verbose``; the flags in ``options`` change
-    that as they change tritonserver's log."""
-    options = options or LogOptions()
+    message. Each level shows as Triton's log flags say: INFO, WARNING and ERROR each on or off, verbose
+    (Python's DEBUG) from level 1. Called again with changed settings (the logging extension), it
+    replaces what it set before."""
+    settings = settings or LogSettings()
     for logger_ in (_log, logging.getLogger("deployments")):
         for handler in [h for h in logger_.handlers if getattr(h, "_triton_stderr", False)]:
             logger_.removeHandler(handler)
             handler.close()
-    _log.addHandler(_handler(options, options.lowest(logging.INFO)))
+    _log.addHandler(_handler(settings, server=False))
     _log.setLevel(logging.DEBUG)
     _log.propagate = False  # not again through Serve's redirected stderr
     # the server's own warnings and errors in a replica (a model's execute raising, a failed load) too,
-    # as tritonserver logs them: Serve keeps them in its replica files only, never in the server's log
+    # as tritonserver logs them: Serve keeps them in its replica files only, never in the server's log;
+    # its info and debug lines only with verbose logging
     server = logging.getLogger("deployments")
-    server.addHandler(_handler(options, options.lowest(logging.WARNING)))
-    if options.verbose > 0:
-        server.setLevel(logging.DEBUG)
+    server.addHandler(_handler(settings, server=True))
+    server.setLevel(logging.DEBUG if settings.verbose_level > 0 else logging.NOTSET)
 
 
-def _handler(options: LogOptions, level: int) -> logging.Handler:
+def shows(settings: LogSettings, level: int, server: bool = False) -> bool:
+    """Whether a line at Python ``level`` is written under ``settings``: ERROR and WARNING as their
+    flags say; INFO as ``info`` says (the server's own INFO lines only with verbose logging too);
+    DEBUG (Triton's verbose) from verbose level 1."""
+    if level >= logging.ERROR:
+        return settings.error
+    if level >= logging.WARNING:
+        return settings.warning
+    if level >= logging.INFO:
+        return settings.info and (not server or settings.verbose_level > 0)
+    return settings.verbose_level > 0
+
+
+def _handler(settings: LogSettings, server: bool) -> logging.Handler:
     handler: logging.Handler
-    if options.file:
-        handler = logging.FileHandler(options.file, encoding="utf-8")  # appends: every replica, one file
+    if settings.file:
+        handler = logging.FileHandler(settings.file, encoding="utf-8")  # appends: every replica, one file
     else:
         handler = logging.StreamHandler(sys.__stderr__ or sys.stderr)
-    handler.setLevel(level)
-    if options.iso8601:
-        form = logging.Formatter(
-            "%(asctime)s %(levelname)s %(filename)s:%(lineno)d] %(message)s", "%Y-%m-%dT%H:%M:%SZ"
-        )
-        form.converter = time.gmtime
-    else:
-        form = logging.Formatter(
-            "%(levelname).1s%(asctime)s %(process)d %(filename)s:%(lineno)d] %(message)s", "%m%d %H:%M:%S"
-        )
-    handler.setFormatter(form)
+    handler.addFilter(lambda record: shows(settings, record.levelno, server))
+    handler.setFormatter(TritonLogForm(iso8601=settings.format == "ISO8601"))
     setattr(handler, "_triton_stderr", True)  # noqa: B010 - marks ours, to replace it on a second call
     return handler
+
+
+_LETTERS = {logging.DEBUG: "I", logging.INFO: "I", logging.WARNING: "W"}  # verbose lines are I in Triton
+
+
+class TritonLogForm(logging.Formatter):
+    """Triton's two log line forms (docs/protocol/extension_logging.md), in UTC:
+    ``default``: ``<L><mmdd> <HH:MM:SS.uuuuuu> <pid> <file>:<line>] <message>``;
+    ``ISO8601``: ``<yyyy-mm-dd>T<HH:MM:SS>Z <L> <pid> <file>:<line>] <message>``.
+    ``L`` is I, W or E (verbose lines are I, as in Triton); a traceback follows on its own lines."""
+
+    def __init__(self, iso8601: bool = False) -> None:
+        super().__init__()
+        self.iso8601 = iso8601
+
+    def format(self, record: logging.LogRecord) -> str:
+        when = time.gmtime(record.created)
+        letter = _LETTERS.get(record.levelno, "E" if record.levelno > logging.WARNING else "I")
+        if self.iso8601:
+            head = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', when)} {letter}"
+        else:
+            micros = int((record.created % 1) * 1_000_000)
+            head = f"{letter}{time.strftime('%m%d %H:%M:%S', when)}.{micros:06d}"
+        text = f"{head} {record.process} {record.filename}:{record.lineno}] {record.getMessage()}"
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            text += "\n" + record.exc_text
+        return text
 
 
 def _emit(level: int, message: Any) -> None:
