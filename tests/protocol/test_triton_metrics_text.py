@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from deployments import custom_metrics
 from deployments.backends.base import Backend, BackendContext, timed
@@ -138,35 +139,53 @@ async def test_listener_answers_metrics_only_and_keeps_the_connection() -> None:
         await server.wait_closed()
 
 
+class _Clock:
+    """The clock the runtime and the backend's timers read, moved on only by :meth:`spend`, so the
+    durations they measure are exactly what the backend spent, however loaded the machine is."""
+
+    def __init__(self) -> None:
+        self.now_ns = 10**12
+
+    def read(self) -> int:
+        return self.now_ns
+
+    def spend(self, ms: int) -> None:
+        self.now_ns += ms * 1_000_000
+
+
 class _PhasedBackend(Backend):
     """Spends known times preparing inputs, computing and producing outputs."""
+
+    clock: _Clock
 
     def load(self) -> None:
         pass
 
     async def execute(self, requests: Sequence[InferRequest]) -> list[InferResponse]:
         with timed("input"):
-            time.sleep(0.02)
-        time.sleep(0.04)
+            self.clock.spend(20)
+        self.clock.spend(40)
         with timed("output"):
-            time.sleep(0.01)
+            self.clock.spend(10)
         return [InferResponse(outputs={"OUT": r.inputs["IN"]}) for r in requests]
 
 
-async def test_compute_time_is_split_into_input_infer_and_output() -> None:
+async def test_compute_time_is_split_into_input_infer_and_output(monkeypatch: pytest.MonkeyPatch) -> None:
     model = describe(
         "phased", Path("/nonexistent"), "phased", [spec("IN", "FP32", [1])], [spec("OUT", "FP32", [1])]
     )
+    clock = _Clock()
+    monkeypatch.setattr(time, "monotonic_ns", clock.read)
+    monkeypatch.setattr(time, "perf_counter_ns", clock.read)
     backend = _PhasedBackend(BackendContext(model=model, version=1))
+    backend.clock = clock
     runtime = VersionRuntime(model, 1, backend, TritonMetrics(counters=None))
     runtime.ready = True
     response = await runtime.infer(InferRequest("phased", {"IN": np.ones(1, np.float32)}))
     assert response.error is None
     stats = runtime.stats.to_json()["inference_stats"]
     ms = {k: stats[k]["ns"] / 1e6 for k in ("compute_input", "compute_infer", "compute_output")}
-    assert 18 <= ms["compute_input"] < 35, ms
-    assert 38 <= ms["compute_infer"] < 60, ms
-    assert 9 <= ms["compute_output"] < 25, ms
+    assert ms == {"compute_input": 20, "compute_infer": 40, "compute_output": 10}
     assert runtime.pending == 0
 
 
