@@ -330,12 +330,11 @@ MODEL_HOST_GAUGES = {
     "nv_model_host_resident_bytes": "Memory a pooled model takes on the host replicas where it is loaded",
     "nv_model_host_resident_gpu_bytes": "GPU memory a pooled model takes on the host replicas where it is loaded",
 }
-# Every family /metrics prints, custom families aside: what a dashboard may query (none is a histogram)
+# Every family /metrics prints by default, custom families aside: what a dashboard may query (none is a
+# histogram; the latency summaries of --metrics-config summary_latencies=true are opt-in, SUMMARIES)
 FAMILIES: tuple[str, ...] = (
     *COUNTERS,
     *CACHE_COUNTERS,
-    *SUMMARIES,
-    *CACHE_SUMMARIES,
     PENDING,
     *SYSTEM_GAUGES,
     *MODEL_HOST_COUNTERS,
