@@ -15,12 +15,16 @@ from typing import Any
 # importing these modules registers their suites
 from tools.triton_qa import (  # noqa: F401
     batcher,
+    decoupled,
     infer_variable,
     infer_zero,
     input_validation,
     optional_input,
     parameters,
+    response_cache,
     sequence,
+    server_status,
+    simple_ensemble,
     string_io,
 )
 from tools.triton_qa.report import RESULTS_DIR, RunRecord, git_commit, write_results

@@ -332,13 +332,20 @@ def link_server_log(folder: Path, name: str, log_path: Path) -> Path | None:
     return link
 
 
+def repository_path(ws: Workspace, suite: Suite, run: Run) -> Path:
+    """Where ``run``'s repository is laid out: the run's own folder, or the suite's folder of the work
+    copy where ``test.sh`` puts it for tests that edit it (``run.repository_at``)."""
+    if run.repository_at:
+        return ws.qa / suite.name / run.repository_at
+    return ws.slot(suite, run) / "models"
+
+
 def run_both(
     ws: Workspace, suite: Suite, run: Run, servers: Sequence[str], only: Sequence[str] = ()
 ) -> tuple[dict[str, RunResult], list[tuple[str, str]]]:
     """Lay out ``run``'s repository and run it on each of ``servers`` in turn; also returns the models
     that could not be built. ``only``: test ids to keep (a run's ``server_per_test`` list)."""
-    slot = ws.slot(suite, run)
-    built = build_repository(run.models, ws.checkout, ws.cache, slot / "models")
+    built = build_repository(run.models, ws.checkout, ws.cache, repository_path(ws, suite, run))
     results: dict[str, RunResult] = {}
     for which in servers:
         if run.server_per_test and run.tests:
