@@ -33,6 +33,7 @@ HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 REFERENCE, THIS = "tritonserver", "this server"
 # both servers: a model one of them cannot load fails its tests, not the whole run
 COMMON_TRITON_ARGS = ("--strict-readiness=false",)
+START_ATTEMPTS = 2  # a server that fails to start is started once more before its tests are failed
 # tritonserver flags with another spelling here: flag -> (value -> this server's arguments)
 _RENAMED: dict[str, dict[str, list[str]]] = {
     "--strict-readiness": {"false": ["--no-strict-readiness"], "true": []},
@@ -284,14 +285,19 @@ def run_tests(
         result.error = f"ports {busy} still taken by another process; not started"
         return result
     server_env = {**run.env, "SERVER_LOG": str(log_path)}
-    try:
-        handle, result.dropped_args = start_server(
-            which, repo, (*COMMON_TRITON_ARGS, *run.server_args), server_env, log_path
-        )
-    except (PeerSetupError, TimeoutError, OSError) as exc:
-        result.error = f"{which} did not start: {str(exc).strip().splitlines()[0][:300]}"
-        result.seconds = time.monotonic() - started
-        return result
+    for attempt in range(START_ATTEMPTS):
+        try:
+            handle, result.dropped_args = start_server(
+                which, repo, (*COMMON_TRITON_ARGS, *run.server_args), server_env, log_path
+            )
+            break
+        except (PeerSetupError, TimeoutError, OSError) as exc:
+            # a start that fails on a loaded machine (Ray's node or GCS timing out) gets one more try
+            if attempt + 1 < START_ATTEMPTS and not wait_ports_free((HTTP_PORT, GRPC_PORT, METRICS_PORT)):
+                continue
+            result.error = f"{which} did not start: {str(exc).strip().splitlines()[0][:300]}"
+            result.seconds = time.monotonic() - started
+            return result
     named_log: Path | None = None
     try:
         result.not_ready = models_not_ready(slot / f"index-{tag}{suffix}.json")
