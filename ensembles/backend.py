@@ -23,8 +23,9 @@ own statistics.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -159,3 +160,13 @@ class EnsembleBackend(Backend):
     async def execute(self, requests: Sequence[InferRequest]) -> list[InferResponse]:
         assert self._scheduler is not None, "load() first"
         return list(await asyncio.gather(*(self._scheduler.infer(r) for r in requests)))
+
+    async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """An ensemble with a decoupled step streams each response as it is made; others answer once."""
+        assert self._scheduler is not None, "load() first"
+        if not self.model.decoupled:
+            yield await self._scheduler.infer(request)
+            return
+        async with contextlib.aclosing(self._scheduler.stream(request)) as responses:
+            async for response in responses:
+                yield response

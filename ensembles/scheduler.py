@@ -6,6 +6,15 @@ branches run together; only the steps the requested outputs need run. A step
 that fails fails its request alone: the error names the step's model and keeps
 the step's error code, and the request's other steps are cancelled.
 
+An ensemble with a decoupled step (itself decoupled, as Triton makes it) streams
+(:meth:`EnsembleScheduler.stream`): the steps after a decoupled step run once for each
+of its responses, and the ensemble answers each time the requested outputs of one such
+response are all made, then sends the final flag alone. Each tensor then carries its
+*path*, the response number of every decoupled step it came through (the ensemble's
+inputs have the empty path); a step runs for each set of its inputs whose paths lie on
+one line (each a prefix of the longest) and its outputs take the longest, extended by
+the response number where the step is itself decoupled.
+
 A tensor may pass between a model that batches and one that does not (the
 validator accepts it where the shapes agree with or without the batch
 dimension). Each tensor keeps the batch size of the request that made it
@@ -16,8 +25,10 @@ one where the receiving model's configuration asks for it, as Triton does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +56,21 @@ class StepTiming:
     @property
     def duration_ns(self) -> int:
         return self.end_ns - self.start_ns
+
+
+@dataclass(frozen=True)
+class PathValue:
+    """A tensor of a streaming ensemble request, the path it was made on, and its batch size."""
+
+    tensor: Tensor
+    path: tuple[int, ...]
+    batch: int
+
+
+def common_path(paths: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:
+    """The longest of ``paths`` where every other one is a prefix of it (they lie on one line), else None."""
+    longest = max(paths, key=len, default=())
+    return longest if all(longest[: len(p)] == p for p in paths) else None
 
 
 StepCallback = Callable[[StepTiming], None]
@@ -146,6 +172,168 @@ class EnsembleScheduler:
             if tensors.get(name, ABSENT) is not ABSENT
         }
         return response
+
+    async def stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
+        """Every response of ``request`` to an ensemble with a decoupled step (see the module's text): one
+        for each path on which the requested outputs are all made, then the final flag alone; a failing
+        step ends the stream with its error."""
+        outputs = request.output_names(self.graph.output_names)
+        batch_size = request_batch_size(self.graph.ensemble, request.inputs)
+        graph = self._plan(outputs)
+        needed = set(outputs).union(*(s.consumes for s in graph.steps))
+        values: dict[str, list[PathValue]] = {
+            name: [PathValue(tensor, (), batch_size)] for name, tensor in request.inputs.items()
+        }
+        made: asyncio.Queue[tuple[StepNode, dict[str, PathValue] | BaseException | None]] = asyncio.Queue()
+        running: dict[asyncio.Task[None], StepNode] = {}
+        started: set[tuple[int, tuple[tuple[int, ...], ...]]] = set()
+        answered: set[tuple[int, ...]] = set()
+        outstanding = 0  # steps started that have not sent their last response
+        try:
+            while True:
+                for step, inputs, path in self._runnable(graph, values, started):
+                    task = asyncio.create_task(self._stream_step(step, request, inputs, path, needed, made))
+                    running[task] = step
+                    outstanding += 1
+                if not outstanding:
+                    break
+                step, result = await made.get()
+                running = {t: s for t, s in running.items() if not t.done()}
+                if isinstance(result, BaseException):
+                    yield self._answer(request, error=step_error(self.graph.name, step, result))
+                    return
+                if result is None:
+                    outstanding -= 1
+                    continue
+                for name, value in result.items():
+                    values.setdefault(name, []).append(value)
+                for path in sorted({v.path for n, v in result.items() if n in outputs}):
+                    answer = self._answer_on(path, outputs, values, answered)
+                    if answer is not None:
+                        yield self._answer(request, outputs=answer)
+        finally:
+            await _cancel(running)
+        yield self._answer(request, final=True)
+
+    def _answer(
+        self,
+        request: InferRequest,
+        outputs: dict[str, Tensor] | None = None,
+        error: ServerError | None = None,
+        final: bool = False,
+    ) -> InferResponse:
+        return InferResponse(
+            outputs=outputs or {},
+            model_name=self.graph.name,
+            model_version=str(self.graph.ensemble.latest_version),
+            id=request.id,
+            error=error,
+            final=final or error is not None,
+        )
+
+    def _answer_on(
+        self,
+        path: tuple[int, ...],
+        outputs: list[str],
+        values: Mapping[str, list[PathValue]],
+        answered: set[tuple[int, ...]],
+    ) -> dict[str, Tensor] | None:
+        """The requested ``outputs`` made on ``path`` (or a prefix of it), once all are there."""
+        if path in answered:
+            return None
+        found: dict[str, PathValue] = {}
+        for name in outputs:
+            on_line = [v for v in values.get(name, []) if path[: len(v.path)] == v.path]
+            if not on_line:
+                return None
+            found[name] = max(on_line, key=lambda v: len(v.path))
+        answered.add(path)
+        ensemble = self.graph.ensemble
+        batching = ensemble.max_batch_size > 0
+        return {
+            name: fit_batching(v.tensor, _dims(ensemble, name, output=True), batching, v.batch)
+            for name, v in found.items()
+            if v.tensor is not ABSENT
+        }
+
+    @staticmethod
+    def _runnable(
+        graph: EnsembleGraph,
+        values: Mapping[str, list[PathValue]],
+        started: set[tuple[int, tuple[tuple[int, ...], ...]]],
+    ) -> list[tuple[StepNode, dict[str, PathValue], tuple[int, ...]]]:
+        """Each step with a set of made inputs on one line it has not run with yet (marked started)."""
+        runnable = []
+        for step in graph.steps:
+            produced = [t for t in step.consumes if t in graph.producer]
+            for chosen in itertools.product(*(values.get(t, []) for t in produced)):
+                paths = tuple(v.path for v in chosen)
+                path = common_path(paths)
+                if path is None or (step.index, paths) in started:
+                    continue
+                started.add((step.index, paths))
+                inputs = {t: values[t][0] for t in step.consumes if t in values and t not in produced}
+                inputs.update(zip(produced, chosen, strict=True))
+                runnable.append((step, inputs, path))
+        return runnable
+
+    async def _stream_step(
+        self,
+        step: StepNode,
+        request: InferRequest,
+        inputs: Mapping[str, PathValue],
+        path: tuple[int, ...],
+        needed: set[str],
+        made: asyncio.Queue[tuple[StepNode, dict[str, PathValue] | BaseException | None]],
+    ) -> None:
+        """Run ``step`` on ``inputs``; put each response's outputs (with their path) on ``made``, then
+        None, or the exception that ended it."""
+        wanted = [name for name, tensor in step.output_map.items() if tensor in needed]
+        tensors = {name: v.tensor for name, v in inputs.items()}
+        batches = {name: v.batch for name, v in inputs.items()}
+        sub = self._step_request(step, request, tensors, batches, wanted)
+        made_with = request_batch_size(step.model, sub.inputs)
+        start = time.perf_counter_ns()
+        success = False
+        count = 0
+        try:
+            async with contextlib.aclosing(self._stream_call(step, sub)) as responses:
+                async for response in responses:
+                    if response.error is not None:
+                        raise response.error
+                    if step.model.decoupled and not response.outputs:
+                        continue  # the final flag alone
+                    here = (*path, count) if step.model.decoupled else path
+                    count += 1
+                    made.put_nowait(
+                        (
+                            step,
+                            {
+                                step.output_map[name]: PathValue(
+                                    response.outputs.get(name, ABSENT), here, made_with
+                                )
+                                for name in wanted
+                            },
+                        )
+                    )
+            success = True
+            made.put_nowait((step, None))
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            made.put_nowait((step, error))
+        finally:
+            self._record(step, start, success)
+
+    def _stream_call(self, step: StepNode, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
+        if self.inline_nested and step.model_name in self.graph.nested:
+            nested = self._nested_scheduler(step.model_name)
+            return nested.stream(request) if step.model.decoupled else _one(nested.infer(request))
+        streaming = getattr(self.executor, "stream", None)
+        if step.model.decoupled and streaming is not None:
+            stream: AsyncGenerator[InferResponse, None] = streaming(request)
+            return stream
+        return _one(self.executor.infer(request))
 
     def _plan(self, outputs: list[str]) -> EnsembleGraph:
         key = tuple(sorted(outputs))
@@ -277,6 +465,11 @@ class EnsembleScheduler:
 def _dims(model: ModelDescription, name: str, output: bool = False) -> Sequence[int]:
     spec = model.output(name) if output else model.input(name)
     return spec.dims if spec is not None else ()
+
+
+async def _one(response: Any) -> AsyncGenerator[InferResponse, None]:
+    """The one response of an awaitable, as a stream."""
+    yield await response
 
 
 async def _cancel(running: Mapping[asyncio.Task[Any], StepNode]) -> None:

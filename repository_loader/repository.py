@@ -183,6 +183,10 @@ class _Loader:
             description = describe(prepared.config, prepared.path, prepared.versions)
             if description.is_ensemble:
                 self._check_ensemble(description, prepared.findings)
+                if not prepared.findings and self._has_decoupled_step(description):
+                    # Triton makes an ensemble with a decoupled step (at any depth) decoupled itself
+                    prepared.config.model_transaction_policy.decoupled = True
+                    description = describe(prepared.config, prepared.path, prepared.versions)
         if prepared.findings or description is None:
             self.state.failed[name] = prepared.findings.errors
             return
@@ -197,6 +201,11 @@ class _Loader:
         check_ensemble(
             ensemble, self.state.models, findings, failed=self.state.failed, step_models=self._step_models
         )
+
+    def _has_decoupled_step(self, ensemble: ModelDescription) -> bool:
+        """Whether a step of ``ensemble`` is decoupled (a nested ensemble is, where one of its steps is)."""
+        steps = (self.state.models.get(step.model_name) for step in ensemble.ensemble_steps)
+        return any(step is not None and step.decoupled for step in steps)
 
     def _step_models(self, name: str) -> list[str]:
         """The models the steps of ``name`` name ([] for a model that is not an ensemble of the repository)."""

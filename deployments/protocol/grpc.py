@@ -194,7 +194,7 @@ class GRPCInferenceServicer:
 
     async def ModelInfer(self, request: Any) -> Any:
         description, schema = await self.calls.schema(request.model_name, request.model_version)
-        self.calls.refuse_decoupled(description, "ModelInfer RPC", "ModelStreamInfer")
+        self.calls.refuse_decoupled(description, "ModelInfer RPC")
         infer_request = grpc_codec.decode_infer_request(request)
         self._forward_headers(infer_request)
         response = await self.calls.infer_one(infer_request, description)

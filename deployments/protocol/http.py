@@ -406,6 +406,7 @@ class _BaseApp:
         name = call.params["m"]
         version = call.params.get("v", "")
         description, schema = await self.calls.schema(name, version)
+        self.calls.refuse_decoupled(description, "HTTP end point")
         body = call.body
         encoding = call.header_text(b"content-encoding")
         if encoding:

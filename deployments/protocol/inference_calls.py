@@ -41,12 +41,10 @@ class InferenceCalls:
         return entry
 
     @staticmethod
-    def refuse_decoupled(description: ModelDescription, call: str, instead: str) -> None:
-        """A decoupled model may answer 0..N times: ``call`` answers exactly once, ``instead`` streams."""
+    def refuse_decoupled(description: ModelDescription, endpoint: str) -> None:
+        """A decoupled model may answer 0..N times: ``endpoint`` answers exactly once (Triton's words)."""
         if description.decoupled:
-            raise Unsupported(
-                f"model '{description.name}' is decoupled: the {call} cannot answer it, use {instead}"
-            )
+            raise Unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
 
     async def infer(
         self, request: InferRequest, description: ModelDescription, raw: RawRequest | None = None

@@ -488,7 +488,7 @@ def test_infer_typed_contents(url):
             "repeat",
             lambda: [int_input("COUNT", [1]), int_input("VALUE", [1])],
             "UNIMPLEMENTED",
-            "ModelStreamInfer",
+            "ModelInfer RPC doesn't support models with decoupled transaction policy",
         ),
     ],
 )

@@ -320,3 +320,15 @@ async def test_well_formed_json_of_wrong_shapes_never_crashes(dataplane):
         statuses.add(reply.status)
         assert reply.status in (200, 400), (doc, reply.body)
     assert statuses == {200, 400}
+
+
+async def test_a_decoupled_model_is_refused_on_http_infer_in_tritons_words(tmp_path):
+    from tests.protocol.grpc_fakes import StreamingFakeDataPlane, grpc_models
+
+    app = ModelHTTPApp(StreamingFakeDataPlane(grpc_models(tmp_path)), "repeat")
+    inputs = [{"name": n, "datatype": "INT32", "shape": [1], "data": [1]} for n in ("COUNT", "VALUE")]
+    reply = await call(app, "POST", "/v2/models/repeat/infer", json.dumps({"inputs": inputs}).encode())
+    assert reply.status == 501
+    assert reply.json() == {
+        "error": "HTTP end point doesn't support models with decoupled transaction policy"
+    }

@@ -8,11 +8,29 @@ from pathlib import Path
 
 import pytest
 
-from tools.triton_qa import batcher, infer_variable, infer_zero, log_settings, string_io, unittest_junit
+from tools.triton_qa import (
+    batcher,
+    decoupled,
+    infer_variable,
+    infer_zero,
+    log_settings,
+    response_cache,
+    simple_ensemble,
+    string_io,
+    unittest_junit,
+)
 from tools.triton_qa.junit import TestOutcome, parse_junit_text
 from tools.triton_qa.models import apply_edit, build_repository
 from tools.triton_qa.report import RunRecord, write_results
-from tools.triton_qa.runner import REFERENCE, THIS, RunResult, pytest_command, translate_args
+from tools.triton_qa.runner import (
+    REFERENCE,
+    THIS,
+    RunResult,
+    Workspace,
+    pytest_command,
+    repository_path,
+    translate_args,
+)
 from tools.triton_qa.suites import SUITES, Edit, Model, select
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
@@ -358,3 +376,55 @@ def test_a_run_with_only_backends_gets_test_util_with_the_other_validators_off(t
     probe = "import test_util as t; print(t.validate_for_tf_model(), t.validate_for_onnx_model(), t.shape_to_dims_str([2, 3]))"
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["False", "True", "2,3"]
+
+
+def test_graphdef_stand_ins_take_the_onnx_configuration_and_an_add_sub_per_version(tmp_path: Path) -> None:
+    (model, ensemble) = response_cache.MODELS
+    assert model.name == "graphdef_float32_float32_float32"
+    _pregenerated(
+        tmp_path / "cache",
+        "qa_model_repository",
+        "onnx_float32_float32_float32",
+        'name: "onnx_float32_float32_float32"\nplatform: "onnxruntime_onnx"\n',
+    )
+    (tmp_path / "cache/qa_model_repository/onnx_float32_float32_float32/output0_labels.txt").write_text("")
+    built = build_repository((model,), tmp_path / "checkout", tmp_path / "cache", tmp_path / "repo")
+    folder = built.path / model.name
+    assert (folder / "config.pbtxt").read_text() == (
+        'name: "graphdef_float32_float32_float32"\nbackend: "python"\n'
+    )
+    assert all((folder / v / "model.py").exists() for v in ("1", "2", "3"))
+    assert ensemble.source == "qa_ensemble_model_repository/simple_graphdef_float32_float32_float32"
+
+
+def test_a_run_that_edits_its_repository_gets_it_in_the_suites_folder(tmp_path: Path) -> None:
+    suite = response_cache.L0_RESPONSE_CACHE
+    ws = Workspace(tmp_path / "checkout", tmp_path / "work")
+    for run in suite.runs:
+        assert repository_path(ws, suite, run) == ws.qa / "L0_response_cache" / "models" / "ensemble_models"
+    other = simple_ensemble.L0_SIMPLE_ENSEMBLE
+    assert (
+        repository_path(ws, other, other.runs[0])
+        == ws.root / "runs" / "L0_simple_ensemble" / "ensemble" / "models"
+    )
+
+
+def test_decoupled_stand_ins_keep_test_shs_repository_and_non_decoupled_edit(tmp_path: Path) -> None:
+    runs = {r.label: r for r in decoupled.L0_DECOUPLED.runs}
+    assert dict(runs["delayed gRPC responses"].env) == {"TRITONSERVER_DELAY_GRPC_RESPONSE": "2000"}
+    checkout = tmp_path / "checkout"
+    src = checkout / "qa" / "L0_decoupled" / "models"
+    for name in ("identity_int32", "fan_repeat"):
+        (src / name).mkdir(parents=True)
+        (src / name / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "identity"\n')
+    models = [
+        m for m in runs["decoupled"].models if m.name in ("repeat_int32", "square_int32", "identity_int32")
+    ]
+    built = build_repository(tuple(models), checkout, tmp_path / "cache", tmp_path / "repo")
+    assert not built.skipped
+    assert "decoupled: True" in (built.path / "repeat_int32" / "config.pbtxt").read_text()
+    assert 'backend: "python"' in (built.path / "identity_int32" / "config.pbtxt").read_text()
+    assert (built.path / "square_int32" / "1" / "model.py").exists()
+    (single,) = runs["non-decoupled"].models
+    built = build_repository((single,), checkout, tmp_path / "cache", tmp_path / "repo2")
+    assert "decoupled: False" in (built.path / "repeat_int32" / "config.pbtxt").read_text()

@@ -15,6 +15,7 @@ from typing import Any
 # importing these modules registers their suites
 from tools.triton_qa import (  # noqa: F401
     batcher,
+    decoupled,
     infer_variable,
     infer_zero,
     input_validation,
@@ -22,7 +23,10 @@ from tools.triton_qa import (  # noqa: F401
     metrics,
     optional_input,
     parameters,
+    response_cache,
     sequence,
+    server_status,
+    simple_ensemble,
     string_io,
 )
 from tools.triton_qa.report import RESULTS_DIR, RunRecord, git_commit, write_results

@@ -29,6 +29,10 @@ GENERATORS: dict[str, tuple[str, ...]] = {
     # Triton's qa_ensemble_model_repository/qa_identity_model_repository: the *_zero ensembles and their
     # nop models (configurations only; the nop models are on Triton's identity backend)
     "qa_ensemble_identity_model_repository": ("gen_qa_identity_models.py", "--ensemble"),
+    # Triton's qa_ensemble_model_repository/qa_model_repository: the simple_*/fan_* ensembles (configurations)
+    "qa_ensemble_model_repository": ("gen_qa_models.py", "--ensemble"),
+    # the TorchScript models of qa_model_repository (needs torch)
+    "qa_libtorch_model_repository": ("gen_qa_models.py", "--libtorch"),
 }
 
 # a stand-in for Triton's example "simple" (a TensorFlow GraphDef): INT32 [-1, 16] sum and difference
@@ -91,6 +95,34 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 8 ] } ]
 dynamic_batching { max_queue_delay_microseconds: 1000000 }
 """
 
+# OUTPUT0 = INPUT0 + INPUT1 and OUTPUT1 = INPUT0 - INPUT1 in each output's configured type: the code of
+# Python stand-ins for the TensorFlow models ``graphdef_<in>_<out0>_<out1>`` of gen_qa_models.py (their
+# configuration comes from the ONNX model of the same types)
+_ADDSUB_MODEL = """import json
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.types = {
+            o["name"]: pb_utils.triton_string_to_numpy(o["data_type"]) for o in config["output"]
+        }
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+            outputs = [
+                pb_utils.Tensor("OUTPUT0", (a + b).astype(self.types["OUTPUT0"])),
+                pb_utils.Tensor("OUTPUT1", (a - b).astype(self.types["OUTPUT1"])),
+            ]
+            responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
+        return responses
+"""
+
 # an identity over every input (OUTPUTn = INPUTn): the code of Python stand-ins for models on Triton's
 # C++ identity backend, which also takes as long as its ``execute_delay_ms`` parameter says
 _IDENTITY_MODEL = """import time
@@ -125,6 +157,7 @@ OWN_MODELS: dict[str, dict[str, str]] = {
     "identity": {"1/model.py": _IDENTITY_MODEL},
     "simple": {"config.pbtxt": _SIMPLE_CONFIG, "1/model.py": _SIMPLE_MODEL},
     "object_addsub": {"1/model.py": _OBJECT_ADDSUB_MODEL},
+    "addsub": {"1/model.py": _ADDSUB_MODEL},
     "pt_identity": {"config.pbtxt": _PT_IDENTITY_CONFIG},
 }
 # own models with a TorchScript file: the module torch.jit.script makes for each

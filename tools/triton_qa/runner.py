@@ -33,6 +33,7 @@ HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 REFERENCE, THIS = "tritonserver", "this server"
 # both servers: a model one of them cannot load fails its tests, not the whole run
 COMMON_TRITON_ARGS = ("--strict-readiness=false",)
+START_ATTEMPTS = 2  # a server that fails to start is started once more before its tests are failed
 # tritonserver flags with another spelling here: flag -> (value -> this server's arguments)
 _RENAMED: dict[str, dict[str, list[str]]] = {
     "--strict-readiness": {"false": ["--no-strict-readiness"], "true": []},
@@ -284,14 +285,19 @@ def run_tests(
         result.error = f"ports {busy} still taken by another process; not started"
         return result
     server_env = {**run.env, "SERVER_LOG": str(log_path)}
-    try:
-        handle, result.dropped_args = start_server(
-            which, repo, (*COMMON_TRITON_ARGS, *run.server_args), server_env, log_path
-        )
-    except (PeerSetupError, TimeoutError, OSError) as exc:
-        result.error = f"{which} did not start: {str(exc).strip().splitlines()[0][:300]}"
-        result.seconds = time.monotonic() - started
-        return result
+    for attempt in range(START_ATTEMPTS):
+        try:
+            handle, result.dropped_args = start_server(
+                which, repo, (*COMMON_TRITON_ARGS, *run.server_args), server_env, log_path
+            )
+            break
+        except (PeerSetupError, TimeoutError, OSError) as exc:
+            # a start that fails on a loaded machine (Ray's node or GCS timing out) gets one more try
+            if attempt + 1 < START_ATTEMPTS and not wait_ports_free((HTTP_PORT, GRPC_PORT, METRICS_PORT)):
+                continue
+            result.error = f"{which} did not start: {str(exc).strip().splitlines()[0][:300]}"
+            result.seconds = time.monotonic() - started
+            return result
     named_log: Path | None = None
     try:
         result.not_ready = models_not_ready(slot / f"index-{tag}{suffix}.json")
@@ -332,13 +338,20 @@ def link_server_log(folder: Path, name: str, log_path: Path) -> Path | None:
     return link
 
 
+def repository_path(ws: Workspace, suite: Suite, run: Run) -> Path:
+    """Where ``run``'s repository is laid out: the run's own folder, or the suite's folder of the work
+    copy where ``test.sh`` puts it for tests that edit it (``run.repository_at``)."""
+    if run.repository_at:
+        return ws.qa / suite.name / run.repository_at
+    return ws.slot(suite, run) / "models"
+
+
 def run_both(
     ws: Workspace, suite: Suite, run: Run, servers: Sequence[str], only: Sequence[str] = ()
 ) -> tuple[dict[str, RunResult], list[tuple[str, str]]]:
     """Lay out ``run``'s repository and run it on each of ``servers`` in turn; also returns the models
     that could not be built. ``only``: test ids to keep (a run's ``server_per_test`` list)."""
-    slot = ws.slot(suite, run)
-    built = build_repository(run.models, ws.checkout, ws.cache, slot / "models")
+    built = build_repository(run.models, ws.checkout, ws.cache, repository_path(ws, suite, run))
     results: dict[str, RunResult] = {}
     for which in servers:
         if run.server_per_test and run.tests:

@@ -67,6 +67,8 @@ class Run:
     # the model types the tests may ask for ("onnx", "ensemble", ...): where set, test_util's validators
     # of every other type answer False (tools/triton_qa/restrict), for tests that ignore BACKENDS
     only_backends: tuple[str, ...] = ()
+    # where test.sh lays the repository out, relative to the suite's folder, for tests that edit it there
+    repository_at: str = ""
     timeout_s: float = 900.0
 
 
@@ -93,6 +95,23 @@ def generated(name: str, source: str, *edits: Edit, append: str = "") -> Model:
     """A model written by ``gen_qa_*.py`` (``source``: ``<repository>/<model>``), renamed to ``name``."""
     rename = Edit(r'^name: ".*"', f'name: "{name}"')
     return Model(name, "generated", source, edits=(rename, *edits), append=append)
+
+
+def graphdef_stand_in(types: str, versions: tuple[int, ...] = (1,)) -> Model:
+    """A Python stand-in for gen_qa_models.py's TensorFlow model ``graphdef_<types>``: the ONNX model's
+    configuration of the same types, an add/sub in each of ``versions``."""
+    name = f"graphdef_{types}"
+    return Model(
+        name,
+        "generated",
+        f"qa_model_repository/onnx_{types}",
+        files=(
+            ("config.pbtxt", "config.pbtxt"),
+            ("output0_labels.txt", "output0_labels.txt"),
+            *((("own:addsub/1/model.py", f"{v}/model.py")) for v in versions),
+        ),
+        edits=(Edit(r'^name: ".*"', f'name: "{name}"'), Edit(r"^platform:.*", 'backend: "python"')),
+    )
 
 
 SIMPLE = Model("simple", "own", "simple")
