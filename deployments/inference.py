@@ -53,6 +53,9 @@ class InferRequest:
     arrival_ns: int = 0
     # the client went away (a cancelled gRPC call): the model sees it as ``request.is_cancelled()``
     cancelled: bool = field(default=False, compare=False)
+    # which request this is to the runtime that counts it waiting: kept by ``dataclasses.replace``, so
+    # a copy a scheduler makes (a sequence's control inputs added) is still the same request
+    ticket: int = field(default=0, compare=False)
 
     def batch_rows(self) -> int:
         """Rows this request adds to a batch (first dimension of its inputs)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -42,6 +43,16 @@ if TYPE_CHECKING:
     from deployments.runtime.batching import Scheduler
 
 logger = logging.getLogger(__name__)
+
+_tickets = itertools.count(1)
+
+
+def _ticket(request: InferRequest) -> int:
+    """``request``'s ticket, given on first use (its copies keep it: the same request, still waiting)."""
+    if not request.ticket:
+        request.ticket = next(_tickets)
+    return request.ticket
+
 
 ExecuteFn = Callable[[Sequence[InferRequest]], Awaitable[list[InferResponse]]]
 
@@ -84,7 +95,7 @@ class VersionRuntime:
             )
         self.ready = False
         self.schema = ModelSchema.from_description(model)
-        self._waiting: set[int] = set()  # requests accepted and not yet handed to the backend
+        self._waiting: set[int] = set()  # tickets of requests accepted and not yet handed to the backend
         self.failures: dict[str, int] = {}  # failed requests by Triton's reason (OTHER, BACKEND, ...)
         # docs: config parameters ``execution_timeout_ms``; ``hung`` says why the version stopped serving
         self.execution_timeout_s = execution_timeout_s(model)
@@ -101,7 +112,7 @@ class VersionRuntime:
         start = time.monotonic_ns()
         queue = [start - (r.arrival_ns or start) for r in requests]
         for request in requests:
-            self._waiting.discard(id(request))
+            self._waiting.discard(_ticket(request))
         if self.hung is not None:
             raise Unavailable(f"{self.hung}; the instance is being restarted")
         times, token = begin_compute_times()
@@ -133,7 +144,7 @@ class VersionRuntime:
         queue = [start - (r.arrival_ns or start) for r in requests]
         streams, execution = self.backend.stream_batch(requests)
         for request, stream in zip(requests, streams, strict=True):
-            self._waiting.discard(id(request))
+            self._waiting.discard(_ticket(request))
             started = self._stream_starts.pop(id(request), None)
             if started is not None and not started.done():
                 started.set_result(stream)
@@ -150,7 +161,7 @@ class VersionRuntime:
         assert self._stream_batcher is not None
         started: asyncio.Future[AsyncIterator[InferResponse]] = asyncio.get_running_loop().create_future()
         self._stream_starts[id(request)] = started
-        self._waiting.add(id(request))
+        self._waiting.add(_ticket(request))
         submitted = asyncio.ensure_future(self._stream_batcher.submit(request))
         submitted.add_done_callback(lambda t: t.cancelled() or t.exception())
         try:
@@ -176,7 +187,7 @@ class VersionRuntime:
                     await aclose()
         finally:
             self._stream_starts.pop(id(request), None)
-            self._waiting.discard(id(request))
+            self._waiting.discard(_ticket(request))
             if not started.done():  # left while queued: the batcher drops it
                 submitted.cancel()
 
@@ -219,7 +230,7 @@ class VersionRuntime:
                     self.stats.record_cache(True, time.monotonic_ns() - lookup)
                     return InferResponse(outputs=dict(cached.outputs), parameters=dict(cached.parameters))
                 lookup = time.monotonic_ns() - lookup
-            self._waiting.add(id(request))
+            self._waiting.add(_ticket(request))
             reason = "BACKEND"
             try:
                 response = await self.scheduler.submit(request)
@@ -234,7 +245,7 @@ class VersionRuntime:
                 self.stats.record_cache(False, lookup + time.monotonic_ns() - insert)
             return response
         finally:
-            self._waiting.discard(id(request))
+            self._waiting.discard(_ticket(request))
             duration = time.monotonic_ns() - arrival
             self.stats.record_request(ok, duration)
             self._metrics.request(self._tags, ok, duration)

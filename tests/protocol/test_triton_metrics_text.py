@@ -233,3 +233,40 @@ def test_model_host_families_sum_over_host_replicas() -> None:
     assert values['nv_model_host_resident_gpu_bytes{model="a"}'] == "1024"
     assert values['nv_model_host_resident_gpu_bytes{model="b"}'] == "0"
     assert "# TYPE nv_model_host_load_total counter" in text and "# TYPE nv_model_host_resident gauge" in text
+
+
+class _HeldBackend(Backend):
+    """Answers each batch once the test releases it; records the batch sizes it ran."""
+
+    release: asyncio.Event
+    batches: list[int]
+
+    def load(self) -> None:
+        pass
+
+    async def execute(self, requests: Sequence[InferRequest]) -> list[InferResponse]:
+        self.batches.append(len(requests))
+        await self.release.wait()
+        return [InferResponse(outputs={"OUT": r.inputs["IN"]}) for r in requests]
+
+
+async def test_requests_of_a_running_sequence_batch_are_no_longer_pending() -> None:
+    """Triton's pending count is the requests waiting for an instance: a sequence batch's requests
+    leave it when the batch starts, though the batcher runs copies of them (their control inputs)."""
+    from tests.batching.sequence_models import req, sequence_model
+
+    backend = _HeldBackend(BackendContext(model=sequence_model(), version=1))
+    backend.release, backend.batches = asyncio.Event(), []
+    runtime = VersionRuntime(sequence_model(), 1, backend, TritonMetrics(counters=None))
+    runtime.ready = True
+    # four sequences fill the batch (max_batch_size 4); two more requests of them wait behind it
+    calls = [asyncio.ensure_future(runtime.infer(req(cid, 1.0, start=True))) for cid in (1, 2, 3, 4)]
+    calls += [asyncio.ensure_future(runtime.infer(req(cid, 2.0))) for cid in (1, 2)]
+    while not backend.batches:
+        await asyncio.sleep(0.01)
+    assert backend.batches == [4]
+    assert runtime.pending == 2
+    backend.release.set()
+    responses = await asyncio.gather(*calls)
+    assert all(r.error is None for r in responses)
+    assert runtime.pending == 0
