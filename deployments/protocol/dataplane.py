@@ -28,6 +28,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from deployments.inference import InferRequest, InferResponse
+from deployments.protocol.shared_memory import SharedMemory, local_shared_memory
 from deployments.runtime.router import RawReply, RawRequest, Router
 from repository_loader.errors import NotFound, Unavailable
 from repository_loader.model import ModelDescription, TensorSpec
@@ -44,6 +45,7 @@ SERVER_EXTENSIONS: tuple[str, ...] = (
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "system_shared_memory",
 )
 
 
@@ -166,6 +168,8 @@ class ModelDataPlane:
     ``front_ends_ready`` (the server application) holds readiness back until every front end
     answers, so that a client told "ready" over HTTP is answered over gRPC too. ``discover`` (a
     model host) makes a model its registry does not know yet known, where it exists (True).
+    ``shared_memory`` is the process's view of the registered shared-memory regions (default: a
+    table of its own, as the server application holds it; a model replica's asks the server's).
     """
 
     def __init__(
@@ -176,8 +180,10 @@ class ModelDataPlane:
         describe_elsewhere: Describe | None = None,
         front_ends_ready: Callable[[], bool] | None = None,
         discover: Callable[[str], Awaitable[bool]] | None = None,
+        shared_memory: SharedMemory | None = None,
     ) -> None:
         self.registry = registry
+        self.shared_memory = shared_memory if shared_memory is not None else local_shared_memory()
         self._discover = discover
         self.router = router
         # extra fields of the server metadata: what the operator must know (e.g. a slow request path)

@@ -20,6 +20,7 @@ from deployments.protocol.dataplane import (
     model_metadata_document,
     server_metadata_document,
 )
+from deployments.protocol.shared_memory import local_shared_memory
 from deployments.runtime.checks import ModelSchema
 from repository_loader.errors import InvalidArgument, NotFound, Unavailable
 from repository_loader.model import ModelDescription, ModelState, TensorSpec
@@ -45,6 +46,7 @@ class FakeDataPlane:
         self.loaded: list[tuple[str, dict]] = []
         self.unloaded: list[tuple[str, dict]] = []
         self.requests: list[InferRequest] = []
+        self.shared_memory = local_shared_memory()  # system shared memory, as the server application holds it
 
     def _model(self, name: str) -> FakeModel:
         model = self.models.get(name)
