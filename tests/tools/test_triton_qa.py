@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.triton_qa import batcher, infer_variable, infer_zero, string_io, unittest_junit
+from tools.triton_qa import batcher, infer_variable, infer_zero, shared_memory, string_io, unittest_junit
 from tools.triton_qa.junit import TestOutcome, parse_junit_text
 from tools.triton_qa.models import apply_edit, build_repository
 from tools.triton_qa.report import RunRecord, write_results
@@ -356,3 +356,30 @@ def test_a_run_with_only_backends_gets_test_util_with_the_other_validators_off(t
     probe = "import test_util as t; print(t.validate_for_tf_model(), t.validate_for_onnx_model(), t.shape_to_dims_str([2, 3]))"
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["False", "True", "2,3"]
+
+
+def test_shared_memory_runs_each_test_on_a_server_of_its_own_per_client() -> None:
+    runs = {run.label: run for run in shared_memory.L0_SHARED_MEMORY.runs}
+    for client in ("http", "grpc"):
+        run = runs[f"shared_memory_test ({client})"]
+        assert run.server_per_test and run.env["CLIENT_TYPE"] == client
+        assert "SharedMemoryTest.test_register_out_of_bound" in run.tests
+        (delayed,) = runs[f"unregister during inference ({client})"].models
+        assert delayed.name == "simple" and delayed.source.endswith("execute_delayed_model")
+    assert SUITES["L0_shared_memory"] is shared_memory.L0_SHARED_MEMORY
+
+
+def test_the_psutil_stand_in_reads_this_processs_resident_size() -> None:
+    import importlib.util
+
+    from tools.triton_qa.runner import HARNESS
+
+    spec = importlib.util.spec_from_file_location("psutil_stand_in", HARNESS / "psutil.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    first = module.Process().memory_info().rss
+    ballast = bytearray(64 * 1024 * 1024)
+    ballast[::4096] = b"x" * len(ballast[::4096])  # touch every page
+    assert module.Process().memory_info().rss > first + 32 * 1024 * 1024
+    del ballast

@@ -21,6 +21,7 @@ from tools.triton_qa import (  # noqa: F401
     optional_input,
     parameters,
     sequence,
+    shared_memory,
     string_io,
 )
 from tools.triton_qa.report import RESULTS_DIR, RunRecord, git_commit, write_results
