@@ -382,3 +382,30 @@ def test_an_input_of_the_wrong_size_is_refused(client, regions):
             c.infer("add_sub", inputs)
     finally:
         shm.destroy_shared_memory_region(big)
+
+
+def test_bytes_tensors_are_read_from_and_written_into_regions_as_length_prefixed_elements(region_file):
+    from repository_loader.datatypes import serialize_bytes_tensor
+
+    path, handle = region_file
+    data = serialize_bytes_tensor(np.array([b"ab", b"cde"], dtype=object))
+    shm.set_shared_memory_region(handle, [np.frombuffer(data, np.uint8)])
+    mapped = MappedRegion(open_region("r", path, 0, 64))
+    tensor = codec.shared_tensor("T", "m", "BYTES", [2], mapped.span(SharedRef("r", len(data))))
+    assert tensor.tolist() == [b"ab", b"cde"]
+    with pytest.raises(InvalidArgument, match="expected 3 string elements for inference input 'T'"):
+        codec.shared_tensor("T", "m", "BYTES", [3], mapped.span(SharedRef("r", len(data))))
+    out = mapped.span(SharedRef("r", 32, 32))
+    shared_memory.write_into(out, codec.tensor_bytes(np.array([b"xyz"], dtype=object)), "O")
+    assert bytes(mapped.view[32:39]) == b"\x03\x00\x00\x00xyz"
+    del out
+    mapped.close()
+
+
+def test_an_input_read_from_a_region_is_a_read_only_view_on_it(region_file):
+    path, _ = region_file
+    mapped = MappedRegion(open_region("r", path, 0, 64))
+    tensor = codec.shared_tensor("X", "m", "FP32", [1, 16], mapped.span(SharedRef("r", 64)))
+    assert tensor.tolist() == [list(np.arange(16, dtype=np.float32))] and not tensor.flags.writeable
+    mapped.close()  # a tensor still views it: unmapped when the tensor goes
+    assert tensor[0, 3] == 3
