@@ -106,8 +106,8 @@ def json_ref(params: Mapping[str, Any]) -> SharedRef:
 
 def json_input_ref(name: str, item: Mapping[str, Any], params: Mapping[str, Any]) -> SharedRef:
     """An HTTP input read from shared memory: its data may come from nowhere else."""
-    given = [field for field in ("data",) if field in item]
-    given += [f"{field}" for field in ("binary_data_size", REGION) if field in params]
+    given = ["data"] if "data" in item else []
+    given += [field for field in ("binary_data_size", REGION) if field in params]
     if len(given) > 1:
         raise InvalidArgument(
             "Input must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', "
@@ -126,14 +126,15 @@ def json_output_ref(params: Mapping[str, Any]) -> SharedRef:
 def grpc_ref(name: str, params: Mapping[str, Any]) -> SharedRef:
     """The region a gRPC tensor's parameters name (plain values: ``grpc_codec.parameters_dict``)."""
     region = params[REGION]
-    size = params.get(BYTE_SIZE, -1)
-    offset = params.get(OFFSET, 0)
     if type(region) is not str:
         raise InvalidArgument(f"'{REGION}' of tensor '{name}' must be a string parameter")
-    for key, value in ((BYTE_SIZE, size), (OFFSET, offset)):
-        if type(value) is not int or (value < 0 and not (key == BYTE_SIZE and value == -1)):
+    numbers = []
+    for key, default in ((BYTE_SIZE, -1), (OFFSET, 0)):
+        value = params.get(key, default)
+        if key in params and (type(value) is not int or value < 0):
             raise InvalidArgument(f"'{key}' of tensor '{name}' must be a non-negative int64 parameter")
-    return SharedRef(region, size, offset)
+        numbers.append(value)
+    return SharedRef(region, numbers[0], numbers[1])
 
 
 def register_request(doc: Mapping[str, Any]) -> tuple[str, int, int]:
