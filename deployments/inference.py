@@ -34,6 +34,9 @@ class RequestedOutput:
     name: str
     binary: bool | None = None  # binary_data parameter; None = server default
     class_count: int = 0  # classification extension: top-k as "score:index[:label]"
+    # shared-memory extension: where the output is written (a ``protocol.shared_memory.SharedRef``);
+    # the front end writes it, the response then carries the output's name, data type and shape only
+    shared: Any = None
 
 
 @dataclass
@@ -56,6 +59,9 @@ class InferRequest:
     # which request this is to the runtime that counts it waiting: kept by ``dataclasses.replace``, so
     # a copy a scheduler makes (a sequence's control inputs added) is still the same request
     ticket: int = field(default=0, compare=False)
+    # an input or a requested output lies in shared memory: the front end reads the inputs (in place
+    # of ``protocol.shared_memory.SharedInput`` placeholders) before the request goes on
+    shared_memory: bool = field(default=False, compare=False)
 
     def batch_rows(self) -> int:
         """Rows this request adds to a batch (first dimension of its inputs)."""

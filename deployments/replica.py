@@ -7,6 +7,7 @@ from typing import Any
 
 from deployments.inference import ModelExecutor
 from deployments.protocol.dataplane import Describe, ModelDataPlane, model_metadata_document
+from deployments.protocol.shared_memory import SharedMemory
 from deployments.runtime.host import HostedModels, ModelHost
 from deployments.runtime.model import ModelRuntime
 from deployments.runtime.router import Router
@@ -95,14 +96,19 @@ def replica_dataplane(
     cluster_stats: StatsFn | None = None,
     router: Router | None = None,
     describe_elsewhere: Describe | None = None,
+    shared_memory: SharedMemory | None = None,
 ) -> ModelDataPlane:
     """The data plane of a model replica, over its own runtime: ``router`` (default: this runtime
-    alone) decides where each inference runs; ``describe_elsewhere`` describes other models."""
+    alone) decides where each inference runs; ``describe_elsewhere`` describes other models;
+    ``shared_memory`` reads the regions the server application registered."""
     if router is None:
         router = Router()
     router.serve(runtime.model.name, runtime)
     return ModelDataPlane(
-        ReplicaRegistry(runtime, cluster_stats), router, describe_elsewhere=describe_elsewhere
+        ReplicaRegistry(runtime, cluster_stats),
+        router,
+        describe_elsewhere=describe_elsewhere,
+        shared_memory=shared_memory,
     )
 
 
@@ -188,6 +194,7 @@ def host_dataplane(
     cluster_stats: StatsFn | None = None,
     remote: ModelExecutor | None = None,
     describe_elsewhere: Describe | None = None,
+    shared_memory: SharedMemory | None = None,
 ) -> ModelDataPlane:
     """The data plane of a model host replica: every available pooled model runs here (loaded on its
     first request); ``remote`` reaches every other model. A name the host does not pool is described
@@ -205,5 +212,9 @@ def host_dataplane(
 
     router = Router(local=HostedModels(host), remote=remote)
     return ModelDataPlane(
-        HostRegistry(host, cluster_stats), router, describe_elsewhere=describe_elsewhere, discover=discover
+        HostRegistry(host, cluster_stats),
+        router,
+        describe_elsewhere=describe_elsewhere,
+        discover=discover,
+        shared_memory=shared_memory,
     )

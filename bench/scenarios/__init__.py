@@ -17,6 +17,7 @@ SCENARIOS = (
     "cluster_scaling",
     "cluster_ensemble",
     "density",
+    "shared_memory",
 )
 
 

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from deployments.inference import InferRequest, InferResponse, RequestedOutput
+from deployments.protocol import shared_memory
 from deployments.runtime.checks import ModelSchema
 from deployments.settings import RequestLimits
 from deployments.tensors import to_numpy, wire_datatype
@@ -59,7 +60,6 @@ from repository_loader.errors import (
     InternalError,
     InvalidArgument,
     TooLarge,
-    Unsupported,
     error_for_http_status,
 )
 from repository_loader.model import ModelDescription
@@ -199,8 +199,9 @@ def decode_infer_request(
     doc = parse_json(body if header_length is None else body[:split])
     if type(doc) is not dict:
         raise InvalidArgument("the inference request JSON must be an object")
+    shared: list[bool] = []
     inputs = _decode_inputs(
-        _list(doc, "inputs", required=True), body, split, header_length, limits, model_name
+        _list(doc, "inputs", required=True), body, split, header_length, limits, model_name, shared
     )
     request = InferRequest(model_name=model_name, inputs=inputs, model_version=model_version)
     request_id = doc.get("id")
@@ -211,7 +212,8 @@ def decode_infer_request(
     binary_output = _apply_parameters(request, doc.get("parameters"))
     outputs = doc.get("outputs")
     if outputs is not None:
-        request.requested_outputs = _decode_outputs(_list(doc, "outputs"))
+        request.requested_outputs = _decode_outputs(_list(doc, "outputs"), shared)
+    request.shared_memory = bool(shared)
     return request, binary_output
 
 
@@ -296,7 +298,10 @@ def _decode_inputs(
     header_length: int | None,
     limits: RequestLimits,
     model_name: str,
+    shared: list[bool],
 ) -> dict[str, Any]:
+    """The inputs by name; an input in shared memory is left as a ``SharedInput`` (``shared`` then
+    holds an entry)."""
     inputs: dict[str, Any] = {}
     for item in items:
         name, datatype, shape = _tensor_header(item, limits)
@@ -307,6 +312,11 @@ def _decode_inputs(
                 f"inference input '{name}' data-type is '{datatype}', not a Triton data-type"
             )
         params = item.get("parameters")
+        if params and type(params) is dict and shared_memory.REGION in params:
+            ref = shared_memory.json_input_ref(name, item, params)
+            inputs[name] = shared_memory.SharedInput(ref, datatype, shape)
+            shared.append(True)
+            continue
         size = _binary_size(name, params)
         if size is None:
             if "data" not in item:
@@ -374,8 +384,6 @@ def _binary_size(name: str, params: Any) -> int | None:
 
 
 def _no_data(name: str, params: Any) -> Exception:
-    if params and "shared_memory_region" in params:
-        return Unsupported(f"input '{name}' uses shared memory, which this HTTP endpoint does not serve")
     return InvalidArgument(f"input '{name}' has neither 'data' nor binary_data_size")
 
 
@@ -412,7 +420,7 @@ def bytes_tensor(name: str, model: str, data: bytes | memoryview, shape: list[in
 
 
 def _binary_tensor(
-    name: str, model: str, datatype: str, shape: list[int], body: bytes, offset: int, size: int
+    name: str, model: str, datatype: str, shape: list[int], body: bytes | memoryview, offset: int, size: int
 ) -> Any:
     if datatype == "BYTES":
         return bytes_tensor(name, model, memoryview(body)[offset : offset + size], shape)
@@ -572,7 +580,7 @@ def _natural(params: dict, key: str) -> int:
     return value
 
 
-def _decode_outputs(items: list) -> list[RequestedOutput]:
+def _decode_outputs(items: list, shared: list[bool]) -> list[RequestedOutput]:
     outputs: list[RequestedOutput] = []
     for item in items:
         if type(item) is not dict or type(item.get("name")) is not str:
@@ -591,10 +599,9 @@ def _decode_outputs(items: list) -> list[RequestedOutput]:
             if type(classes) is not int or classes < 0:
                 raise InvalidArgument(f"classification of output '{name}' must be a non-negative integer")
             requested.class_count = classes
-            if "shared_memory_region" in params:
-                raise Unsupported(
-                    f"output '{name}' asks for shared memory, which this HTTP endpoint does not serve"
-                )
+            if shared_memory.REGION in params:
+                requested.shared = shared_memory.json_output_ref(params)
+                shared.append(True)
         outputs.append(requested)
     return outputs
 
@@ -627,6 +634,9 @@ def encode_infer_response(
             tensor = tensors.get(ro.name)
             if tensor is None:
                 raise InvalidArgument(f"the model did not produce the requested output '{ro.name}'")
+            if ro.shared is not None:  # written into shared memory: named, not sent
+                outputs.append(tensor_header(ro.name, to_numpy(tensor)))
+                continue
             if ro.class_count:
                 labels = schema.labels(ro.name) if schema is not None else None
                 batched = schema.batched if schema is not None else False
@@ -650,15 +660,25 @@ def encode_infer_response(
     return b"".join(blobs), len(header)
 
 
+def tensor_header(name: str, array: np.ndarray) -> dict[str, Any]:
+    """An output's entry without its data: name, data type and shape."""
+    return {"name": name, "datatype": wire_datatype(array), "shape": list(array.shape)}
+
+
+def tensor_bytes(array: np.ndarray, datatype: str | None = None) -> Any:
+    """A tensor's bytes as the binary extension (and shared memory) hold them: BYTES elements each
+    after its 4-byte length, any other data type its elements in order (no copy where contiguous)."""
+    if (datatype or wire_datatype(array)) == "BYTES":
+        return serialize_bytes_tensor(array)
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+
+
 def _encode_output(outputs: list, blobs: list, name: str, tensor: Any, binary: bool) -> None:
     array = to_numpy(tensor)
-    datatype = wire_datatype(array)
-    entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+    entry = tensor_header(name, array)
+    datatype = entry["datatype"]
     if binary:
-        if datatype == "BYTES":
-            blob: Any = serialize_bytes_tensor(array)
-        else:
-            blob = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        blob = tensor_bytes(array, datatype)
         entry["parameters"] = {"binary_data_size": len(blob)}
         blobs.append(blob)
     else:
@@ -802,3 +822,11 @@ def decode_infer_response(
         model_version=str(doc.get("model_version", "")),
         id=str(doc.get("id", "")),
     )
+
+
+def shared_tensor(name: str, model: str, datatype: str, shape: list[int], data: memoryview) -> Any:
+    """An input read from shared memory: a read-only view on the region's bytes (BYTES: copied out)."""
+    tensor = _binary_tensor(name, model, datatype, shape, data, 0, len(data))
+    if isinstance(tensor, np.ndarray) and tensor.flags.writeable:
+        tensor.flags.writeable = False
+    return tensor

@@ -29,6 +29,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.log_settings import LogBoard
+from deployments.protocol.shared_memory import SharedMemory, local_shared_memory
 from deployments.runtime.router import RawReply, RawRequest, Router
 from deployments.settings import LogSettings
 from repository_loader.errors import NotFound, Unavailable
@@ -47,6 +48,7 @@ SERVER_EXTENSIONS: tuple[str, ...] = (
     "parameters",
     "statistics",
     "logging",
+    "system_shared_memory",
 )
 
 
@@ -179,6 +181,8 @@ class ModelDataPlane:
     answers, so that a client told "ready" over HTTP is answered over gRPC too. ``discover`` (a
     model host) makes a model its registry does not know yet known, where it exists (True).
     ``logs`` (the server application) holds the server's log settings (the logging extension).
+    ``shared_memory`` is the process's view of the registered shared-memory regions (default: a
+    table of its own, as the server application holds it; a model replica's asks the server's).
     """
 
     def __init__(
@@ -190,9 +194,11 @@ class ModelDataPlane:
         front_ends_ready: Callable[[], bool] | None = None,
         discover: Callable[[str], Awaitable[bool]] | None = None,
         logs: LogBoard | None = None,
+        shared_memory: SharedMemory | None = None,
     ) -> None:
         self.registry = registry
         self.logs = logs
+        self.shared_memory = shared_memory if shared_memory is not None else local_shared_memory()
         self._discover = discover
         self.router = router
         # extra fields of the server metadata: what the operator must know (e.g. a slow request path)

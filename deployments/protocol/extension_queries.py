@@ -1,15 +1,14 @@
-"""Triton's trace and shared-memory extensions, as far as this server serves them: the queries.
+"""Triton's trace and CUDA shared-memory extensions, as far as this server serves them: the queries.
 
-This server does not trace requests and does not read tensors from shared memory (it does not
-list ``trace``, ``system_shared_memory`` or ``cuda_shared_memory`` among its extensions). Clients
-still ask, and Triton's tests and tools expect the queries to answer as Triton would when nothing is
-traced or registered:
+This server does not trace requests and does not read tensors from CUDA shared memory (it does not
+list ``trace`` or ``cuda_shared_memory`` among its extensions; system shared memory is served,
+``deployments.protocol.shared_memory``). Clients still ask, and Triton's tests and tools expect the
+queries to answer as Triton would when nothing is traced or registered:
 
 * trace settings read Triton's defaults with ``trace_level: ["OFF"]``; an update that keeps
   tracing off answers the same, one that would turn it on is refused (``UNSUPPORTED``);
-* shared-memory status lists no region, unregistering succeeds (there is nothing to remove), and
-  a registration fails with Triton's error for a region it cannot open, or says that regions are
-  not served here when it could.
+* CUDA shared-memory status lists no region, and a registration fails with Triton's error for
+  arguments it cannot take (unregistering is the system regions' unregister: one namespace).
 
 Both front ends (HTTP and gRPC) call these functions; the answers are plain data.
 """
@@ -17,10 +16,9 @@ Both front ends (HTTP and gRPC) call these functions; the answers are plain data
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from repository_loader.errors import InternalError, InvalidArgument, NotFound, Unsupported
+from repository_loader.errors import InvalidArgument, NotFound, Unsupported
 
 TRACE_DEFAULTS: dict[str, Any] = {
     "trace_file": "",
@@ -31,7 +29,6 @@ TRACE_DEFAULTS: dict[str, Any] = {
     "trace_mode": "triton",
 }
 _TRACE_KEYS = frozenset(TRACE_DEFAULTS) | {"trace_config"}
-SHM_FOLDER = Path("/dev/shm")
 
 
 def trace_settings(model: str | None = None) -> dict[str, Any]:
@@ -59,22 +56,11 @@ def _levels(value: Any) -> set[str]:
     return {str(v).upper() for v in items}
 
 
-def shared_memory_status(kind: str, name: str = "") -> list[dict[str, Any]]:
-    """The registered regions of ``kind`` ("system" or "cuda"): none can be registered here."""
+def cuda_shared_memory_status(name: str = "") -> list[dict[str, Any]]:
+    """The registered CUDA regions: none can be registered here."""
     if name:
-        raise NotFound(f"Unable to find {kind} shared memory region: '{name}'")
+        raise NotFound(f"Unable to find cuda shared memory region: '{name}'")
     return []
-
-
-def register_system_shared_memory(name: str, key: str, offset: int, byte_size: int) -> None:
-    """Triton's error for a region that cannot be opened; otherwise that regions are not served."""
-    path = SHM_FOLDER / key.lstrip("/")
-    if not key.strip("/") or not path.is_file():
-        raise InternalError(f"Unable to open shared memory region: '{key}'")
-    raise Unsupported(
-        f"failed to register system shared memory region '{name}': this server does not read or "
-        "write tensors in shared memory; send them in the request"
-    )
 
 
 def register_cuda_shared_memory(name: str) -> None:
@@ -82,8 +68,3 @@ def register_cuda_shared_memory(name: str) -> None:
         f"failed to register shared memory region '{name}': invalid args "
         "(this server does not read or write tensors in CUDA shared memory)"
     )
-
-
-def unregister_shared_memory(name: str = "") -> None:
-    """Unregister region ``name`` or all (``""``) of either kind: nothing is registered, so nothing is
-    to do, and Triton answers success for a name it does not hold too."""

@@ -40,9 +40,10 @@ from deployments.protocol.dataplane import DataPlane
 from deployments.protocol.forwarding import forward_headers
 from deployments.protocol.inference_calls import InferenceCalls
 from deployments.protocol.proto import grpc_service_pb2 as pb
+from deployments.protocol.shared_memory import SharedMemory
 from deployments.settings import RestrictedApi, restriction_for
 from repository_loader.config import config_from_json
-from repository_loader.errors import InvalidArgument, Restricted, ServerError, TooLarge
+from repository_loader.errors import InvalidArgument, Restricted, ServerError, TooLarge, Unsupported
 
 logger = logging.getLogger(__name__)
 
@@ -307,24 +308,31 @@ class GRPCInferenceServicer:
         await self.dataplane.unload_model(request.model_name, params)
         return pb.RepositoryModelUnloadResponse()
 
-    # --- trace and shared memory: queries only (deployments.protocol.extension_queries); logging ----
+    # --- shared memory (deployments.protocol.shared_memory; CUDA: queries only), trace, logging ---
+
+    def _shared(self) -> SharedMemory:
+        if self.calls.shared is None:
+            raise Unsupported("this endpoint does not serve shared memory")
+        return self.calls.shared
 
     async def SystemSharedMemoryStatus(self, request: Any) -> Any:
-        extension_queries.shared_memory_status("system", request.name)
-        return pb.SystemSharedMemoryStatusResponse()
+        response = pb.SystemSharedMemoryStatusResponse()
+        for entry in await self._shared().status(request.name):
+            response.regions[entry["name"]].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(**entry)
+            )
+        return response
 
     async def SystemSharedMemoryRegister(self, request: Any) -> Any:
-        extension_queries.register_system_shared_memory(
-            request.name, request.key, request.offset, request.byte_size
-        )
+        await self._shared().register(request.name, request.key, request.offset, request.byte_size)
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(self, request: Any) -> Any:
-        extension_queries.unregister_shared_memory(request.name)
+        await self._shared().unregister(request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def CudaSharedMemoryStatus(self, request: Any) -> Any:
-        extension_queries.shared_memory_status("cuda", request.name)
+        extension_queries.cuda_shared_memory_status(request.name)
         return pb.CudaSharedMemoryStatusResponse()
 
     async def CudaSharedMemoryRegister(self, request: Any) -> Any:
@@ -332,8 +340,7 @@ class GRPCInferenceServicer:
         return pb.CudaSharedMemoryRegisterResponse()
 
     async def CudaSharedMemoryUnregister(self, request: Any) -> Any:
-        extension_queries.unregister_shared_memory(request.name)
-        return pb.CudaSharedMemoryUnregisterResponse()
+        return pb.CudaSharedMemoryUnregisterResponse()  # no CUDA region can be registered
 
     async def TraceSetting(self, request: Any) -> Any:
         updates = {key: list(value.value) for key, value in request.settings.items()}

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from deployments.inference import InferRequest, InferResponse, RequestedOutput
-from deployments.protocol import codec
+from deployments.protocol import codec, shared_memory
 from deployments.protocol.proto import grpc_service_pb2 as pb
 from deployments.runtime.checks import ModelSchema
 from deployments.settings import RequestLimits
@@ -35,7 +35,7 @@ from repository_loader.datatypes import (
     serialize_bytes_tensor,
     to_numpy_dtype,
 )
-from repository_loader.errors import InvalidArgument, Unsupported
+from repository_loader.errors import InvalidArgument
 
 # datatype -> the InferTensorContents field that carries it in typed form
 TYPED_FIELD: dict[str, str] = {
@@ -96,17 +96,13 @@ def decode_infer_request(message: Any, limits: RequestLimits = _DEFAULT_LIMITS) 
 
     Raises :class:`InvalidArgument` naming the tensor or field at fault (a data
     type or byte count that does not fit the tensor's shape, a shape over
-    ``limits``), and :class:`Unsupported` for shared-memory tensors.
+    ``limits``). An input in shared memory is left as a ``SharedInput`` (read by the front end).
     """
     raw = message.raw_input_contents
     tensors = message.inputs
-    if raw and len(raw) != len(tensors):
-        raise InvalidArgument(
-            f"the request has {len(tensors)} inputs but {len(raw)} raw_input_contents; "
-            "raw contents must be given for every input or none"
-        )
+    shared = 0  # inputs in shared memory: raw contents are given for the others only
     inputs: dict[str, Any] = {}
-    for index, tensor in enumerate(tensors):
+    for tensor in tensors:
         name, datatype, shape = tensor.name, tensor.datatype, list(tensor.shape)
         if name in inputs:
             raise InvalidArgument(f"input '{name}' appears more than once in the request")
@@ -115,14 +111,22 @@ def decode_infer_request(message: Any, limits: RequestLimits = _DEFAULT_LIMITS) 
         codec.check_shape(name, shape, limits)
         if datatype not in BY_WIRE:
             raise InvalidArgument(f"input '{name}' has unknown data-type '{datatype}'")
-        if raw:
+        params = tensor.parameters
+        if params and _SHARED_MEMORY in params:
+            ref = shared_memory.grpc_ref(name, parameters_dict(params))
+            inputs[name] = shared_memory.SharedInput(ref, datatype, shape)
+            shared += 1
+        elif raw:
+            index = len(inputs) - shared
+            if index >= len(raw):
+                raise _raw_count(len(tensors) - shared, len(raw))
             inputs[name] = _raw_tensor(name, message.model_name, datatype, shape, raw[index])
         elif tensor.HasField("contents"):
             inputs[name] = _typed_tensor(name, datatype, shape, tensor.contents)
-        elif _SHARED_MEMORY in tensor.parameters:
-            raise Unsupported(f"input '{name}' uses shared memory, which this server does not serve")
         else:
             raise InvalidArgument(f"input '{name}' has neither contents nor raw_input_contents")
+    if raw and len(raw) != len(tensors) - shared:
+        raise _raw_count(len(tensors) - shared, len(raw))
     request = InferRequest(
         model_name=message.model_name,
         inputs=inputs,
@@ -133,7 +137,16 @@ def decode_infer_request(message: Any, limits: RequestLimits = _DEFAULT_LIMITS) 
         codec._apply_parameters(request, parameters_dict(message.parameters), grpc=True)
     if message.outputs:
         request.requested_outputs = [_requested_output(o) for o in message.outputs]
+        shared += sum(o.shared is not None for o in request.requested_outputs)
+    request.shared_memory = shared > 0
     return request
+
+
+def _raw_count(inputs: int, raw: int) -> InvalidArgument:
+    return InvalidArgument(
+        f"the request has {inputs} inputs outside shared memory but {raw} raw_input_contents; "
+        "raw contents must be given for every such input or none"
+    )
 
 
 def _raw_tensor(name: str, model: str, datatype: str, shape: list[int], data: bytes) -> Any:
@@ -177,7 +190,7 @@ def _requested_output(output: Any) -> RequestedOutput:
     params = output.parameters
     if params:
         if _SHARED_MEMORY in params:
-            raise Unsupported(f"output '{name}' asks for shared memory, which this server does not serve")
+            requested.shared = shared_memory.grpc_ref(name, parameters_dict(params))
         classes = parameter_value(params["classification"]) if "classification" in params else 0
         if type(classes) is not int or classes < 0:
             raise InvalidArgument(f"classification of output '{name}' must be a non-negative integer")
@@ -211,6 +224,9 @@ def encode_infer_response(
             if tensor is None:
                 raise InvalidArgument(f"the model did not produce the requested output '{ro.name}'")
             array = to_numpy(tensor)
+            if ro.shared is not None:  # written into shared memory: named, with no contents
+                _encode_output(outputs, raw, ro.name, array, with_data=False)
+                continue
             if ro.class_count:
                 labels = schema.labels(ro.name) if schema is not None else None
                 batched = schema.batched if schema is not None else False
@@ -228,14 +244,18 @@ def encode_infer_response(
     return message
 
 
-def _encode_output(outputs: list[Any], raw: list[bytes], name: str, array: np.ndarray) -> None:
+def _encode_output(
+    outputs: list[Any], raw: list[bytes], name: str, array: np.ndarray, with_data: bool = True
+) -> None:
     datatype = _WIRE_OF.get(array.dtype)
     if datatype is None:
         datatype = from_numpy_dtype(array.dtype)
         if datatype != "BYTES":
             _WIRE_OF[array.dtype] = datatype
     outputs.append(_Output(name=name, datatype=datatype, shape=array.shape))
-    if datatype == "BYTES":
+    if not with_data:  # an output written into shared memory: an empty entry keeps the others' places
+        raw.append(b"")
+    elif datatype == "BYTES":
         raw.append(serialize_bytes_tensor(array))
     else:
         raw.append(array.tobytes())

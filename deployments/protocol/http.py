@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from deployments.inference import InferRequest, InferResponse
-from deployments.protocol import codec, compression, extension_queries, generate, log_settings
+from deployments.protocol import codec, compression, extension_queries, generate, log_settings, shared_memory
 from deployments.protocol.dataplane import DataPlane
 from deployments.protocol.forwarding import forward_headers
 from deployments.protocol.inference_calls import InferenceCalls
+from deployments.protocol.shared_memory import SharedMemory
 from deployments.runtime.checks import ModelSchema
 from deployments.runtime.router import RawRequest
 from deployments.settings import RequestLimits, RestrictedApi, restriction_for
@@ -41,6 +42,7 @@ from repository_loader.errors import (
     ServerError,
     TooBusy,
     TooLarge,
+    Unsupported,
 )
 from repository_loader.model import ModelDescription
 
@@ -112,8 +114,8 @@ SERVER_ROUTES: tuple[Route, ...] = (
             Route("GET", f"{kind}sharedmemory/status", f"{kind}_shm_status"),
             Route("GET", f"{kind}sharedmemory/region/{{r}}/status", f"{kind}_shm_status"),
             Route("POST", f"{kind}sharedmemory/region/{{r}}/register", f"{kind}_shm_register"),
-            Route("POST", f"{kind}sharedmemory/region/{{r}}/unregister", "shm_unregister"),
-            Route("POST", f"{kind}sharedmemory/unregister", "shm_unregister"),
+            Route("POST", f"{kind}sharedmemory/region/{{r}}/unregister", f"{kind}_shm_unregister"),
+            Route("POST", f"{kind}sharedmemory/unregister", f"{kind}_shm_unregister"),
         )
     ),
     *(Route(r.method, f"models/{{m}}/{r.pattern}".rstrip("/"), r.handler) for r in MODEL_ROUTES),
@@ -141,7 +143,8 @@ API_GROUP_OF = {
     "cuda_shm_status": "shared-memory",
     "system_shm_register": "shared-memory",
     "cuda_shm_register": "shared-memory",
-    "shm_unregister": "shared-memory",
+    "system_shm_unregister": "shared-memory",
+    "cuda_shm_unregister": "shared-memory",
 }
 
 
@@ -371,26 +374,32 @@ class _BaseApp:
         changes = log_settings.changes_from_json(_json_body(call.body))
         return _json((await self.dataplane.update_log_settings(changes)).to_json())
 
+    def _shared(self) -> SharedMemory:
+        if self.calls.shared is None:
+            raise Unsupported("this endpoint does not serve shared memory")
+        return self.calls.shared
+
     async def _system_shm_status(self, call: _Call) -> Reply:
-        return _json(extension_queries.shared_memory_status("system", call.params.get("r", "")))
+        return _json(await self._shared().status(call.params.get("r", "")))
 
     async def _cuda_shm_status(self, call: _Call) -> Reply:
-        return _json(extension_queries.shared_memory_status("cuda", call.params.get("r", "")))
+        return _json(extension_queries.cuda_shared_memory_status(call.params.get("r", "")))
 
     async def _system_shm_register(self, call: _Call) -> Reply:
-        doc = _json_body(call.body)
-        extension_queries.register_system_shared_memory(
-            call.params["r"], str(doc.get("key", "")), int(doc.get("offset", 0)), int(doc.get("byte_size", 0))
-        )
+        key, offset, byte_size = shared_memory.register_request(_json_body(call.body))
+        await self._shared().register(call.params["r"], key, offset, byte_size)
         return 200, [], b""
 
     async def _cuda_shm_register(self, call: _Call) -> Reply:
         extension_queries.register_cuda_shared_memory(call.params["r"])
         return 200, [], b""
 
-    async def _shm_unregister(self, call: _Call) -> Reply:
-        extension_queries.unregister_shared_memory(call.params.get("r", ""))
+    async def _system_shm_unregister(self, call: _Call) -> Reply:
+        await self._shared().unregister(call.params.get("r", ""))
         return 200, [], b""
+
+    async def _cuda_shm_unregister(self, call: _Call) -> Reply:
+        return 200, [], b""  # no CUDA region can be registered
 
     async def _infer(self, call: _Call) -> Reply:
         cap = self.limits.max_concurrent_requests

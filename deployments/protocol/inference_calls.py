@@ -5,6 +5,12 @@ It holds the checked-request schema of each model (built once per description), 
 decoupled model where the protocol answers exactly once, turns ``response.error`` into the
 exception the front end maps to its status, and fills the response's model name, version and id
 from the request where the model left them empty.
+
+A request that uses shared memory (``InferRequest.shared_memory``, set by the codecs) has its
+inputs read from their regions and its outputs' regions checked before it goes on, and its outputs
+written into them when it is answered here (a request sent on as it came is answered by the replica
+it reached, which does the same); the process's regions are the data plane's ``shared_memory``
+(``deployments.protocol.shared_memory``).
 """
 
 from __future__ import annotations
@@ -13,13 +19,17 @@ import contextlib
 from collections.abc import AsyncGenerator
 
 from deployments.inference import InferRequest, InferResponse
+from deployments.protocol import codec
 from deployments.protocol.dataplane import DataPlane
+from deployments.protocol.shared_memory import SharedInput, SharedMemory, write_into
 from deployments.runtime.checks import ModelSchema
 from deployments.runtime.router import RawReply, RawRequest
+from deployments.tensors import to_numpy
 from repository_loader.errors import Unsupported
 from repository_loader.model import ModelDescription
 
 Schema = tuple[ModelDescription, ModelSchema]
+Spans = dict[str, memoryview]
 
 
 class InferenceCalls:
@@ -28,6 +38,7 @@ class InferenceCalls:
     def __init__(self, dataplane: DataPlane) -> None:
         self.dataplane = dataplane
         self._schemas: dict[tuple[str, str], Schema] = {}
+        self.shared: SharedMemory | None = getattr(dataplane, "shared_memory", None)
 
     async def schema(self, name: str, version: str) -> Schema:
         """The model's description (NotFound / Unavailable as the data plane raises them) and the
@@ -51,9 +62,12 @@ class InferenceCalls:
     ) -> InferResponse | RawReply:
         """The one response of ``request``; its error raised. Where ``raw`` is given, the reply of the
         replica it was sent on to may come back as it is."""
+        spans = await self._read_shared(request, description) if request.shared_memory else None
         answer = await self.dataplane.infer(request, raw)
         if isinstance(answer, InferResponse):
             complete(answer, request, description)
+            if spans:
+                _write_shared(answer, request, spans)
         return answer
 
     async def infer_one(self, request: InferRequest, description: ModelDescription) -> InferResponse:
@@ -66,10 +80,40 @@ class InferenceCalls:
         self, request: InferRequest, description: ModelDescription
     ) -> AsyncGenerator[InferResponse, None]:
         """Every response of ``request`` as it comes, the first error raised; closing early cancels it."""
+        spans = await self._read_shared(request, description) if request.shared_memory else None
         async with contextlib.aclosing(self.dataplane.infer_stream(request)) as stream:
             async for response in stream:
                 complete(response, request, description)
+                if spans:
+                    _write_shared(response, request, spans)
                 yield response
+
+    async def _read_shared(self, request: InferRequest, description: ModelDescription) -> Spans:
+        """Read the request's inputs from shared memory, in place; the spans its outputs go to."""
+        shared = self.shared
+        if shared is None:
+            raise Unsupported("this endpoint does not read or write tensors in shared memory")
+        inputs = request.inputs
+        for name, tensor in inputs.items():
+            if type(tensor) is SharedInput:
+                span = (await shared.mapped(tensor.ref.region)).span(tensor.ref)
+                inputs[name] = codec.shared_tensor(
+                    name, description.name, tensor.datatype, tensor.shape, span
+                )
+        spans: Spans = {}
+        for output in request.requested_outputs or ():
+            if output.shared is not None:
+                spans[output.name] = (await shared.mapped(output.shared.region)).span(output.shared)
+        return spans
+
+
+def _write_shared(response: InferResponse, request: InferRequest, spans: Spans) -> None:
+    """Each output asked for in shared memory into its span (an output the model did not produce is
+    refused by the encoder)."""
+    for name, span in spans.items():
+        tensor = response.outputs.get(name)
+        if tensor is not None:
+            write_into(span, codec.tensor_bytes(to_numpy(tensor)), name)
 
 
 def complete(response: InferResponse, request: InferRequest, description: ModelDescription) -> None:

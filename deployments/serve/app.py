@@ -27,6 +27,7 @@ from deployments.custom_metrics import merge_snapshots as merge_custom_metrics
 from deployments.protocol import metrics_http
 from deployments.protocol.dataplane import ModelDataPlane, ServedModel
 from deployments.protocol.log_settings import LogBoard
+from deployments.protocol.shared_memory import Region, RegionTable, SharedMemory
 from deployments.runtime.metrics import HostGauges, merge_model_metrics, render_model_hosts, render_triton
 from deployments.runtime.router import Router
 from deployments.runtime.stats import merge_snapshots
@@ -429,12 +430,14 @@ class ServerDeployment:
         self._host_status: dict[str, tuple[float, dict[str, Any]]] = {}  # model host replica -> its push
         self._metrics_server = start_metrics(settings, self.render_metrics)
         self._grpc_answers = not settings.allow_grpc  # until its port answers through HAProxy
+        self._regions = RegionTable()  # system shared memory: registered here, mapped where used
         self.dataplane = ModelDataPlane(
             self.controller,
             Router(remote=self._models),
             notices=request_path.request_path_notice(logger),
             front_ends_ready=lambda: self._grpc_answers,
             logs=self.logs,
+            shared_memory=SharedMemory(self._regions),
         )
         self._start = asyncio.get_running_loop().create_task(self._startup())
         await asyncio.shield(self._start)  # live only once the initial models settled
@@ -643,6 +646,25 @@ class ServerDeployment:
 
     def is_started(self) -> bool:
         return self._start.done()
+
+    # --- system shared memory: the one table of regions (deployments.protocol.shared_memory) ---
+
+    async def shm_region(self, name: str, follower: str) -> tuple[Region, int]:
+        """A model replica maps region ``name`` and follows the table from now."""
+        return await self._regions.region(name, follower)
+
+    async def shm_follow(self, follower: str, seen: int, timeout_s: float) -> int:
+        """A model replica's long poll: the table's generation once past ``seen``."""
+        return await self._regions.follow(follower, seen, timeout_s)
+
+    async def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        await self._regions.register(name, key, offset, byte_size)
+
+    async def shm_unregister(self, name: str) -> None:
+        await self._regions.unregister(name)
+
+    async def shm_status(self, name: str) -> list[dict[str, Any]]:
+        return await self._regions.status(name)
 
     async def __del__(self) -> None:
         watch = getattr(self, "_grpc_watch", None)

@@ -17,6 +17,7 @@ from deployments.backends.python_api.context import as_stub_process
 from deployments.backends.python_api.logger import log_to_stderr
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.http import ModelHTTPApp
+from deployments.protocol.shared_memory import SharedMemory
 from deployments.replica import replica_dataplane
 from deployments.runtime import batch_execute, response_cache
 from deployments.runtime.model import ModelRuntime
@@ -27,7 +28,7 @@ from deployments.serve.devices import pin_replica_gpu
 from deployments.serve.names import hosted_key, model_app_name, model_route, stats_path
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory
 from deployments.serve.response_writes import coalesce_response_writes
-from deployments.serve.server_api import ServerClient
+from deployments.serve.server_api import ServerClient, ServerRegions
 from deployments.settings import ServerSettings, compile_header_pattern
 from repository_loader.errors import Unavailable
 from repository_loader.model import InstanceKind, ModelDescription
@@ -114,7 +115,10 @@ class ModelDeployment:
         self._push_task: asyncio.Task[None] | None = asyncio.get_running_loop().create_task(
             self._push_stats()
         )
-        dataplane = replica_dataplane(self.runtime, self._cluster_stats, self.router, self.server.describe)
+        self.shared_memory = SharedMemory(ServerRegions(self.server), follower=self.replica_id)
+        dataplane = replica_dataplane(
+            self.runtime, self._cluster_stats, self.router, self.server.describe, self.shared_memory
+        )
         self._app = ModelHTTPApp(dataplane, model.name, settings.limits)
         # a later instance group's replica answers the model's routes only directly: Serve would refuse
         # them as outside its own application's route
@@ -331,6 +335,7 @@ class ModelDeployment:
         if self._publish is not None:
             self._publish.cancel()
         await self._calls.close()
+        self.shared_memory.close()
         if self._push_task is not None:
             self._push_task.cancel()
         if self.runtime.hung() is None:  # a hung model's thread never returns: the process just ends

@@ -30,6 +30,7 @@ from deployments.backends.python_api.context import as_stub_process
 from deployments.backends.python_api.logger import log_to_stderr
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.http import ServerHTTPApp
+from deployments.protocol.shared_memory import SharedMemory
 from deployments.replica import host_dataplane
 from deployments.runtime import batch_execute, response_cache
 from deployments.runtime.gpu_memory import GpuMemory, gpu_budgets
@@ -40,7 +41,7 @@ from deployments.serve import grpc_ingress, ingress, logs, ray_metrics
 from deployments.serve.names import hosted_key
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory
 from deployments.serve.response_writes import coalesce_response_writes
-from deployments.serve.server_api import ServerClient
+from deployments.serve.server_api import ServerClient, ServerRegions
 from deployments.settings import ServerSettings, compile_header_pattern
 from repository_loader.model import InstanceKind, ModelDescription
 from repository_loader.plan import HOST_APP, HOST_ROUTE
@@ -93,7 +94,13 @@ class ModelHostDeployment:
             measure_gpus=self._gpus.used if self._gpus else None,
             gpu_budget_bytes=gpu_budgets(self._gpus, gpu_memory_bytes) if self._gpus else None,
         )
-        dataplane = host_dataplane(self.host, remote=self.remote, describe_elsewhere=self.server.describe)
+        self.shared_memory = SharedMemory(ServerRegions(self.server), follower=self.replica_id)
+        dataplane = host_dataplane(
+            self.host,
+            remote=self.remote,
+            describe_elsewhere=self.server.describe,
+            shared_memory=self.shared_memory,
+        )
         self.router = dataplane.router
         self._app = ServerHTTPApp(dataplane, limits=settings.limits)
         self._app.restricted = settings.http_restricted_api
@@ -194,6 +201,7 @@ class ModelHostDeployment:
         for task in self._tasks:
             task.cancel()
         await self._calls.close()
+        self.shared_memory.close()
         await self.host.close()
 
 

@@ -13,6 +13,7 @@ import asyncio
 from typing import Any
 
 from deployments.inference import InferRequest, InferResponse
+from deployments.protocol.shared_memory import Region
 from deployments.serve.names import MODEL_DEPLOYMENT, SERVER_APP, SERVER_DEPLOYMENT
 from deployments.settings import LogSettings
 from repository_loader.errors import ServerError
@@ -134,6 +135,47 @@ class ServerClient:
         found: LogSettings | None = await self._call(self.handle.log_settings, applied, timeout_s)
         return found
 
+    async def shm_region(self, name: str, follower: str) -> tuple[Region, int]:
+        found: tuple[Region, int] = await self._call(self.handle.shm_region, name, follower)
+        return found
+
+    async def shm_follow(self, follower: str, seen: int, timeout_s: float) -> int:
+        generation: int = await self._call(self.handle.shm_follow, follower, seen, timeout_s)
+        return generation
+
+    async def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        await self._call(self.handle.shm_register, name, key, offset, byte_size)
+
+    async def shm_unregister(self, name: str) -> None:
+        await self._call(self.handle.shm_unregister, name)
+
+    async def shm_status(self, name: str) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = await self._call(self.handle.shm_status, name)
+        return found
+
+
+class ServerRegions:
+    """The server application's shared-memory table, as a model replica reaches it (a
+    ``deployments.protocol.shared_memory.RegionSource``)."""
+
+    def __init__(self, server: ServerClient) -> None:
+        self.server = server
+
+    async def region(self, name: str, follower: str) -> tuple[Region, int]:
+        return await self.server.shm_region(name, follower)
+
+    async def follow(self, follower: str, seen: int, timeout_s: float) -> int:
+        return await self.server.shm_follow(follower, seen, timeout_s)
+
+    async def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        await self.server.shm_register(name, key, offset, byte_size)
+
+    async def unregister(self, name: str) -> None:
+        await self.server.shm_unregister(name)
+
+    async def status(self, name: str) -> list[dict[str, Any]]:
+        return await self.server.shm_status(name)
+
 
 class ReplicaClient:
     """A model deployment's methods, as the server and other replicas call them (``ModelDeployment``).
@@ -179,4 +221,12 @@ def replica_client(app: str) -> ReplicaClient:
     return ReplicaClient(serve.get_deployment_handle(deployment, app_name=app))
 
 
-__all__ = ["GroupApps", "Member", "ReplicaClient", "ServerClient", "replica_client", "server_error"]
+__all__ = [
+    "GroupApps",
+    "Member",
+    "ReplicaClient",
+    "ServerClient",
+    "ServerRegions",
+    "replica_client",
+    "server_error",
+]

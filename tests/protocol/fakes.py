@@ -21,6 +21,7 @@ from deployments.protocol.dataplane import (
     server_metadata_document,
 )
 from deployments.protocol.log_settings import LogBoard
+from deployments.protocol.shared_memory import local_shared_memory
 from deployments.runtime.checks import ModelSchema
 from deployments.settings import LogSettings
 from repository_loader.errors import InvalidArgument, NotFound, Unavailable
@@ -48,6 +49,7 @@ class FakeDataPlane:
         self.unloaded: list[tuple[str, dict]] = []
         self.requests: list[InferRequest] = []
         self.logs = LogBoard(LogSettings())
+        self.shared_memory = local_shared_memory()  # system shared memory, as the server application holds it
 
     def _model(self, name: str) -> FakeModel:
         model = self.models.get(name)

@@ -278,12 +278,6 @@ def test_truncated_binary_bytes_tensor():
         decode(body, len(header), STRINGS, "strings")
 
 
-def test_shared_memory_is_refused_clearly():
-    body = json_body([fp32("INPUT0", parameters={"shared_memory_region": "r"}), pair()[1]])
-    with pytest.raises(Unsupported, match="'INPUT0' uses shared memory"):
-        decode(body)
-
-
 # --- encoding ---------------------------------------------------------------
 
 

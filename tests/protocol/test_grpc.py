@@ -522,13 +522,15 @@ def test_infer_raw_size_mismatch(url):
     )
 
 
-def test_shared_memory_inputs_are_refused(url):
+def test_an_input_in_an_unregistered_region_is_not_found(url):
     request = triton_pb.ModelInferRequest(model_name="echo_slow")
     tensor = request.inputs.add(name="X", datatype="INT64", shape=[1])
     tensor.parameters["shared_memory_region"].string_param = "region"
+    tensor.parameters["shared_memory_byte_size"].int64_param = 8
     with grpc.insecure_channel(url) as channel, pytest.raises(grpc.RpcError) as error:
         triton_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request)
-    assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert error.value.code() == grpc.StatusCode.NOT_FOUND
+    assert error.value.details() == "Unable to find shared memory region: 'region'"
 
 
 async def test_a_thousand_concurrent_unary_calls_each_get_their_own_answer(url):

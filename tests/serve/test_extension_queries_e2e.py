@@ -1,10 +1,8 @@
-"""Triton's trace and shared-memory queries with the real tritonclient (HTTP and gRPC): tracing reads
-off and stays off, no shared-memory region is listed, unregistering succeeds, and registering fails
-with Triton's errors (the server does not read tensors from shared memory)."""
+"""Triton's trace and CUDA shared-memory queries with the real tritonclient (HTTP and gRPC): tracing
+reads off and stays off, no CUDA region is listed, and registering one fails with Triton's errors
+(system shared memory: tests/serve/test_shared_memory_e2e.py)."""
 
 from __future__ import annotations
-
-from multiprocessing import shared_memory
 
 import pytest
 import tritonclient.grpc as grpcclient
@@ -44,29 +42,17 @@ def test_trace_settings_read_off_and_cannot_turn_tracing_on(client) -> None:
         c.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]})
 
 
-def test_shared_memory_queries_answer_as_with_no_region(client) -> None:
+def test_cuda_shared_memory_queries_answer_as_with_no_region(client) -> None:
     protocol, c = client
-    system = c.get_system_shared_memory_status()
     cuda = c.get_cuda_shared_memory_status()
-    if protocol == "http":
-        assert system == [] and cuda == []
-    else:
-        assert list(system.regions) == [] and list(cuda.regions) == []
-    c.unregister_system_shared_memory()
-    c.unregister_system_shared_memory("never_registered")
+    assert cuda == [] if protocol == "http" else list(cuda.regions) == []
     c.unregister_cuda_shared_memory()
+    c.unregister_system_shared_memory("never_registered")
     with pytest.raises(InferenceServerException, match="Unable to open shared memory region: ''"):
         c.register_system_shared_memory("r", "", 0)
     empty_name = "empty segment" if protocol == "http" else "Unable to open shared memory region: ''"
     with pytest.raises(InferenceServerException, match=empty_name):  # HTTP: the path has '//'
         c.register_system_shared_memory("", "", 0)
-    region = shared_memory.SharedMemory(create=True, size=64)
-    try:
-        with pytest.raises(InferenceServerException, match="does not read or write tensors in shared memory"):
-            c.register_system_shared_memory("input", "/" + region.name, 64)
-    finally:
-        region.close()
-        region.unlink()
     with pytest.raises(
         InferenceServerException, match="failed to register shared memory region.*invalid args"
     ):

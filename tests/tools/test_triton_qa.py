@@ -15,6 +15,7 @@ from tools.triton_qa import (
     infer_zero,
     log_settings,
     response_cache,
+    shared_memory,
     simple_ensemble,
     string_io,
     unittest_junit,
@@ -428,3 +429,30 @@ def test_decoupled_stand_ins_keep_test_shs_repository_and_non_decoupled_edit(tmp
     (single,) = runs["non-decoupled"].models
     built = build_repository((single,), checkout, tmp_path / "cache", tmp_path / "repo2")
     assert "decoupled: False" in (built.path / "repeat_int32" / "config.pbtxt").read_text()
+
+
+def test_shared_memory_runs_each_test_on_a_server_of_its_own_per_client() -> None:
+    runs = {run.label: run for run in shared_memory.L0_SHARED_MEMORY.runs}
+    for client in ("http", "grpc"):
+        run = runs[f"shared_memory_test ({client})"]
+        assert run.server_per_test and run.env["CLIENT_TYPE"] == client
+        assert "SharedMemoryTest.test_register_out_of_bound" in run.tests
+        (delayed,) = runs[f"unregister during inference ({client})"].models
+        assert delayed.name == "simple" and delayed.source.endswith("execute_delayed_model")
+    assert SUITES["L0_shared_memory"] is shared_memory.L0_SHARED_MEMORY
+
+
+def test_the_psutil_stand_in_reads_this_processs_resident_size() -> None:
+    import importlib.util
+
+    from tools.triton_qa.runner import HARNESS
+
+    spec = importlib.util.spec_from_file_location("psutil_stand_in", HARNESS / "psutil.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    first = module.Process().memory_info().rss
+    ballast = bytearray(64 * 1024 * 1024)
+    ballast[::4096] = b"x" * len(ballast[::4096])  # touch every page
+    assert module.Process().memory_info().rss > first + 32 * 1024 * 1024
+    del ballast

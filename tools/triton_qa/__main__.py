@@ -26,6 +26,7 @@ from tools.triton_qa import (  # noqa: F401
     response_cache,
     sequence,
     server_status,
+    shared_memory,
     simple_ensemble,
     string_io,
 )
