@@ -59,6 +59,8 @@ def this_server_cmd(
     cmd = [sys.executable, "-m", module, "serve", str(repo), "--http-port", str(http_port)]
     if grpc_port is not None:
         cmd += ["--grpc-port", str(grpc_port)]
+    if not any(arg.startswith("--metrics-port") for arg in extra_args):
+        cmd += ["--metrics-port", str(free_port())]  # never Triton's 8002, which another server may hold
     return cmd + list(extra_args)
 
 
