@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from deployments.tensors import Tensor, device_of, shape_of
+from deployments.tracing.spans import TraceParent
 from repository_loader.errors import ServerError
 
 _NONE: frozenset[str] = frozenset()
@@ -53,6 +54,8 @@ class InferRequest:
     arrival_ns: int = 0
     # the client went away (a cancelled gRPC call): the model sees it as ``request.is_cancelled()``
     cancelled: bool = field(default=False, compare=False)
+    # a traced request: where its model's span hangs (set by the front end, an ensemble step, a BLS call)
+    trace: TraceParent | None = field(default=None, compare=False)
 
     def batch_rows(self) -> int:
         """Rows this request adds to a batch (first dimension of its inputs)."""

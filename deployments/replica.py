@@ -10,6 +10,7 @@ from deployments.protocol.dataplane import Describe, ModelDataPlane, model_metad
 from deployments.runtime.host import HostedModels, ModelHost
 from deployments.runtime.model import ModelRuntime
 from deployments.runtime.router import Router
+from deployments.tracing.control import TraceControl
 from repository_loader.errors import NotFound, Unsupported
 from repository_loader.model import ModelDescription
 
@@ -95,14 +96,16 @@ def replica_dataplane(
     cluster_stats: StatsFn | None = None,
     router: Router | None = None,
     describe_elsewhere: Describe | None = None,
+    traces: TraceControl | None = None,
 ) -> ModelDataPlane:
     """The data plane of a model replica, over its own runtime: ``router`` (default: this runtime
-    alone) decides where each inference runs; ``describe_elsewhere`` describes other models."""
+    alone) decides where each inference runs; ``describe_elsewhere`` describes other models;
+    ``traces`` holds the trace settings (the server application's)."""
     if router is None:
         router = Router()
     router.serve(runtime.model.name, runtime)
     return ModelDataPlane(
-        ReplicaRegistry(runtime, cluster_stats), router, describe_elsewhere=describe_elsewhere
+        ReplicaRegistry(runtime, cluster_stats), router, describe_elsewhere=describe_elsewhere, traces=traces
     )
 
 
@@ -188,6 +191,7 @@ def host_dataplane(
     cluster_stats: StatsFn | None = None,
     remote: ModelExecutor | None = None,
     describe_elsewhere: Describe | None = None,
+    traces: TraceControl | None = None,
 ) -> ModelDataPlane:
     """The data plane of a model host replica: every available pooled model runs here (loaded on its
     first request); ``remote`` reaches every other model. A name the host does not pool is described
@@ -205,5 +209,9 @@ def host_dataplane(
 
     router = Router(local=HostedModels(host), remote=remote)
     return ModelDataPlane(
-        HostRegistry(host, cluster_stats), router, describe_elsewhere=describe_elsewhere, discover=discover
+        HostRegistry(host, cluster_stats),
+        router,
+        describe_elsewhere=describe_elsewhere,
+        discover=discover,
+        traces=traces,
     )

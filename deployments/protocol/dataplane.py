@@ -29,7 +29,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from deployments.inference import InferRequest, InferResponse
 from deployments.runtime.router import RawReply, RawRequest, Router
-from repository_loader.errors import NotFound, Unavailable
+from deployments.tracing.control import LocalTraces, TraceControl
+from repository_loader.errors import InvalidArgument, NotFound, Unavailable
 from repository_loader.model import ModelDescription, TensorSpec
 
 SERVER_NAME = "triton"
@@ -44,6 +45,7 @@ SERVER_EXTENSIONS: tuple[str, ...] = (
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "trace",
 )
 
 
@@ -105,6 +107,14 @@ class DataPlane(Protocol):
 
     async def unload_model(self, name: str, parameters: Mapping[str, Any]) -> None:
         """Unload ``name``; ``parameters`` may hold ``unload_dependents``."""
+        ...
+
+    async def trace_settings(self, name: str | None = None) -> dict[str, Any]:
+        """Triton's trace setting document, global (None) or of model ``name``."""
+        ...
+
+    async def update_trace_settings(self, name: str | None, changes: Mapping[str, Any]) -> dict[str, Any]:
+        """Apply trace setting ``changes`` (read by ``deployments.tracing.read_changes``); the document."""
         ...
 
 
@@ -176,8 +186,11 @@ class ModelDataPlane:
         describe_elsewhere: Describe | None = None,
         front_ends_ready: Callable[[], bool] | None = None,
         discover: Callable[[str], Awaitable[bool]] | None = None,
+        traces: TraceControl | None = None,
     ) -> None:
         self.registry = registry
+        # the trace settings: the server application's own, asked of it by a model replica
+        self.traces: TraceControl = traces or LocalTraces()
         self._discover = discover
         self.router = router
         # extra fields of the server metadata: what the operator must know (e.g. a slow request path)
@@ -251,6 +264,24 @@ class ModelDataPlane:
 
     async def unload_model(self, name: str, parameters: Mapping[str, Any]) -> None:
         await self.registry.unload(name, parameters)
+
+    async def trace_settings(self, name: str | None = None) -> dict[str, Any]:
+        await self._check_traced_model(name)
+        return await self.traces.settings(name or None)
+
+    async def update_trace_settings(self, name: str | None, changes: Mapping[str, Any]) -> dict[str, Any]:
+        await self._check_traced_model(name)
+        return await self.traces.update(name or None, changes)
+
+    async def _check_traced_model(self, name: str | None) -> None:
+        if name and not await self._ready_or_not(name):
+            raise InvalidArgument(f"Request for unknown model : {name}")
+
+    async def _ready_or_not(self, name: str) -> bool:
+        try:
+            return await self.model_ready(name)
+        except NotFound:
+            return False
 
 
 def server_metadata_document(

@@ -28,7 +28,9 @@ from deployments.serve.names import hosted_key, model_app_name, model_route, sta
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory
 from deployments.serve.response_writes import coalesce_response_writes
 from deployments.serve.server_api import ServerClient
+from deployments.serve.traces import RemoteTraces, follow_traces
 from deployments.settings import ServerSettings, compile_header_pattern
+from deployments.tracing import TRACER
 from repository_loader.errors import Unavailable
 from repository_loader.model import InstanceKind, ModelDescription
 
@@ -115,7 +117,12 @@ class ModelDeployment:
         self._push_task: asyncio.Task[None] | None = asyncio.get_running_loop().create_task(
             self._push_stats()
         )
-        dataplane = replica_dataplane(self.runtime, self._cluster_stats, self.router, self.server.describe)
+        traces = RemoteTraces(self.server)
+        TRACER.configure(settings.trace, take=traces.take)
+        self._traces = asyncio.get_running_loop().create_task(follow_traces(self.server, self.replica_id))
+        dataplane = replica_dataplane(
+            self.runtime, self._cluster_stats, self.router, self.server.describe, traces=traces
+        )
         self._app = ModelHTTPApp(dataplane, model.name, settings.limits)
         # a later instance group's replica answers the model's routes only directly: Serve would refuse
         # them as outside its own application's route
@@ -325,6 +332,7 @@ class ModelDeployment:
         ingress.withdraw(self._route)
         grpc_ingress.withdraw()
         self._reloads.cancel()
+        self._traces.cancel()
         if self._publish is not None:
             self._publish.cancel()
         await self._calls.close()

@@ -41,7 +41,9 @@ from deployments.serve.names import hosted_key
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory
 from deployments.serve.response_writes import coalesce_response_writes
 from deployments.serve.server_api import ServerClient
+from deployments.serve.traces import RemoteTraces, follow_traces
 from deployments.settings import ServerSettings, compile_header_pattern
+from deployments.tracing import TRACER
 from repository_loader.model import InstanceKind, ModelDescription
 from repository_loader.plan import HOST_APP, HOST_ROUTE
 
@@ -92,7 +94,11 @@ class ModelHostDeployment:
             measure_gpus=self._gpus.used if self._gpus else None,
             gpu_budget_bytes=gpu_budgets(self._gpus, gpu_memory_bytes) if self._gpus else None,
         )
-        dataplane = host_dataplane(self.host, remote=self.remote, describe_elsewhere=self.server.describe)
+        traces = RemoteTraces(self.server)
+        TRACER.configure(settings.trace, take=traces.take)
+        dataplane = host_dataplane(
+            self.host, remote=self.remote, describe_elsewhere=self.server.describe, traces=traces
+        )
         self.router = dataplane.router
         self._app = ServerHTTPApp(dataplane, limits=settings.limits)
         self._app.restricted = settings.http_restricted_api
@@ -101,7 +107,11 @@ class ModelHostDeployment:
         if settings.allow_grpc:  # ModelInfer calls for pooled models, routed by HAProxy
             grpc_ingress.serve_grpc(dataplane, grpc_ingress.grpc_options(settings))
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._follow_pool()), loop.create_task(self._push_stats())]
+        self._tasks = [
+            loop.create_task(self._follow_pool()),
+            loop.create_task(self._push_stats()),
+            loop.create_task(follow_traces(self.server, self.replica_id)),
+        ]
 
     def __serve_build_asgi_app__(self) -> Any:
         return self._app

@@ -21,6 +21,8 @@ from deployments.protocol.dataplane import (
     server_metadata_document,
 )
 from deployments.runtime.checks import ModelSchema
+from deployments.tracing.control import LocalTraces
+from deployments.tracing.spans import Tracer
 from repository_loader.errors import InvalidArgument, NotFound, Unavailable
 from repository_loader.model import ModelDescription, ModelState, TensorSpec
 
@@ -45,6 +47,7 @@ class FakeDataPlane:
         self.loaded: list[tuple[str, dict]] = []
         self.unloaded: list[tuple[str, dict]] = []
         self.requests: list[InferRequest] = []
+        self.traces = LocalTraces(tracer=Tracer())  # this fake's own: the process's tracer stays off
 
     def _model(self, name: str) -> FakeModel:
         model = self.models.get(name)
@@ -145,6 +148,18 @@ class FakeDataPlane:
     async def unload_model(self, name: str, parameters: Mapping[str, Any]) -> None:
         self._model(name)
         self.unloaded.append((name, dict(parameters)))
+
+    async def trace_settings(self, name: str | None = None) -> dict[str, Any]:
+        self._traced_model(name)
+        return await self.traces.settings(name)
+
+    async def update_trace_settings(self, name: str | None, changes: Mapping[str, Any]) -> dict[str, Any]:
+        self._traced_model(name)
+        return await self.traces.update(name, changes)
+
+    def _traced_model(self, name: str | None) -> None:
+        if name and name not in self.models:
+            raise InvalidArgument(f"Request for unknown model : {name}")
 
 
 def _description(
