@@ -43,7 +43,8 @@ from deployments.serve.reloads import Order, ReloadBoard
 from deployments.serve.server_api import GroupApps, Member, ReplicaClient, replica_client
 from deployments.serve.traces import TraceBoard
 from deployments.settings import ServerSettings, compile_header_pattern
-from deployments.tracing import TRACER, TraceState
+from deployments.tracing import TraceState
+from deployments.tracing import configure as configure_tracing
 from deployments.tracing.control import LocalTraces
 from repository_loader.errors import ServerError, Unavailable
 from repository_loader.model import ModelDescription
@@ -425,7 +426,7 @@ class ServerDeployment:
         self._trace_board = TraceBoard()
         self._traces = LocalTraces(settings.trace, changed=self._trace_board.publish)
         self._trace_board.state = self._traces.state
-        TRACER.configure(settings.trace, take=self._traces.take)
+        configure_tracing(settings.trace, take=self._traces.take)
         self.dataplane = ModelDataPlane(
             self.controller,
             Router(remote=self._models),

@@ -30,7 +30,7 @@ from deployments.serve.response_writes import coalesce_response_writes
 from deployments.serve.server_api import ServerClient
 from deployments.serve.traces import RemoteTraces, follow_traces
 from deployments.settings import ServerSettings, compile_header_pattern
-from deployments.tracing import TRACER
+from deployments.tracing import configure as configure_tracing
 from repository_loader.errors import Unavailable
 from repository_loader.model import InstanceKind, ModelDescription
 
@@ -118,7 +118,7 @@ class ModelDeployment:
             self._push_stats()
         )
         traces = RemoteTraces(self.server)
-        TRACER.configure(settings.trace, take=traces.take)
+        configure_tracing(settings.trace, take=traces.take)
         self._traces = asyncio.get_running_loop().create_task(follow_traces(self.server, self.replica_id))
         dataplane = replica_dataplane(
             self.runtime, self._cluster_stats, self.router, self.server.describe, traces=traces

@@ -43,7 +43,7 @@ from deployments.serve.response_writes import coalesce_response_writes
 from deployments.serve.server_api import ServerClient
 from deployments.serve.traces import RemoteTraces, follow_traces
 from deployments.settings import ServerSettings, compile_header_pattern
-from deployments.tracing import TRACER
+from deployments.tracing import configure as configure_tracing
 from repository_loader.model import InstanceKind, ModelDescription
 from repository_loader.plan import HOST_APP, HOST_ROUTE
 
@@ -95,7 +95,7 @@ class ModelHostDeployment:
             gpu_budget_bytes=gpu_budgets(self._gpus, gpu_memory_bytes) if self._gpus else None,
         )
         traces = RemoteTraces(self.server)
-        TRACER.configure(settings.trace, take=traces.take)
+        configure_tracing(settings.trace, take=traces.take)
         dataplane = host_dataplane(
             self.host, remote=self.remote, describe_elsewhere=self.server.describe, traces=traces
         )

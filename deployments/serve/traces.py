@@ -119,15 +119,18 @@ class RemoteTraces:
 
 async def follow_traces(server: ServerClient, replica: str, tracer: Tracer = TRACER) -> None:
     """A replica's loop: hold the server's trace settings, applying each change as it comes."""
+    failing = False
     while True:
         try:
             state = await server.trace_state(replica, tracer.state.version, POLL_S)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the server is starting or restarting: ask again soon
-            logger.debug("trace settings not available: %s", exc)
+            (logger.debug if failing else logger.warning)("trace settings not available: %r", exc)
+            failing = True
             await asyncio.sleep(1.0)
             continue
+        failing = False
         if state is not None:
             tracer.apply(state, force=True)
 

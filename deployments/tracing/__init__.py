@@ -11,7 +11,7 @@ Ray-free: the server application holds the settings, its replicas learn them thr
 """
 
 from deployments.tracing.config import TraceConfig, TraceConfigError, parse_trace_config
-from deployments.tracing.spans import TRACE_STEP_HEADER, TRACER, TraceParent
+from deployments.tracing.spans import TRACE_STEP_HEADER, TRACER, TraceParent, configure
 from deployments.tracing.store import TraceSettings, TraceState, read_changes
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "TraceParent",
     "TraceSettings",
     "TraceState",
+    "configure",
     "parse_trace_config",
     "read_changes",
 ]

@@ -257,4 +257,21 @@ def _initial_state(config: TraceConfig) -> TraceState:
 TRACER = Tracer()
 """This process's tracer (configured from ``ServerSettings.trace`` where the process starts)."""
 
-__all__ = ["TRACER", "TRACE_STEP_HEADER", "ModelSpan", "RootSpan", "TraceParent", "Tracer", "wall"]
+
+def configure(config: TraceConfig, take: Take | None = None) -> None:
+    """Configure this process's :data:`TRACER`. Serve deployments call this function rather than
+    ``TRACER.configure``: a deployment class may travel by value, and the object it names would be
+    a copy of the tracer, not the one the process's front ends read."""
+    TRACER.configure(config, take)
+
+
+__all__ = [
+    "TRACER",
+    "TRACE_STEP_HEADER",
+    "ModelSpan",
+    "RootSpan",
+    "TraceParent",
+    "Tracer",
+    "configure",
+    "wall",
+]
