@@ -39,6 +39,8 @@ TRACE_STEP_HEADER = b"x-triton-trace-step"
 """Internal header of a call between replicas: the request continues a trace started elsewhere (its
 value: the Triton trace id of the caller's model span), so no root span is made for it."""
 
+_READ_EVENTS = {"GRPC": "GRPC_WAITREAD"}  # Triton's name of the read, by protocol (HTTP: HTTP_RECV)
+
 Take = Callable[[str], Awaitable[bool]]
 """Uses up one trace of a model's ``trace_count`` where the settings live; False when none is left."""
 
@@ -176,8 +178,9 @@ class Tracer:
         if remote is None and not await self._sampled(model, setting.rate, setting.count):
             return None
         span = self._span("InferRequest", remote, recv_start_ns, None)
-        span.add_event(f"{protocol}_RECV_START", timestamp=wall(recv_start_ns))
-        span.add_event(f"{protocol}_RECV_END", timestamp=wall(time.monotonic_ns()))
+        read = _READ_EVENTS.get(protocol, f"{protocol}_RECV")
+        span.add_event(f"{read}_START", timestamp=wall(recv_start_ns))
+        span.add_event(f"{read}_END", timestamp=wall(time.monotonic_ns()))
         context = span.get_span_context()
         return RootSpan(span, protocol, TraceParent(context.trace_id, context.span_id))
 
