@@ -30,6 +30,7 @@ from typing import Any, Protocol, runtime_checkable
 from deployments.inference import InferRequest, InferResponse
 from deployments.runtime.router import RawReply, RawRequest, Router
 from deployments.tracing.control import LocalTraces, TraceControl
+from deployments.tracing.store import read_changes
 from repository_loader.errors import InvalidArgument, NotFound, Unavailable
 from repository_loader.model import ModelDescription, TensorSpec
 
@@ -113,8 +114,9 @@ class DataPlane(Protocol):
         """Triton's trace setting document, global (None) or of model ``name``."""
         ...
 
-    async def update_trace_settings(self, name: str | None, changes: Mapping[str, Any]) -> dict[str, Any]:
-        """Apply trace setting ``changes`` (read by ``deployments.tracing.read_changes``); the document."""
+    async def update_trace_settings(self, name: str | None, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """Apply a trace setting request (read with Triton's rules, ``deployments.tracing.read_changes``,
+        once the model is known); the document after it."""
         ...
 
 
@@ -269,9 +271,9 @@ class ModelDataPlane:
         await self._check_traced_model(name)
         return await self.traces.settings(name or None)
 
-    async def update_trace_settings(self, name: str | None, changes: Mapping[str, Any]) -> dict[str, Any]:
-        await self._check_traced_model(name)
-        return await self.traces.update(name or None, changes)
+    async def update_trace_settings(self, name: str | None, settings: Mapping[str, Any]) -> dict[str, Any]:
+        await self._check_traced_model(name)  # first, as Triton: an unknown model before a bad setting
+        return await self.traces.update(name or None, read_changes(settings))
 
     async def _check_traced_model(self, name: str | None) -> None:
         if name and not await self._ready_or_not(name):

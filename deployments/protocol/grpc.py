@@ -42,7 +42,7 @@ from deployments.protocol.forwarding import forward_headers
 from deployments.protocol.inference_calls import InferenceCalls
 from deployments.protocol.proto import grpc_service_pb2 as pb
 from deployments.settings import RestrictedApi, restriction_for
-from deployments.tracing import TRACER, read_changes
+from deployments.tracing import TRACER
 from repository_loader.config import config_from_json
 from repository_loader.errors import InvalidArgument, Restricted, ServerError, TooLarge, Unsupported
 
@@ -365,7 +365,7 @@ class GRPCInferenceServicer:
         }
         model = request.model_name or None
         if asked:
-            document = await self.dataplane.update_trace_settings(model, read_changes(asked))
+            document = await self.dataplane.update_trace_settings(model, asked)
         else:
             document = await self.dataplane.trace_settings(model)
         response = pb.TraceSettingResponse()

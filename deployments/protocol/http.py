@@ -33,7 +33,7 @@ from deployments.protocol.inference_calls import InferenceCalls
 from deployments.runtime.checks import ModelSchema
 from deployments.runtime.router import RawRequest
 from deployments.settings import RequestLimits, RestrictedApi, restriction_for
-from deployments.tracing import TRACE_STEP_HEADER, TRACER, TraceParent, read_changes
+from deployments.tracing import TRACE_STEP_HEADER, TRACER, TraceParent
 from deployments.tracing.spans import RootSpan
 from repository_loader.errors import (
     ERROR_CODE_HEADER,
@@ -383,8 +383,7 @@ class _BaseApp:
         return _json(await self.dataplane.trace_settings(call.params.get("m")))
 
     async def _update_trace_setting(self, call: _Call) -> Reply:
-        changes = read_changes(_json_body(call.body))
-        return _json(await self.dataplane.update_trace_settings(call.params.get("m"), changes))
+        return _json(await self.dataplane.update_trace_settings(call.params.get("m"), _json_body(call.body)))
 
     async def _system_shm_status(self, call: _Call) -> Reply:
         return _json(extension_queries.shared_memory_status("system", call.params.get("r", "")))

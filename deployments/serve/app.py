@@ -492,7 +492,8 @@ class ServerDeployment:
         return await self.dataplane.trace_settings(model)
 
     async def trace_update(self, model: str | None, changes: dict[str, Any]) -> dict[str, Any]:
-        """Apply trace setting changes a replica's front end read; answered once replicas hold them."""
+        """Apply trace setting changes a replica's front end read (reading them again leaves them as
+        they are); answered once the replicas hold them."""
         return await self.dataplane.update_trace_settings(model, changes)
 
     async def trace_take(self, model: str) -> bool:

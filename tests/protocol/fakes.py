@@ -23,6 +23,7 @@ from deployments.protocol.dataplane import (
 from deployments.runtime.checks import ModelSchema
 from deployments.tracing.control import LocalTraces
 from deployments.tracing.spans import Tracer
+from deployments.tracing.store import read_changes
 from repository_loader.errors import InvalidArgument, NotFound, Unavailable
 from repository_loader.model import ModelDescription, ModelState, TensorSpec
 
@@ -153,9 +154,9 @@ class FakeDataPlane:
         self._traced_model(name)
         return await self.traces.settings(name)
 
-    async def update_trace_settings(self, name: str | None, changes: Mapping[str, Any]) -> dict[str, Any]:
+    async def update_trace_settings(self, name: str | None, settings: Mapping[str, Any]) -> dict[str, Any]:
         self._traced_model(name)
-        return await self.traces.update(name, changes)
+        return await self.traces.update(name, read_changes(settings))
 
     def _traced_model(self, name: str | None) -> None:
         if name and name not in self.models:

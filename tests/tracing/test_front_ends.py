@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from deployments.protocol.http import ModelHTTPApp
+from deployments.protocol.http import ModelHTTPApp, ServerHTTPApp
 from deployments.tracing import TRACER, TraceParent, parse_trace_config
 from tests.protocol.fakes import FakeDataPlane, all_models
 from tests.protocol.test_http_app import call, infer_body
@@ -71,3 +71,10 @@ async def test_the_setting_routes_answer_tritons_documents_and_errors(dataplane)
     reply = await call(app, "POST", "/trace/setting", json.dumps({"trace_file": "x"}).encode())
     assert reply is not None and reply.status == 501  # UNSUPPORTED, as Triton maps it
     assert reply.json() == {"error": "trace file location can not be updated through network protocol"}
+    server = ServerHTTPApp(dataplane)
+    reply = await call(
+        server, "POST", "/v2/models/nope/trace/setting", json.dumps({"trace_file": "x"}).encode()
+    )
+    assert reply is not None and reply.json() == {
+        "error": "Request for unknown model : nope"
+    }  # checked first

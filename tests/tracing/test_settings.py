@@ -43,6 +43,12 @@ def test_clearing_returns_a_model_to_the_global_value_and_the_global_to_the_flag
     assert (model["trace_rate"], model["log_frequency"]) == ("1", "34")
 
 
+def test_reading_changes_again_leaves_them_as_they_are() -> None:
+    """A replica's front end reads a request, the server application reads the result again."""
+    changes = read_changes({"trace_level": ["TENSORS", "TIMESTAMPS"], "trace_rate": "5", "trace_count": None})
+    assert read_changes(changes) == changes
+
+
 def test_each_change_raises_the_version_and_a_read_does_not() -> None:
     settings = _settings()
     before = settings.state.version
