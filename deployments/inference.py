@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from deployments.tensors import Tensor, device_of, shape_of
+from deployments.tracing.spans import TraceParent
 from repository_loader.errors import ServerError
 
 _NONE: frozenset[str] = frozenset()
@@ -62,6 +63,8 @@ class InferRequest:
     # an input or a requested output lies in shared memory: the front end reads the inputs (in place
     # of ``protocol.shared_memory.SharedInput`` placeholders) before the request goes on
     shared_memory: bool = field(default=False, compare=False)
+    # a traced request: where its model's span hangs (set by the front end, an ensemble step, a BLS call)
+    trace: TraceParent | None = field(default=None, compare=False)
 
     def batch_rows(self) -> int:
         """Rows this request adds to a batch (first dimension of its inputs)."""

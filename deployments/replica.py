@@ -11,6 +11,7 @@ from deployments.protocol.shared_memory import SharedMemory
 from deployments.runtime.host import HostedModels, ModelHost
 from deployments.runtime.model import ModelRuntime
 from deployments.runtime.router import Router
+from deployments.tracing.control import TraceControl
 from repository_loader.errors import NotFound, Unsupported
 from repository_loader.model import ModelDescription
 
@@ -97,10 +98,12 @@ def replica_dataplane(
     router: Router | None = None,
     describe_elsewhere: Describe | None = None,
     shared_memory: SharedMemory | None = None,
+    traces: TraceControl | None = None,
 ) -> ModelDataPlane:
     """The data plane of a model replica, over its own runtime: ``router`` (default: this runtime
     alone) decides where each inference runs; ``describe_elsewhere`` describes other models;
-    ``shared_memory`` reads the regions the server application registered."""
+    ``shared_memory`` reads the regions the server application registered; ``traces`` holds the trace
+    settings (the server application's)."""
     if router is None:
         router = Router()
     router.serve(runtime.model.name, runtime)
@@ -109,6 +112,7 @@ def replica_dataplane(
         router,
         describe_elsewhere=describe_elsewhere,
         shared_memory=shared_memory,
+        traces=traces,
     )
 
 
@@ -195,6 +199,7 @@ def host_dataplane(
     remote: ModelExecutor | None = None,
     describe_elsewhere: Describe | None = None,
     shared_memory: SharedMemory | None = None,
+    traces: TraceControl | None = None,
 ) -> ModelDataPlane:
     """The data plane of a model host replica: every available pooled model runs here (loaded on its
     first request); ``remote`` reaches every other model. A name the host does not pool is described
@@ -217,4 +222,5 @@ def host_dataplane(
         describe_elsewhere=describe_elsewhere,
         discover=discover,
         shared_memory=shared_memory,
+        traces=traces,
     )

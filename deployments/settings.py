@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from deployments.tracing.config import TraceConfig, TraceConfigError, parse_trace_config
 from repository_loader.plan import HostPolicy
 
 CONTROL_MODES = ("none", "explicit", "poll")
@@ -323,6 +324,8 @@ class ServerSettings:
     log_error: bool = True
     log_format: str = "default"
     log_file: str = ""
+    # Triton's --trace-config flags (docs/operations.md, Tracing): the settings tracing starts with
+    trace: TraceConfig = TraceConfig()
     response_cache_bytes: int | None = None  # the local response cache of each replica process (None: off)
     metrics_config: MetricsConfig = MetricsConfig()  # Triton's --metrics-config
     model_hosts: int = 0  # replicas of the shared model host (docs/hosts.md); 0: every model its own
@@ -447,6 +450,7 @@ class ServerSettings:
                 BACKLOG_DELAY_SCHEDULER_ENV, env.get(BACKLOG_DELAY_SCHEDULER_ENV) or "0", int
             ),
             "metrics_config": MetricsConfig.parse(_texts(args.get("metrics_config"))),
+            "trace": _trace_config(args.get("trace_config")),
             "response_cache_bytes": cache_size(
                 _texts(args.get("cache_config")),
                 None
@@ -526,6 +530,7 @@ class ServerSettings:
             "model_host_gpus": self.model_host_gpus,
             "model_host_gpu_memory_bytes": self.model_host_gpu_memory_bytes,
             "metrics_config": self.metrics_config.to_texts(),
+            "trace_config": list(self.trace.flags),
             "cache_config": []
             if self.response_cache_bytes is None
             else [f"local,size={self.response_cache_bytes}"],
@@ -580,6 +585,7 @@ _ARG_NAMES = {
     "cache_config",
     "metrics_config",
     "response_cache_byte_size",
+    "trace_config",
     *LIMIT_ARGS,
 }
 _TRUE = {"1", "true", "yes", "on"}
@@ -652,6 +658,14 @@ def compile_header_pattern(text: str) -> re.Pattern[str] | None:
     if text.startswith(_CASE_SENSITIVE):
         return re.compile(text[len(_CASE_SENSITIVE) :])
     return re.compile(text, re.IGNORECASE)
+
+
+def _trace_config(value: Any) -> TraceConfig:
+    """Triton's repeated ``--trace-config`` (``mode=opentelemetry``, ``opentelemetry,url=...``, ...)."""
+    try:
+        return parse_trace_config(_texts(value))
+    except TraceConfigError as exc:
+        raise SettingsError(str(exc)) from None
 
 
 def _log_format(value: Any) -> str:

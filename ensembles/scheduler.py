@@ -436,6 +436,7 @@ class EnsembleScheduler:
             priority=request.priority,
             timeout_us=request.timeout_us,
             arrival_ns=request.arrival_ns,
+            trace=request.trace,  # a traced ensemble: the step's span hangs under the ensemble's
         )
 
     async def _call(self, step: StepNode, request: InferRequest) -> InferResponse:

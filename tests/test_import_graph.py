@@ -19,8 +19,14 @@ PACKAGES = ("repository_loader", "deployments", "ensembles", "bench")
 LAYERS: tuple[tuple[str, ...], ...] = (
     # config vocabulary, errors, storage, validation, the deployment plan
     ("repository_loader",),
-    # what an inference is, tensors, the server's settings, the custom metric families
-    ("deployments.tensors", "deployments.inference", "deployments.settings", "deployments.custom_metrics"),
+    # what an inference is, tensors, the server's settings, the custom metric families, tracing
+    (
+        "deployments.tensors",
+        "deployments.inference",
+        "deployments.settings",
+        "deployments.custom_metrics",
+        "deployments.tracing",
+    ),
     # the execution layer: a backend per framework and the registry of them
     ("deployments.backends",),
     # a model in a process: schedulers, statistics, metrics; it creates backends through the registry
@@ -41,6 +47,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 SAME_LAYER: frozenset[tuple[str, str]] = frozenset(
     {
         ("deployments.inference", "deployments.tensors"),
+        ("deployments.inference", "deployments.tracing"),  # a request's place in its trace
+        ("deployments.settings", "deployments.tracing"),  # --trace-config
         ("deployments.control", "deployments.protocol"),
         ("deployments.__main__", "deployments.cli"),
     }

@@ -32,7 +32,9 @@ from deployments.protocol.log_settings import LogBoard
 from deployments.protocol.shared_memory import SharedMemory, local_shared_memory
 from deployments.runtime.router import RawReply, RawRequest, Router
 from deployments.settings import LogSettings
-from repository_loader.errors import NotFound, Unavailable
+from deployments.tracing.control import LocalTraces, TraceControl
+from deployments.tracing.store import read_changes
+from repository_loader.errors import InvalidArgument, NotFound, Unavailable
 from repository_loader.model import ModelDescription, TensorSpec
 
 SERVER_NAME = "triton"
@@ -49,6 +51,7 @@ SERVER_EXTENSIONS: tuple[str, ...] = (
     "statistics",
     "logging",
     "system_shared_memory",
+    "trace",
 )
 
 
@@ -119,6 +122,15 @@ class DataPlane(Protocol):
     async def update_log_settings(self, changes: Mapping[str, Any]) -> LogSettings:
         """Apply ``changes`` (checked ``LogSettings`` fields) in every process of the server; the
         settings now in effect."""
+        ...
+
+    async def trace_settings(self, name: str | None = None) -> dict[str, Any]:
+        """Triton's trace setting document, global (None) or of model ``name``."""
+        ...
+
+    async def update_trace_settings(self, name: str | None, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """Apply a trace setting request (read with Triton's rules, ``deployments.tracing.read_changes``,
+        once the model is known); the document after it."""
         ...
 
 
@@ -195,10 +207,13 @@ class ModelDataPlane:
         discover: Callable[[str], Awaitable[bool]] | None = None,
         logs: LogBoard | None = None,
         shared_memory: SharedMemory | None = None,
+        traces: TraceControl | None = None,
     ) -> None:
         self.registry = registry
         self.logs = logs
         self.shared_memory = shared_memory if shared_memory is not None else local_shared_memory()
+        # the trace settings: the server application's own, asked of it by a model replica
+        self.traces: TraceControl = traces or LocalTraces()
         self._discover = discover
         self.router = router
         # extra fields of the server metadata: what the operator must know (e.g. a slow request path)
@@ -284,6 +299,24 @@ class ModelDataPlane:
         if self.logs is None:
             raise Unavailable("the server does not support dynamic logging")
         return self.logs
+
+    async def trace_settings(self, name: str | None = None) -> dict[str, Any]:
+        await self._check_traced_model(name)
+        return await self.traces.settings(name or None)
+
+    async def update_trace_settings(self, name: str | None, settings: Mapping[str, Any]) -> dict[str, Any]:
+        await self._check_traced_model(name)  # first, as Triton: an unknown model before a bad setting
+        return await self.traces.update(name or None, read_changes(settings))
+
+    async def _check_traced_model(self, name: str | None) -> None:
+        if name and not await self._ready_or_not(name):
+            raise InvalidArgument(f"Request for unknown model : {name}")
+
+    async def _ready_or_not(self, name: str) -> bool:
+        try:
+            return await self.model_ready(name)
+        except NotFound:
+            return False
 
 
 def server_metadata_document(

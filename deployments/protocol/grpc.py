@@ -28,6 +28,7 @@ import contextlib
 import contextvars
 import logging
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,7 @@ from deployments.protocol.inference_calls import InferenceCalls
 from deployments.protocol.proto import grpc_service_pb2 as pb
 from deployments.protocol.shared_memory import SharedMemory
 from deployments.settings import RestrictedApi, restriction_for
+from deployments.tracing import TRACER
 from repository_loader.config import config_from_json
 from repository_loader.errors import InvalidArgument, Restricted, ServerError, TooLarge, Unsupported
 
@@ -198,8 +200,27 @@ class GRPCInferenceServicer:
         self.calls.refuse_decoupled(description, "ModelInfer RPC")
         infer_request = grpc_codec.decode_infer_request(request)
         self._forward_headers(infer_request)
+        if TRACER.active:
+            return await self._traced_infer(infer_request, description, schema)
         response = await self.calls.infer_one(infer_request, description)
         return grpc_codec.encode_infer_response(response, infer_request.requested_outputs, schema)
+
+    async def _traced_infer(self, request: InferRequest, description: Any, schema: Any) -> Any:
+        """``ModelInfer`` while tracing is on: the request under its root span where it is traced
+        (the ``GRPC_`` events are taken around the handler; the send is the transport's)."""
+        received = time.monotonic_ns()
+        metadata = _call_metadata.get()
+        parent = metadata().get("traceparent") if metadata is not None else None
+        root = await TRACER.start(request.model_name, parent, "GRPC", received)
+        if root is not None:
+            request.trace = root.parent
+        try:
+            response = await self.calls.infer_one(request, description)
+            return grpc_codec.encode_infer_response(response, request.requested_outputs, schema)
+        finally:
+            if root is not None:
+                done = time.monotonic_ns()
+                root.finish(done, done, time.monotonic_ns())
 
     def _forward_headers(self, request: InferRequest) -> None:
         """The call's metadata that ``options.header_forward`` matches, as request parameters."""
@@ -308,7 +329,7 @@ class GRPCInferenceServicer:
         await self.dataplane.unload_model(request.model_name, params)
         return pb.RepositoryModelUnloadResponse()
 
-    # --- shared memory (deployments.protocol.shared_memory; CUDA: queries only), trace, logging ---
+    # --- shared memory (deployments.protocol.shared_memory; CUDA: queries only), trace settings, logging ---
 
     def _shared(self) -> SharedMemory:
         if self.calls.shared is None:
@@ -343,9 +364,17 @@ class GRPCInferenceServicer:
         return pb.CudaSharedMemoryUnregisterResponse()  # no CUDA region can be registered
 
     async def TraceSetting(self, request: Any) -> Any:
-        updates = {key: list(value.value) for key, value in request.settings.items()}
+        """Triton's gRPC form: a setting with no value is cleared; ``trace_level`` takes every value,
+        the others their first."""
+        asked = {
+            key: (list(value.value) if key == "trace_level" else value.value[0]) if value.value else None
+            for key, value in request.settings.items()
+        }
         model = request.model_name or None
-        document = extension_queries.update_trace_settings(model, updates)
+        if asked:
+            document = await self.dataplane.update_trace_settings(model, asked)
+        else:
+            document = await self.dataplane.trace_settings(model)
         response = pb.TraceSettingResponse()
         for key, value in document.items():
             response.settings[key].value.extend(value if isinstance(value, list) else [value])

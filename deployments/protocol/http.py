@@ -20,6 +20,7 @@ import contextlib
 import json
 import logging
 import re
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,8 @@ from deployments.protocol.shared_memory import SharedMemory
 from deployments.runtime.checks import ModelSchema
 from deployments.runtime.router import RawRequest
 from deployments.settings import RequestLimits, RestrictedApi, restriction_for
+from deployments.tracing import TRACE_STEP_HEADER, TRACER, TraceParent
+from deployments.tracing.spans import RootSpan
 from repository_loader.errors import (
     ERROR_CODE_HEADER,
     InternalError,
@@ -210,15 +213,33 @@ def _segments(path: str) -> tuple[str, ...]:
     return tuple(path.split("/")) if path else ()
 
 
+class _Traced:
+    """When a request arrived and, once its inference is traced, its root span (tracing on only)."""
+
+    __slots__ = ("received", "root", "complete")
+
+    def __init__(self, received: int) -> None:
+        self.received = received
+        self.root: RootSpan | None = None
+        self.complete = 0
+
+    def finish(self, send_start: int) -> None:
+        if self.root is not None:
+            self.root.finish(self.complete or send_start, send_start, time.monotonic_ns())
+
+
 class _Call:
     """One HTTP request as the handlers see it."""
 
-    __slots__ = ("scope", "body", "params")
+    __slots__ = ("scope", "body", "params", "traced")
 
-    def __init__(self, scope: Scope, body: bytes, params: dict[str, str]) -> None:
+    def __init__(
+        self, scope: Scope, body: bytes, params: dict[str, str], traced: _Traced | None = None
+    ) -> None:
         self.scope = scope
         self.body = body
         self.params = params
+        self.traced = traced
 
     def header(self, name: bytes) -> bytes | None:
         for key, value in self.scope["headers"]:
@@ -270,6 +291,7 @@ class _BaseApp:
         return None
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        traced = _Traced(time.monotonic_ns()) if TRACER.active else None
         try:
             _check_head(scope, self.limits)
             body = await _read_body(receive, self.limits.max_input_size)
@@ -280,7 +302,7 @@ class _BaseApp:
             return
         reply: Reply | Streamed
         try:
-            reply = await self._dispatch(scope, body)
+            reply = await self._dispatch(scope, body, traced)
         except ServerError as e:
             reply = error_reply(e)
         except Exception as e:  # never let a request take the server down
@@ -288,10 +310,14 @@ class _BaseApp:
             reply = error_reply(e)
         if isinstance(reply, Streamed):
             await _stream(receive, send, reply)
-        else:
+        elif traced is None:
             await _respond(send, reply)
+        else:
+            send_start = time.monotonic_ns()
+            await _respond(send, reply)
+            traced.finish(send_start)
 
-    async def _dispatch(self, scope: Scope, body: bytes) -> Reply | Streamed:
+    async def _dispatch(self, scope: Scope, body: bytes, traced: _Traced | None = None) -> Reply | Streamed:
         segs = self._locate(scope)
         found = None if segs is None else self._router.match(segs)
         if found is None:
@@ -306,7 +332,7 @@ class _BaseApp:
         fixed = self._fixed_params()
         if fixed:
             params.update(fixed)
-        call = _Call(scope, body, params)
+        call = _Call(scope, body, params, traced)
         if self.restricted:
             check_restricted(self.restricted, API_GROUP_OF.get(handler, "inference"), call.header)
         result: Reply | Streamed = await getattr(self, "_" + handler)(call)
@@ -361,11 +387,10 @@ class _BaseApp:
         return 200, [], b""
 
     async def _trace_setting(self, call: _Call) -> Reply:
-        return _json(extension_queries.trace_settings(call.params.get("m")))
+        return _json(await self.dataplane.trace_settings(call.params.get("m")))
 
     async def _update_trace_setting(self, call: _Call) -> Reply:
-        settings = _json_body(call.body)
-        return _json(extension_queries.update_trace_settings(call.params.get("m"), settings))
+        return _json(await self.dataplane.update_trace_settings(call.params.get("m"), _json_body(call.body)))
 
     async def _log_settings(self, call: _Call) -> Reply:
         return _json((await self.dataplane.log_settings()).to_json())
@@ -432,7 +457,11 @@ class _BaseApp:
             sent = ((k.decode("latin-1"), v.decode("latin-1")) for k, v in call.scope["headers"])
             forward_headers(request, self.header_forward, sent)
         raw = RawRequest(_full_path(call.scope), call.scope["headers"], call.body)
+        if call.traced is not None:
+            await _trace(call, request)
         response = await self.calls.infer(request, description, raw)
+        if call.traced is not None:
+            call.traced.complete = time.monotonic_ns()
         if not isinstance(response, InferResponse):
             return response  # the reply of the replica the router sent it on to, as it came
         out, json_length = codec.encode_infer_response(
@@ -699,6 +728,21 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+async def _trace(call: _Call, request: InferRequest) -> None:
+    """Place a request in its trace: under the caller's span for a step or call another replica sent
+    (``x-triton-trace-step``), else under a new root span where the request is to be traced."""
+    assert call.traced is not None
+    parent = call.header(b"traceparent")
+    step = call.header(TRACE_STEP_HEADER)
+    if step is not None:
+        request.trace = TraceParent.from_header(parent, int(step) if step.isdigit() else 0)
+        return
+    root = await TRACER.start(request.model_name, parent, "HTTP", call.traced.received)
+    if root is not None:
+        call.traced.root = root
+        request.trace = root.parent
 
 
 async def _respond(send: Send, reply: Reply) -> None:

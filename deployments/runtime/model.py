@@ -36,6 +36,7 @@ from deployments.runtime.checks import ModelSchema
 from deployments.runtime.metrics import TritonMetrics, tags_for
 from deployments.runtime.stats import ModelStats
 from deployments.runtime.warmup import warmup_requests
+from deployments.tracing import TRACER
 from repository_loader.errors import ExecutionTimeout, InvalidArgument, NotFound, ServerError, Unavailable
 from repository_loader.model import InstanceKind, ModelDescription
 
@@ -94,6 +95,7 @@ class VersionRuntime:
                 model, self._execute_streams, max_concurrent_batches=max_concurrent
             )
         self.ready = False
+        self._computes = not model.is_ensemble  # an ensemble's span has its steps, no compute span
         self.schema = ModelSchema.from_description(model)
         self._waiting: set[int] = set()  # tickets of requests accepted and not yet handed to the backend
         self.failures: dict[str, int] = {}  # failed requests by Triton's reason (OTHER, BACKEND, ...)
@@ -124,6 +126,12 @@ class VersionRuntime:
         finally:
             end_compute_times(token)
         end = time.monotonic_ns()
+        if TRACER.active and self._computes:
+            for request in requests:
+                if request.trace is not None:
+                    TRACER.compute_span(
+                        request.trace, start, start + times.input_ns, end - times.output_ns, end
+                    )
         rows = sum(r.batch_rows() for r in requests) if self.model.max_batch_size > 0 else len(requests)
         inferences = rows
         if (
@@ -213,6 +221,24 @@ class VersionRuntime:
     async def infer(self, request: InferRequest) -> InferResponse:
         """Check ``request`` against the model, run it; a failure comes back in ``response.error``."""
         arrival = request.arrival_ns = request.arrival_ns or time.monotonic_ns()
+        if request.trace is not None:
+            return await self._traced(request, arrival)
+        return await self._infer(request, arrival)
+
+    async def _traced(self, request: InferRequest, arrival: int) -> InferResponse:
+        """:meth:`_infer` inside the model's span; the request carries that span to its compute span,
+        its ensemble steps and its BLS calls."""
+        assert request.trace is not None
+        span = TRACER.model_span(
+            request.trace, self.model.name, self.version, request.id, arrival, time.monotonic_ns()
+        )
+        request.trace = span.parent
+        try:
+            return await self._infer(request, arrival)
+        finally:
+            span.end(time.monotonic_ns())
+
+    async def _infer(self, request: InferRequest, arrival: int) -> InferResponse:
         ok = False
         reason = "OTHER"
         try:

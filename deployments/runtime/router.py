@@ -26,6 +26,7 @@ from enum import Enum
 from typing import Any, Protocol
 
 from deployments.inference import InferRequest, InferResponse, ModelExecutor
+from deployments.tracing import TRACE_STEP_HEADER
 from repository_loader.errors import NotFound, Unavailable, Unsupported
 
 Headers = list[tuple[bytes, bytes]]
@@ -37,9 +38,9 @@ FORWARDED = b"x-triton-sequence-owner"
 
 REPLICA_SNAPSHOT = b"x-triton-replica-snapshot"
 """Set on a sibling's request for a replica's own counts now (its statistics and metrics, not summed
-with other replicas'). HAProxy removes both headers from client requests."""
+with other replicas'). HAProxy removes these and ``TRACE_STEP_HEADER`` from client requests."""
 
-INTERNAL_HEADERS = (FORWARDED, REPLICA_SNAPSHOT)
+INTERNAL_HEADERS = (FORWARDED, REPLICA_SNAPSHOT, TRACE_STEP_HEADER)
 """Headers only replicas set on their calls to each other."""
 
 

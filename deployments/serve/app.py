@@ -44,7 +44,11 @@ from deployments.serve.names import (
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory, ServedElsewhere, own_app
 from deployments.serve.reloads import Order, ReloadBoard
 from deployments.serve.server_api import GroupApps, Member, ReplicaClient, replica_client
+from deployments.serve.traces import TraceBoard
 from deployments.settings import LogSettings, ServerSettings, compile_header_pattern
+from deployments.tracing import TraceState
+from deployments.tracing import configure as configure_tracing
+from deployments.tracing.control import LocalTraces
 from repository_loader.errors import ServerError, Unavailable
 from repository_loader.model import ModelDescription
 from repository_loader.plan import (
@@ -431,6 +435,11 @@ class ServerDeployment:
         self._metrics_server = start_metrics(settings, self.render_metrics)
         self._grpc_answers = not settings.allow_grpc  # until its port answers through HAProxy
         self._regions = RegionTable()  # system shared memory: registered here, mapped where used
+        # the trace settings live here; replicas follow them (deployments.serve.traces)
+        self._trace_board = TraceBoard()
+        self._traces = LocalTraces(settings.trace, changed=self._trace_board.publish)
+        self._trace_board.state = self._traces.state
+        configure_tracing(settings.trace, take=self._traces.take)
         self.dataplane = ModelDataPlane(
             self.controller,
             Router(remote=self._models),
@@ -438,6 +447,7 @@ class ServerDeployment:
             front_ends_ready=lambda: self._grpc_answers,
             logs=self.logs,
             shared_memory=SharedMemory(self._regions),
+            traces=self._traces,
         )
         self._start = asyncio.get_running_loop().create_task(self._startup())
         await asyncio.shield(self._start)  # live only once the initial models settled
@@ -499,6 +509,23 @@ class ServerDeployment:
                 for name in list(self.deployer.deployed):
                     await self.deployer.delete(name)
                 raise RuntimeError(getattr(exc, "message", str(exc))) from None
+
+    async def trace_settings(self, model: str | None) -> dict[str, Any]:
+        """The trace settings as Triton answers them (asked by model replicas' front ends)."""
+        return await self.dataplane.trace_settings(model)
+
+    async def trace_update(self, model: str | None, changes: dict[str, Any]) -> dict[str, Any]:
+        """Apply trace setting changes a replica's front end read (reading them again leaves them as
+        they are); answered once the replicas hold them."""
+        return await self.dataplane.update_trace_settings(model, changes)
+
+    async def trace_take(self, model: str) -> bool:
+        """Use up one trace of ``model``'s ``trace_count`` (a replica is about to trace a request)."""
+        return await self._traces.take(model)
+
+    async def trace_state(self, replica: str, seen: int, timeout_s: float) -> TraceState | None:
+        """A replica's long poll for the trace settings (``deployments.serve.traces.follow_traces``)."""
+        return await self._trace_board.wait(replica, seen, timeout_s)
 
     async def reload_order(self, model: str, seen: tuple[int, str], timeout_s: float) -> Order | None:
         """A model replica's long poll for reload orders (``deployments.serve.reloads.follow``)."""

@@ -70,6 +70,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--log-file", default=None, metavar="PATH", help="append the log there instead of stderr")
     p.add_argument(
+        "--trace-config",
+        action="append",
+        default=[],
+        metavar="[MODE,]SETTING=VALUE",
+        help="Triton's trace settings: level=TIMESTAMPS, rate=N, count=N, mode=opentelemetry, "
+        "opentelemetry,url=host:port/v1/traces, ... (repeatable)",
+    )
+    p.add_argument(
         "--http-header-forward-pattern",
         default="",
         metavar="REGEX",
@@ -182,6 +190,7 @@ def server_args(args: argparse.Namespace) -> dict[str, Any]:
         "access_log": args.access_log,
         "cache_config": args.cache_config,
         "metrics_config": args.metrics_config,
+        "trace_config": args.trace_config,
         "response_cache_byte_size": args.response_cache_byte_size,
         "model_hosts": args.model_hosts,
         "model_host_cpus": args.model_host_cpus,

@@ -29,7 +29,9 @@ from deployments.serve.names import hosted_key, model_app_name, model_route, sta
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory
 from deployments.serve.response_writes import coalesce_response_writes
 from deployments.serve.server_api import ServerClient, ServerRegions
+from deployments.serve.traces import RemoteTraces, follow_traces
 from deployments.settings import ServerSettings, compile_header_pattern
+from deployments.tracing import configure as configure_tracing
 from repository_loader.errors import Unavailable
 from repository_loader.model import InstanceKind, ModelDescription
 
@@ -116,8 +118,16 @@ class ModelDeployment:
             self._push_stats()
         )
         self.shared_memory = SharedMemory(ServerRegions(self.server), follower=self.replica_id)
+        traces = RemoteTraces(self.server)
+        configure_tracing(settings.trace, take=traces.take)
+        self._traces = asyncio.get_running_loop().create_task(follow_traces(self.server, self.replica_id))
         dataplane = replica_dataplane(
-            self.runtime, self._cluster_stats, self.router, self.server.describe, self.shared_memory
+            self.runtime,
+            self._cluster_stats,
+            self.router,
+            self.server.describe,
+            self.shared_memory,
+            traces=traces,
         )
         self._app = ModelHTTPApp(dataplane, model.name, settings.limits)
         # a later instance group's replica answers the model's routes only directly: Serve would refuse
@@ -332,6 +342,7 @@ class ModelDeployment:
         grpc_ingress.withdraw()
         self._reloads.cancel()
         self._logs.cancel()
+        self._traces.cancel()
         if self._publish is not None:
             self._publish.cancel()
         await self._calls.close()

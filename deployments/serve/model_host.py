@@ -42,7 +42,9 @@ from deployments.serve.names import hosted_key
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory
 from deployments.serve.response_writes import coalesce_response_writes
 from deployments.serve.server_api import ServerClient, ServerRegions
+from deployments.serve.traces import RemoteTraces, follow_traces
 from deployments.settings import ServerSettings, compile_header_pattern
+from deployments.tracing import configure as configure_tracing
 from repository_loader.model import InstanceKind, ModelDescription
 from repository_loader.plan import HOST_APP, HOST_ROUTE
 
@@ -95,11 +97,14 @@ class ModelHostDeployment:
             gpu_budget_bytes=gpu_budgets(self._gpus, gpu_memory_bytes) if self._gpus else None,
         )
         self.shared_memory = SharedMemory(ServerRegions(self.server), follower=self.replica_id)
+        traces = RemoteTraces(self.server)
+        configure_tracing(settings.trace, take=traces.take)
         dataplane = host_dataplane(
             self.host,
             remote=self.remote,
             describe_elsewhere=self.server.describe,
             shared_memory=self.shared_memory,
+            traces=traces,
         )
         self.router = dataplane.router
         self._app = ServerHTTPApp(dataplane, limits=settings.limits)
@@ -113,6 +118,7 @@ class ModelHostDeployment:
             loop.create_task(self._follow_pool()),
             loop.create_task(self._push_stats()),
             loop.create_task(logs.follow(self.server, settings.log_settings, log_to_stderr)),
+            loop.create_task(follow_traces(self.server, self.replica_id)),
         ]
 
     def __serve_build_asgi_app__(self) -> Any:

@@ -47,6 +47,7 @@ from deployments.serve.server_api import (
     replica_client,
     server_error,
 )
+from deployments.tracing import TRACE_STEP_HEADER, TraceParent
 from repository_loader.errors import ERROR_CODE_HEADER, InvalidArgument, NotFound, ServerError, Unavailable
 from repository_loader.model import ModelDescription
 
@@ -199,6 +200,8 @@ class ReplicaCalls:
             path = found
             body, headers = _encoded(request)
         headers[FORWARDED.decode()] = str(rank)
+        if request.trace is not None:
+            headers.update(trace_headers(request.trace))
         reply = await self._to_owner(model, rank, request, path, headers, body)
         return reply if raw is not None else _decoded(reply)
 
@@ -297,7 +300,16 @@ class ReplicaCalls:
 
 def _encoded(request: InferRequest) -> tuple[bytes, dict[str, str]]:
     body, header_length = encode_infer_request(request)
-    return body, {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(header_length)}
+    headers = {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(header_length)}
+    if request.trace is not None:
+        headers.update(trace_headers(request.trace))
+    return body, headers
+
+
+def trace_headers(parent: TraceParent) -> dict[str, str]:
+    """A traced call's place in its trace, for the replica that runs it: W3C ``traceparent`` (the
+    caller's span) and the internal step header (no root span there; the caller's Triton trace id)."""
+    return {"traceparent": parent.header(), TRACE_STEP_HEADER.decode(): str(parent.triton_id)}
 
 
 def _decoded(reply: RawReply) -> InferResponse:

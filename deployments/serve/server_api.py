@@ -16,6 +16,7 @@ from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.shared_memory import Region
 from deployments.serve.names import MODEL_DEPLOYMENT, SERVER_APP, SERVER_DEPLOYMENT
 from deployments.settings import LogSettings
+from deployments.tracing.store import TraceState
 from repository_loader.errors import ServerError
 from repository_loader.model import ModelDescription
 from repository_loader.plan import HOST_APP, HOST_DEPLOYMENT
@@ -151,6 +152,21 @@ class ServerClient:
 
     async def shm_status(self, name: str) -> list[dict[str, Any]]:
         found: list[dict[str, Any]] = await self._call(self.handle.shm_status, name)
+        return found
+
+    async def trace_settings(self, model: str | None) -> dict[str, Any]:
+        found: dict[str, Any] = await self._call(self.handle.trace_settings, model)
+        return found
+
+    async def trace_update(self, model: str | None, changes: dict[str, Any]) -> dict[str, Any]:
+        found: dict[str, Any] = await self._call(self.handle.trace_update, model, changes)
+        return found
+
+    async def trace_take(self, model: str) -> bool:
+        return bool(await self._call(self.handle.trace_take, model))
+
+    async def trace_state(self, replica: str, seen: int, timeout_s: float) -> TraceState | None:
+        found: TraceState | None = await self._call(self.handle.trace_state, replica, seen, timeout_s)
         return found
 
 

@@ -24,6 +24,9 @@ from deployments.protocol.log_settings import LogBoard
 from deployments.protocol.shared_memory import local_shared_memory
 from deployments.runtime.checks import ModelSchema
 from deployments.settings import LogSettings
+from deployments.tracing.control import LocalTraces
+from deployments.tracing.spans import Tracer
+from deployments.tracing.store import read_changes
 from repository_loader.errors import InvalidArgument, NotFound, Unavailable
 from repository_loader.model import ModelDescription, ModelState, TensorSpec
 
@@ -50,6 +53,7 @@ class FakeDataPlane:
         self.requests: list[InferRequest] = []
         self.logs = LogBoard(LogSettings())
         self.shared_memory = local_shared_memory()  # system shared memory, as the server application holds it
+        self.traces = LocalTraces(tracer=Tracer())  # this fake's own: the process's tracer stays off
 
     def _model(self, name: str) -> FakeModel:
         model = self.models.get(name)
@@ -156,6 +160,18 @@ class FakeDataPlane:
 
     async def update_log_settings(self, changes: Mapping[str, Any]) -> LogSettings:
         return await self.logs.update(changes)
+
+    async def trace_settings(self, name: str | None = None) -> dict[str, Any]:
+        self._traced_model(name)
+        return await self.traces.settings(name)
+
+    async def update_trace_settings(self, name: str | None, settings: Mapping[str, Any]) -> dict[str, Any]:
+        self._traced_model(name)
+        return await self.traces.update(name, read_changes(settings))
+
+    def _traced_model(self, name: str | None) -> None:
+        if name and name not in self.models:
+            raise InvalidArgument(f"Request for unknown model : {name}")
 
 
 def _description(

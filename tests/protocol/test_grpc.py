@@ -356,14 +356,13 @@ def test_log_settings_are_read_and_changed(client, dataplane, url):
     [
         (lambda c: c.register_system_shared_memory("r", "/no-such-key", 64), "StatusCode.INTERNAL"),
         (lambda c: c.register_cuda_shared_memory("r", b"\x00" * 64, 0, 64), "StatusCode.INVALID_ARGUMENT"),
-        (
-            lambda c: c.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]}),
-            "StatusCode.UNIMPLEMENTED",
-        ),
+        (lambda c: c.update_trace_settings(settings={"trace_file": "x.json"}), "StatusCode.UNIMPLEMENTED"),
+        (lambda c: c.update_trace_settings(settings={"trace_rate": "often"}), "StatusCode.INVALID_ARGUMENT"),
+        (lambda c: c.get_trace_settings(model_name="no_such_model"), "StatusCode.INVALID_ARGUMENT"),
         (lambda c: c.get_system_shared_memory_status("r"), "StatusCode.NOT_FOUND"),
     ],
 )
-def test_shared_memory_and_tracing_are_refused_with_tritons_codes(client, call, code):
+def test_shared_memory_and_trace_settings_are_refused_with_tritons_codes(client, call, code):
     with pytest.raises(InferenceServerException) as error:
         call(client)
     assert status_of(error.value) == code, error.value.message()
@@ -375,6 +374,20 @@ def test_shared_memory_and_trace_queries_answer(client):
     client.unregister_system_shared_memory()
     client.unregister_cuda_shared_memory("r")
     assert list(client.get_trace_settings().settings["trace_level"].value) == ["OFF"]
+
+
+def test_trace_setting_rpc_updates_and_clears_a_models_setting(client):
+    """gRPC's form: values are lists of strings; a key sent with no value is cleared, so the model
+    follows the global setting again."""
+    model = client.get_model_repository_index().models[0].name
+
+    def values(answer):
+        return {k: list(v.value) for k, v in answer.settings.items()}
+
+    changed = values(client.update_trace_settings(model_name=model, settings={"trace_rate": "7"}))
+    assert changed["trace_rate"] == ["7"] and values(client.get_trace_settings())["trace_rate"] == ["1000"]
+    cleared = values(client.update_trace_settings(model_name=model, settings={"trace_rate": None}))
+    assert cleared["trace_rate"] == ["1000"]
 
 
 # --- ModelInfer -------------------------------------------------------------------

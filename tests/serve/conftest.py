@@ -52,6 +52,24 @@ FAILING_PY = textwrap.dedent(
 )
 
 
+ADD_SUB_SEPARATE = textwrap.dedent(
+    """
+    name: "add_sub_separate"
+    platform: "ensemble"
+    max_batch_size: 8
+    input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]
+    output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] } ]
+    parameters { key: "placement" value: { string_value: "separate" } }
+    ensemble_scheduling { step [ {
+      model_name: "add_sub"
+      model_version: -1
+      input_map [ { key: "INPUT0" value: "A" }, { key: "INPUT1" value: "B" } ]
+      output_map [ { key: "OUTPUT0" value: "SUM" } ]
+    } ] }
+    """
+)
+
+
 def _config(name: str, max_batch: int, extra: str = "") -> str:
     dims = "[ 4 ]"
     return (
@@ -108,12 +126,20 @@ def build_test_repository(root: Path) -> Path:
             ("OUTPUT0", "OUTPUT1"),
             'parameters { key: "MODEL_NAME" value: { string_value: "no_such_model" } }\n',
         ),
+        (
+            "bls_traced",
+            ("OUTPUT0", "OUTPUT1"),
+            "",
+        ),  # passes its trace to add_sub (tests/serve/test_tracing_e2e.py)
     ):
         (repo / name / "1").mkdir(parents=True)
         source = "bls" if name == "bls_missing" else name
         shutil.copy(BLS_MODELS / source / "1" / "model.py", repo / name / "1" / "model.py")
         (repo / name / "config.pbtxt").write_text(_bls_config(name, outputs) + extra)
     _stateful_models(repo)
+    # an ensemble whose one step runs on add_sub's own replicas (placement "separate": nothing is hosted)
+    (repo / "add_sub_separate" / "1").mkdir(parents=True)
+    (repo / "add_sub_separate" / "config.pbtxt").write_text(ADD_SUB_SEPARATE)
     # Triton's response cache (the session's server runs with a local cache)
     cached = repo / "cached"
     shutil.copytree(BLS_MODELS / "counting" / "1", cached / "1")
@@ -299,7 +325,7 @@ SESSION_PORT_BLOCK = 9  # ports of its own for the session's Serve instance (req
 def session_ports() -> dict[str, int]:
     """The shared server's HTTP, gRPC and metrics ports, chosen as it starts: the modules that use it
     run last (tests/conftest.py), and a port picked at collection could be taken by then."""
-    return {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
+    return {"http": free_port(), "grpc": free_port(), "metrics": free_port(), "otlp": free_port()}
 
 
 @pytest.fixture(scope="session")
@@ -352,6 +378,13 @@ def server_url(test_repository: Path, session_ports: dict[str, int]) -> Iterator
             "exit_on_error": False,  # broken_config and failing_init are meant to fail
             "cache_config": ["local,size=1048576"],
             "placement_timeout_s": 5,  # test_model_control_e2e: a load no node can place fails soon
+            # tracing (OFF until a test turns it on): spans to tests/serve/test_tracing_e2e.py's receiver
+            "trace_config": [
+                "mode=opentelemetry",
+                f"opentelemetry,url=127.0.0.1:{session_ports['otlp']}/v1/traces",
+                "opentelemetry,bsp_schedule_delay=200",
+                "opentelemetry,resource=service.name=triton-serve-tests",
+            ],
         }
     )
     before = processes.descendants()

@@ -1,6 +1,6 @@
-"""Triton's trace and CUDA shared-memory queries with the real tritonclient (HTTP and gRPC): tracing
-reads off and stays off, no CUDA region is listed, and registering one fails with Triton's errors
-(system shared memory: tests/serve/test_shared_memory_e2e.py)."""
+"""Triton's CUDA shared-memory queries with the real tritonclient (HTTP and gRPC): no CUDA region is
+listed, and registering one fails with Triton's errors (system shared memory:
+tests/serve/test_shared_memory_e2e.py; trace settings: tests/serve/test_tracing_e2e.py)."""
 
 from __future__ import annotations
 
@@ -21,25 +21,6 @@ def client(request: pytest.FixtureRequest, server_url: str, grpc_url: str):
     )
     yield request.param, c
     c.close()
-
-
-def _settings(protocol: str, answer) -> dict[str, list[str]]:
-    if protocol == "http":
-        return {k: v if isinstance(v, list) else [v] for k, v in answer.items()}
-    return {k: list(v.value) for k, v in answer.settings.items()}
-
-
-def test_trace_settings_read_off_and_cannot_turn_tracing_on(client) -> None:
-    protocol, c = client
-    for model in ("", "add_sub"):
-        settings = _settings(protocol, c.get_trace_settings(model_name=model))
-        assert settings["trace_level"] == ["OFF"] and settings["trace_rate"] == ["1000"]
-        assert _settings(protocol, c.update_trace_settings(model_name=model))["trace_level"] == ["OFF"]
-    assert _settings(protocol, c.update_trace_settings(settings={"trace_level": ["OFF"]}))["trace_level"] == [
-        "OFF"
-    ]
-    with pytest.raises(InferenceServerException, match="does not trace requests"):
-        c.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]})
 
 
 def test_cuda_shared_memory_queries_answer_as_with_no_region(client) -> None:

@@ -29,6 +29,7 @@ from tools.triton_qa import (  # noqa: F401
     shared_memory,
     simple_ensemble,
     string_io,
+    trace,
 )
 from tools.triton_qa.report import RESULTS_DIR, RunRecord, git_commit, write_results
 from tools.triton_qa.runner import COMMON_TRITON_ARGS, REFERENCE, THIS, Workspace, run_both

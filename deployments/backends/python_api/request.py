@@ -20,6 +20,7 @@ from deployments.backends.python_api.response import InferenceResponse, paramete
 from deployments.backends.python_api.response_sender import InferenceResponseSender, ResponseChannel
 from deployments.backends.python_api.tensor import PreferredMemory, Tensor
 from deployments.inference import InferRequest, RequestedOutput
+from deployments.tracing import TraceParent
 
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
@@ -156,6 +157,7 @@ class InferenceRequest:
             sequence_start=bool(self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_START),
             sequence_end=bool(self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_END),
             timeout_us=self._timeout,
+            trace=self._trace.parent if isinstance(self._trace, InferenceTrace) else None,
         )
 
     def exec(self, decoupled: bool = False) -> Any:
@@ -203,12 +205,29 @@ class InferenceRequest:
         received._flags = flags
         received._timeout = request.timeout_us
         received._preferred_memory = None
-        received._trace = None
+        received._trace = InferenceTrace(request.trace)
         received._parameters = json.dumps(request.parameters)
         received._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         channel.origin = request
         received._sender = InferenceResponseSender(channel)
         return received
+
+
+class InferenceTrace:
+    """``request.trace()``: the trace a received request belongs to. Pass it as ``trace=`` to a BLS
+    request, as in Triton, and the called model's spans hang under this model's span."""
+
+    __slots__ = ("parent",)
+
+    def __init__(self, parent: TraceParent | None) -> None:
+        self.parent = parent
+
+    def get_context(self) -> str | None:
+        """The OpenTelemetry context as Triton gives it (``{"traceparent": ...}`` as JSON), or None
+        where the request is not traced."""
+        if self.parent is None:
+            return None
+        return json.dumps({"traceparent": self.parent.header()})
 
 
 def _stays(data: Any, host_inputs: bool) -> bool:
