@@ -251,7 +251,7 @@ output [
   { name: "PID" data_type: TYPE_INT64 dims: [ 1 ] }
 ]
 sequence_batching {
-  max_sequence_idle_microseconds: 3000000
+  max_sequence_idle_microseconds: 15000000
   direct { }
   control_input [
     { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },

@@ -495,7 +495,9 @@ def test_bls_arguments_reach_the_target(
     # a 300 ms timeout on a stream that never ends by itself: some responses, then the timeout error
     expired = report["expired"]
     assert expired["error"] == {"code": 4, "message": "Request timeout expired"}  # TritonError.UNAVAILABLE
-    assert 1 <= len(expired["steps"]) < 100 and expired["steps"] == list(range(len(expired["steps"])))
+    # the responses that came before the timeout, in order and none lost (on a loaded machine the
+    # first one may not come within 300 ms at all: how many is timing, not behaviour)
+    assert len(expired["steps"]) < 100 and expired["steps"] == list(range(len(expired["steps"])))
     # and the target sees its request cancelled
     path = cancel_markers / f"{marker}.cancelled"
     deadline = time.monotonic() + 20

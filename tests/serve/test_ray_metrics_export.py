@@ -18,6 +18,14 @@ MODEL = "add_sub_flat"
 EXPORT_WAIT_S = 90.0  # Ray's agents report every few seconds; a loaded machine takes longer
 
 
+def _scrape() -> str:
+    """Ray's export now; empty where its agent does not answer in time (a loaded machine)."""
+    try:
+        return str(urllib.request.urlopen(_export_url(), timeout=10).read().decode())
+    except OSError:
+        return ""
+
+
 def _export_url() -> str:
     import ray
 
@@ -39,7 +47,12 @@ def _exported_count(text: str) -> float:
 def test_per_model_counters_reach_rays_prometheus_export(server_url: str) -> None:
     client = httpclient.InferenceServerClient(server_url)
     try:
-        before = _exported_count(urllib.request.urlopen(_export_url(), timeout=10).read().decode())
+        text = ""
+        deadline = time.monotonic() + EXPORT_WAIT_S
+        while not text and time.monotonic() < deadline:
+            text = _scrape()
+        assert text, "Ray's metrics export did not answer"
+        before = _exported_count(text)
         a = np.array([1, 2, 3, 4], np.float32)
         for _ in range(5):
             inputs = []
@@ -53,10 +66,11 @@ def test_per_model_counters_reach_rays_prometheus_export(server_url: str) -> Non
     deadline = time.monotonic() + EXPORT_WAIT_S
     seen = before
     while time.monotonic() < deadline:
-        text = urllib.request.urlopen(_export_url(), timeout=10).read().decode()
+        text = _scrape() or text
         seen = _exported_count(text)
         if seen >= before + 5:
             break
         time.sleep(2.0)
-    assert seen == before + 5, f"Ray's export counted {seen - before} of the 5 inferences"
+    # at least: other tests' earlier calls of the model may reach the export in the same report
+    assert seen >= before + 5, f"Ray's export counted {seen - before} of the 5 inferences"
     assert "# TYPE ray_nv_inference_request_success" in text

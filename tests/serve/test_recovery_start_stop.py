@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from deployments.runtime.router import INTERNAL_HEADERS
 from deployments.serve import haproxy_shim, hooks
 from deployments.serve.launch import REQUEST_PATH_ENV
 from deployments.serve.request_path import HAPROXY_SCRIPT
@@ -199,6 +200,9 @@ def test_haproxy_gives_a_models_backend_the_replicas_of_all_its_groups(tmp_path:
         f"    {haproxy_shim.STARTING_RETURN}",
         f"    {haproxy_shim.NOT_FOUND_RETURN}",
     ]
+    # and the lines added: the ingress frontend drops the headers only replicas send each other
+    frontend = expected.index("frontend http_frontend") + 1
+    expected[frontend:frontend] = [f"    http-request del-header {h.decode()}" for h in INTERNAL_HEADERS]
     assert out.splitlines() == [haproxy_shim.MARK, *expected]
 
 

@@ -205,9 +205,9 @@ def _sum(client: httpclient.InferenceServerClient, cid: int, value: int, **flags
     return int(client.infer(ACC, _acc_input(value), sequence_id=cid, **flags).as_numpy("OUT")[0, 0])
 
 
-def _missing_start(cid: int) -> str:
+def _missing_start(cid: int, model: str = ACC) -> str:
     return (
-        f"inference request for sequence {cid} to model '{ACC}' must specify the START flag on the "
+        f"inference request for sequence {cid} to model '{model}' must specify the START flag on the "
         "first request of the sequence"
     )
 
@@ -232,15 +232,23 @@ def test_start_on_a_running_sequence_restarts_it(client: httpclient.InferenceSer
     assert _sum(client, cid, 4, sequence_end=True) == 7
 
 
+def _state_sum(client: httpclient.InferenceServerClient, cid: int, value: float, **flags: bool) -> float:
+    tensor = httpclient.InferInput("IN", [1, 1], "FP32")
+    tensor.set_data_from_numpy(np.array([[value]], dtype=np.float32))
+    return float(client.infer("seq_state", [tensor], sequence_id=cid, **flags).as_numpy("OUT")[0, 0])
+
+
 @pytest.mark.slow
 def test_idle_sequence_loses_its_slot(client: httpclient.InferenceServerClient) -> None:
+    """seq_state's sequences go idle after 5 s (seq_accumulator's after 15 s: its many concurrent
+    sequences must not go idle between steps on a loaded machine)."""
     cid = 7200
-    assert _sum(client, cid, 2, sequence_start=True) == 2
-    time.sleep(3.6)  # max_sequence_idle_microseconds: 3000000
+    assert _state_sum(client, cid, 2.0, sequence_start=True) == 2.0
+    time.sleep(7.0)  # max_sequence_idle_microseconds: 5000000, and time for the batcher to notice
     with pytest.raises(InferenceServerException) as err:
-        _sum(client, cid, 2)
-    assert _missing_start(cid) in str(err.value)
-    assert _sum(client, cid, 2, sequence_start=True, sequence_end=True) == 2
+        _state_sum(client, cid, 2.0)
+    assert _missing_start(cid, "seq_state") in str(err.value)
+    assert _state_sum(client, cid, 2.0, sequence_start=True, sequence_end=True) == 2.0
 
 
 def _replica_actor(pid: int) -> str:
