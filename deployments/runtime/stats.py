@@ -25,15 +25,7 @@ DURATION_KEYS = (
 )
 BATCH_KEYS = ("compute_input", "compute_infer", "compute_output")
 # Triton's latency summaries (``--metrics-config summary_latencies=true``): the duration each observes
-SUMMARY_KEYS = (
-    "success",
-    "queue",
-    "compute_input",
-    "compute_infer",
-    "compute_output",
-    "cache_hit",
-    "cache_miss",
-)
+SUMMARY_KEYS = tuple(key for key in DURATION_KEYS if key != "fail")  # a failed request has no latency
 SUMMARY_WINDOW_S = 60.0  # the sliding window the quantiles cover (a Prometheus summary's default max age)
 SUMMARY_CAPACITY = 8192  # durations one replica keeps per series and version (the most recent)
 SUMMARY_SAMPLES = 1024  # of which a snapshot carries at most this many, evenly spread
