@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -469,13 +470,20 @@ def diagnosis(root: Path, lines: int = 12) -> str:
         found: list[str] = []
         for path in sorted(logs.glob("*.log")) if logs.is_dir() else []:
             text = path.read_text(errors="replace").splitlines()
-            found += [
-                f"{path.name}: {line[:300]}" for line in text if " ERROR " in line or "Traceback" in line
-            ]
+            found += [f"{path.name}: {line[:300]}" for line in text if " ERROR " in line or _raised(line)]
         if found:
             parts.append(f"node {node.name}, last errors in its Serve logs:")
             parts += [f"  {line}" for line in found[-lines:]]
     return "\n".join(parts)
+
+
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Unavailable|Exit|Interrupt): (?!Traceback)")
+
+
+def _raised(line: str) -> bool:
+    """Whether a log line is a traceback's last line, the exception that was raised (a traceback's
+    first line says nothing)."""
+    return bool(_RAISED.match(line))
 
 
 def _copy_logs(root: Path) -> None:

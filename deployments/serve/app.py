@@ -119,7 +119,7 @@ class RayDeployer:
                 ).bind(self.settings, host.memory_bytes, host.gpu_memory_bytes)
 
             await asyncio.to_thread(hooks.run_application, build, host.app_name, host.route_prefix)
-        await self._wait_running([host.app_name])
+        await self._wait_running({host.app_name: host.serve_options()["ray_actor_options"]})
         self._host_started = True
 
     async def _pool(self, model: ModelDescription) -> None:
@@ -228,7 +228,7 @@ class RayDeployer:
                 self.deployed[model.name] = previous
             raise
         try:
-            await self._wait_running([e.app_name for e in entries])
+            await self._wait_running({e.app_name: e.ray_actor_options for e in entries})
             statuses = await asyncio.gather(*(self._load_status(e) for e in entries))
         finally:
             await self._delete_applications(leftover)
@@ -247,17 +247,23 @@ class RayDeployer:
         reached = composing_models(model, self.models)
         return {name: self.models[name] for name in reached if name in self.models}
 
-    async def _wait_running(self, names: list[str]) -> None:
-        """Until every application in ``names`` runs; :class:`Unavailable` when one fails, when its
-        replicas find no node with the resources they need for ``placement_timeout_s`` after Serve
-        says so (a fixed cluster that is full: waiting longer would hold model control for nothing),
-        or after ``deploy_timeout_s``."""
+    async def _wait_running(self, asks: Mapping[str, Mapping[str, Any]]) -> None:
+        """Until every application in ``asks`` (its replicas' ``ray_actor_options``) runs;
+        :class:`Unavailable` when one fails, when its replicas find no node with the resources they
+        need for ``placement_timeout_s`` after Serve says so (a fixed cluster that is full: waiting
+        longer would hold model control for nothing), or after ``deploy_timeout_s``.
+
+        Serve's message is the same for a replica whose node has the resources but starts its
+        worker process late (a node starts as many at once as it has CPUs, and a busy node takes
+        seconds each): the clock runs only while Ray also lists the replica's resources among the
+        demands no node can grant."""
         timeout = self.settings.deploy_timeout_s
         deadline = time.monotonic() + timeout
-        waiting = list(names)
+        waiting = list(asks)
         unscheduled_since: dict[str, float] = {}
         while time.monotonic() < deadline:
             applications = (await asyncio.to_thread(hooks.serve_status)).applications
+            demands: list[dict[str, float]] | None = None
             for name in list(waiting):
                 app = applications.get(name)
                 status = str(getattr(app, "status", "")) if app else ""
@@ -267,10 +273,15 @@ class RayDeployer:
                     raise Unavailable(getattr(app, "message", "") or f"application {name} failed to deploy")
                 elif (message := hooks.unscheduled_message(app)) is None:
                     unscheduled_since.pop(name, None)
-                elif time.monotonic() - unscheduled_since.setdefault(name, time.monotonic()) > (
-                    self.settings.placement_timeout_s
-                ):
-                    raise Unavailable(f"no node has the resources its replicas need: {message}")
+                else:
+                    if demands is None:
+                        demands = await asyncio.to_thread(hooks.pending_resource_demands)
+                    if not any(same_resources(asks[name], demand) for demand in demands):
+                        unscheduled_since.pop(name, None)  # placed; its worker process is starting
+                    elif time.monotonic() - unscheduled_since.setdefault(name, time.monotonic()) > (
+                        self.settings.placement_timeout_s
+                    ):
+                        raise Unavailable(f"no node has the resources its replicas need: {message}")
             if not waiting:
                 return
             await asyncio.sleep(0.5)
@@ -373,6 +384,25 @@ class RayDeployer:
         applications = await self._applications(name)
         self.deployed.pop(name, None)
         await self._delete_applications(applications)
+
+
+def ray_resources(actor_options: Mapping[str, Any]) -> dict[str, float]:
+    """Ray's resource names and amounts for an actor's options (``num_cpus`` is ``CPU``, and so on),
+    without the zero ones: the shape Ray reports for the actor's resource request."""
+    named = {
+        "CPU": actor_options.get("num_cpus") or 0,
+        "GPU": actor_options.get("num_gpus") or 0,
+        "memory": actor_options.get("memory") or 0,
+        **(actor_options.get("resources") or {}),
+    }
+    return {key: float(value) for key, value in named.items() if value}
+
+
+def same_resources(actor_options: Mapping[str, Any], demand: Mapping[str, float]) -> bool:
+    """Whether Ray's resource request ``demand`` is the one an actor with ``actor_options`` makes."""
+    asked = ray_resources(actor_options)
+    shown = {key: value for key, value in demand.items() if value}
+    return asked.keys() == shown.keys() and all(abs(asked[k] - shown[k]) < 1e-4 for k in asked)
 
 
 def _same_shape(a: tuple[DeploymentEntry, ...], b: tuple[DeploymentEntry, ...]) -> bool:

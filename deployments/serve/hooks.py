@@ -52,7 +52,12 @@ versions without starting Ray, so an upgrade that moves one fails there, by name
   ``RAY_SERVE_SLOW_STARTUP_WARNING_S`` for a node with the resources they need carries a status
   message with :data:`UNSCHEDULED_MARK` and the resources asked for and free
   (``deployment_state.py``, ``_check_and_update_transitioning_replicas``); the deployer fails a
-  load that stays so past ``placement_timeout_s``.
+  load that stays so past ``placement_timeout_s``. Serve writes the same message for a replica
+  whose node has the resources but has not started its worker process yet (a node starts as many
+  workers at once as it has CPUs), so the deployer also reads ``pending_resource_demands``.
+* ``pending_resource_demands``: the GCS's summary of task and actor resource requests that no node
+  can grant now (``ray.autoscaler.v2.sdk.get_cluster_status(...).resource_demands``, the "Pending
+  Demands" of ``ray status``); a lease waiting only for its worker process to start is not there.
 * ``cluster_kv``: Ray's key-value store in the GCS (``ray.experimental.internal_kv``:
   ``_internal_kv_get`` / ``_internal_kv_put`` with a namespace), which outlives any worker: the
   server application keeps there what its restart must know (models unloaded through the API).
@@ -97,6 +102,7 @@ HOOKS = (
     "grpc_max_message_env",
     "unscheduled_replicas",
     "cluster_kv",
+    "pending_resource_demands",
 )
 
 KV_NAMESPACE = "triton_serve"
@@ -171,6 +177,20 @@ def kv_put(key: str, value: bytes) -> None:
     from ray.experimental import internal_kv
 
     internal_kv._internal_kv_put(key, value, overwrite=True, namespace=KV_NAMESPACE)
+
+
+def pending_resource_demands() -> list[dict[str, float]]:
+    """The resource shapes (``{"CPU": 0.2, ...}``) of the actors and tasks that wait for a node with
+    free resources now, once per shape."""
+    import ray
+    from ray.autoscaler.v2.sdk import get_cluster_status
+
+    status = get_cluster_status(ray.get_runtime_context().gcs_address)
+    return [
+        dict(request.bundle)
+        for demand in status.resource_demands.ray_task_actor_demand
+        for request in demand.bundles_by_count
+    ]
 
 
 def delete_application(name: str) -> None:

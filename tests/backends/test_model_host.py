@@ -245,7 +245,7 @@ async def test_a_start_of_many_pooled_models_starts_the_host_application_once(
     monkeypatch.setattr(hooks, "run_application", run_application)
     monkeypatch.setattr(hooks, "serve_status", lambda: SimpleNamespace(applications={}))
 
-    async def running(self: object, names: list[str]) -> None:
+    async def running(self: object, asks: object) -> None:
         await asyncio.sleep(0.05)
 
     monkeypatch.setattr(app.RayDeployer, "_wait_running", running)

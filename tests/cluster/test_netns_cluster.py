@@ -77,3 +77,20 @@ def test_interface_names_fit_the_kernels_limit() -> None:
     names = [netns_cluster.BRIDGE, *(n.veth for n in NODES)]
     assert all(len(name) <= 15 for name in names), names
     assert len({n.ip for n in NODES}) == len(NODES)
+
+
+def test_a_failed_start_names_the_exception_each_node_logged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(netns_cluster, "serve_details", lambda: {"applications": {}})
+    logs = tmp_path / HEAD.name / "ray" / "session_latest" / "logs" / "serve"
+    logs.mkdir(parents=True)
+    (logs / "controller_1.log").write_text(
+        "INFO starting\n"
+        "RuntimeError: Traceback (most recent call last):\n"
+        '  File "app.py", line 453, in __init__\n'
+        "RuntimeError: failed to load all models (exit_on_error): 'two_groups': no node has\n"
+    )
+    said = netns_cluster.diagnosis(tmp_path)
+    assert "controller_1.log: RuntimeError: failed to load all models" in said
+    assert "Traceback" not in said

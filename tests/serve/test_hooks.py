@@ -3,6 +3,7 @@ against the installed versions without starting Ray: an upgrade that moves one f
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
 from importlib import metadata
@@ -224,7 +225,19 @@ def _check_cluster_kv() -> None:
     assert "overwrite" in inspect.signature(internal_kv._internal_kv_put).parameters
 
 
+def _check_pending_resource_demands() -> None:
+    from ray.autoscaler.v2 import schema, sdk
+
+    params = inspect.signature(sdk.get_cluster_status).parameters
+    assert "gcs_address" in params, "get_cluster_status no longer takes the GCS address"
+    fields = {f.name for f in dataclasses.fields(schema.ResourceDemandSummary)}
+    assert "ray_task_actor_demand" in fields
+    assert {f.name for f in dataclasses.fields(schema.RayTaskActorDemand)} >= {"bundles_by_count"}
+    assert {f.name for f in dataclasses.fields(schema.ResourceRequestByCount)} >= {"bundle", "count"}
+
+
 CHECKS = {
+    "pending_resource_demands": _check_pending_resource_demands,
     "cluster_kv": _check_cluster_kv,
     "unscheduled_replicas": _check_unscheduled_replicas,
     "grpc_max_message_env": _check_grpc_max_message_env,
