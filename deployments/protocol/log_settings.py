@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from deployments.runtime.broadcast import Broadcast
 from deployments.settings import LOG_FORMATS, LogSettings
 from repository_loader.errors import InvalidArgument, Unsupported
 
@@ -110,7 +111,7 @@ class LogBoard:
         self._record = record
         self._lock = threading.Lock()  # one change at a time, from any thread
         self._record_lock = threading.Lock()  # the latest settings are the last recorded
-        self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = set()
+        self._changes = Broadcast()
 
     async def update(self, changes: Mapping[str, Any]) -> LogSettings:
         """Apply ``changes`` (checked ``LogSettings`` fields); the settings now in effect."""
@@ -121,9 +122,7 @@ class LogBoard:
             if self._apply is not None:
                 self._apply(updated)
             self.current = updated
-            waiters, self._waiters = self._waiters, set()
-        for loop, future in waiters:
-            loop.call_soon_threadsafe(_wake, future)
+        self._changes.notify()
         if self._record is not None:
             await asyncio.to_thread(self._record_latest)
         return updated
@@ -136,22 +135,6 @@ class LogBoard:
     async def wait(self, applied: LogSettings | None, timeout_s: float) -> LogSettings | None:
         """The current settings once they differ from ``applied`` (at once where they already do;
         ``None`` applied: at once); None after ``timeout_s`` without a change."""
-        loop = asyncio.get_running_loop()
-        waiter = (loop, loop.create_future())
-        with self._lock:
-            if self.current != applied:
-                return self.current
-            self._waiters.add(waiter)
-        try:
-            await asyncio.wait_for(waiter[1], timeout_s)
-        except asyncio.TimeoutError:
-            pass
-        finally:
-            with self._lock:
-                self._waiters.discard(waiter)
-        return self.current if self.current != applied else None
-
-
-def _wake(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
+        if await self._changes.until(lambda: self.current != applied, timeout_s):
+            return self.current
+        return None

@@ -22,13 +22,13 @@ call it through their handles.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from deployments.runtime.broadcast import Broadcast
 from deployments.serve.server_api import ServerClient
 from repository_loader.errors import Unavailable
 from repository_loader.model import ModelDescription
@@ -63,7 +63,7 @@ class ReloadBoard:
         self._orders: dict[str, Order] = {}  # the in-flight order, else the last committed one
         self._committed: dict[str, Order] = {}
         self._reports: dict[tuple[str, int], _Reports] = {}
-        self._changed = asyncio.Event()  # set and replaced on every change: wakes every waiter
+        self._changes = Broadcast()  # wakes every waiter, from any thread
         self._generation = 0
 
     def current(self, name: str) -> Order | None:
@@ -95,17 +95,10 @@ class ReloadBoard:
         self._notify()
 
     def _notify(self) -> None:
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+        self._changes.notify()
 
     async def _until(self, check: Callable[[], bool], deadline: float) -> bool:
-        while not check():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), left)
-        return True
+        return await self._changes.until(check, deadline - time.monotonic())
 
     def forget(self, name: str) -> None:
         """The model's application was deleted or redeployed: its replicas start from their arguments."""

@@ -16,12 +16,12 @@ end answers the same document.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Mapping
 from typing import Any
 
+from deployments.runtime.broadcast import Broadcast
 from deployments.serve.server_api import ServerClient
 from deployments.tracing import TRACER
 from deployments.tracing.spans import Tracer
@@ -40,16 +40,15 @@ class TraceBoard:
     def __init__(self, ack_timeout_s: float = ACK_TIMEOUT_S) -> None:
         self.state = TraceState()
         self._ack_timeout_s = ack_timeout_s
-        self._changed = asyncio.Event()  # set and replaced on every change: wakes every waiter
-        self._asked = asyncio.Event()  # set and replaced whenever a replica asks
+        self._changes = Broadcast()  # wakes every waiter (any thread) on every change
+        self._asks = Broadcast()  # wakes :meth:`_settled` whenever a replica asks
         self._held: dict[str, tuple[int, float]] = {}  # replica -> (version it holds, when it asked)
         self._waiting: dict[str, int] = {}  # replicas inside a long poll -> how many polls
 
     async def publish(self, state: TraceState, settle: bool) -> None:
         """Make ``state`` current; with ``settle``, return once the following replicas hold it."""
         self.state = state
-        self._changed.set()
-        self._changed = asyncio.Event()
+        self._changes.notify()
         if settle:
             await self._settled(state.version)
 
@@ -57,18 +56,14 @@ class TraceBoard:
         """``replica``'s long poll: the settings once their version differs from ``seen``, None after
         ``timeout_s`` without a change."""
         self._held[replica] = (seen, time.monotonic())
-        self._asked.set()
-        self._asked = asyncio.Event()
+        self._asks.notify()
         if self.state.version != seen:
             return self.state
         self._waiting[replica] = self._waiting.get(replica, 0) + 1
         try:
-            changed = self._changed
-            try:
-                await asyncio.wait_for(changed.wait(), timeout_s)
-            except TimeoutError:
+            if not await self._changes.until(lambda: self.state.version != seen, timeout_s):
                 return None
-            return self.state if self.state.version != seen else None
+            return self.state
         finally:
             left = self._waiting[replica] - 1
             if left:
@@ -88,17 +83,10 @@ class TraceBoard:
         ]
 
     async def _settled(self, version: int) -> None:
-        deadline = time.monotonic() + self._ack_timeout_s
-        while self._behind(version):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                logger.warning(
-                    "trace settings: replicas %s did not take up version %d", self._behind(version), version
-                )
-                return
-            asked = self._asked
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asked.wait(), left)
+        if not await self._asks.until(lambda: not self._behind(version), self._ack_timeout_s):
+            logger.warning(
+                "trace settings: replicas %s did not take up version %d", self._behind(version), version
+            )
 
 
 class RemoteTraces:
