@@ -117,6 +117,7 @@ class ModelDeployment:
         self._push_task: asyncio.Task[None] | None = asyncio.get_running_loop().create_task(
             self._push_stats()
         )
+        self._gauges = asyncio.get_running_loop().create_task(ray_metrics.export_gauges(self._pending))
         self.shared_memory = SharedMemory(ServerRegions(self.server), follower=self.replica_id)
         traces = RemoteTraces(self.server)
         configure_tracing(settings.trace, take=traces.take)
@@ -284,6 +285,9 @@ class ModelDeployment:
         second, and asked of one replica on each scrape so that its counters are current)."""
         return {**self.runtime.metrics_snapshot(), "replica": self.replica_id, "load_error": self.load_error}
 
+    def _pending(self) -> dict[tuple[str, str], int]:
+        return {(self.model.name, str(v)): r.pending for v, r in self.runtime.versions.items()}
+
     def check_health(self) -> None:
         if self.load_error is None and not self.runtime.is_ready():
             raise RuntimeError(f"model '{self.model.name}' is not ready")
@@ -343,6 +347,7 @@ class ModelDeployment:
         self._reloads.cancel()
         self._logs.cancel()
         self._traces.cancel()
+        self._gauges.cancel()
         if self._publish is not None:
             self._publish.cancel()
         await self._calls.close()

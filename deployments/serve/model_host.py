@@ -119,7 +119,16 @@ class ModelHostDeployment:
             loop.create_task(self._push_stats()),
             loop.create_task(logs.follow(self.server, settings.log_settings, log_to_stderr)),
             loop.create_task(follow_traces(self.server, self.replica_id)),
+            loop.create_task(ray_metrics.export_gauges(self._pending)),
         ]
+
+    def _pending(self) -> dict[tuple[str, str], int]:
+        """Pending requests of each resident model's versions."""
+        return {
+            (name, str(version)): runtime.pending
+            for name, resident in self.host.resident.items()
+            for version, runtime in resident.runtime.versions.items()
+        }
 
     def __serve_build_asgi_app__(self) -> Any:
         return self._app

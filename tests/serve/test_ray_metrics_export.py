@@ -74,3 +74,43 @@ def test_per_model_counters_reach_rays_prometheus_export(server_url: str) -> Non
     # at least: other tests' earlier calls of the model may reach the export in the same report
     assert seen >= before + 5, f"Ray's export counted {seen - before} of the 5 inferences"
     assert "# TYPE ray_nv_inference_request_success" in text
+
+
+def _series(text: str, name: str) -> list[tuple[str, float]]:
+    """``(labels, value)`` of every exported sample of Ray's ``ray_<name>`` (``_total`` added or not)."""
+    pattern = re.compile(rf"^ray_{name}(?:_total)?\{{([^}}]*)\}} (\S+)$", re.MULTILINE)
+    return [(labels, float(value)) for labels, value in pattern.findall(text)]
+
+
+def test_gauges_and_custom_metrics_reach_rays_prometheus_export(server_url: str) -> None:
+    """The pending-request gauge of every model replica, and a Python model's custom gauge and
+    counter (``pb_utils.MetricFamily``), as Ray exports them."""
+    client = httpclient.InferenceServerClient(server_url)
+    try:
+        for size in (3, 7):
+            tensor = httpclient.InferInput("IN", [size], "FP32")
+            tensor.set_data_from_numpy(np.ones(size, np.float32))
+            client.infer("custom_metrics", [tensor])
+    finally:
+        client.close()
+
+    def exported(text: str) -> tuple[list[float], list[float], list[float]]:
+        mine = 'model="custom_metrics"'
+        return (
+            [v for labels, v in _series(text, "nv_inference_pending_request_count") if mine in labels],
+            [v for labels, v in _series(text, "custom_last_input_size") if mine in labels],
+            [v for labels, v in _series(text, "custom_requests") if mine in labels],
+        )
+
+    deadline = time.monotonic() + EXPORT_WAIT_S
+    pending: list[float] = []
+    sizes: list[float] = []
+    counts: list[float] = []
+    while time.monotonic() < deadline:
+        pending, sizes, counts = exported(_scrape())
+        if pending and 7.0 in sizes and counts and max(counts) >= 2:
+            break
+        time.sleep(2.0)
+    assert pending == [0.0] * len(pending) and pending, "no pending-request gauge exported for the model"
+    assert 7.0 in sizes, f"the custom gauge was exported as {sizes}"
+    assert counts and max(counts) >= 2, f"the custom counter was exported as {counts}"
