@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from deployments.runtime.metrics import FAMILIES, TritonMetrics, render_model_hosts, render_triton
+from deployments.serve.ray_metrics import RayGauges
 
 GRAFANA = Path(__file__).resolve().parents[2] / "deploy" / "grafana"
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
@@ -107,7 +108,20 @@ def ray_export() -> Exported:
         return Recorder()
 
     assert TritonMetrics(counters=factory).enabled
-    return Exported({f"ray_{name}_total": set(keys) for name, keys in made.items()}, set())
+    labels = {f"ray_{name}_total": set(keys) for name, keys in made.items()}
+    gauges: dict[str, tuple[str, ...]] = {}
+
+    class Gauge:
+        def set(self, value: float, tags: dict[str, str] | None = None) -> None:
+            pass
+
+    def gauge(name: str, description: str, tag_keys: tuple[str, ...]) -> Gauge:
+        gauges[name] = tag_keys
+        return Gauge()
+
+    RayGauges(gauge, factory).export({("m", "1"): 0}, [])  # the gauges every replica sets
+    labels.update({f"ray_{name}": set(keys) for name, keys in gauges.items()})
+    return Exported(labels, set())
 
 
 def panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
