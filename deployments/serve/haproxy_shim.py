@@ -52,6 +52,10 @@ and ``deployments.serve.launch`` point it at ``deployments/serve/bin/haproxy``, 
   allows (:func:`connection_limit`, at most :data:`MAX_CONNECTIONS`), so idle sockets no
   longer use up the connections HAProxy accepts, and HAProxy never asks for more descriptors than
   it may open (it refuses to start then).
+* **A killed HAProxy is back at once.** Just before it becomes HAProxy, the shim leaves a guard
+  (``deployments.serve.haproxy_guard``) that starts it again with the same configuration if it dies
+  while Serve's manager lives and no newer HAProxy took over, long before Serve's health checks
+  would notice.
 * **HAProxy ends with its manager.** It is started with ``PR_SET_PDEATHSIG``, so when
   Serve's HAProxy manager (a Ray actor) exits or is killed, at shutdown included, its HAProxy
   does not stay behind holding the port.
@@ -69,6 +73,8 @@ import re
 import signal
 import sys
 from pathlib import Path
+
+from deployments.serve.haproxy_guard import fork_guard
 
 REAL_BINARY_ENV = "TRITON_SERVE_HAPROXY_BINARY"
 REQUEST_TIMEOUT_ENV = "TRITON_SERVE_HAPROXY_REQUEST_TIMEOUT_S"
@@ -620,6 +626,7 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     real = real_binary()
     args = adjusted_args(args)
+    fork_guard(real, args, preexec=die_with_parent)
     die_with_parent()
     os.execv(real, [real, *args])
 

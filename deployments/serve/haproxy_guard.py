@@ -1,0 +1,226 @@
+"""Bring a killed HAProxy back at once, with the configuration it ran, until Serve replaces it.
+
+Serve notices a dead HAProxy only through its proxy health check (every
+``RAY_SERVE_PROXY_HEALTH_CHECK_PERIOD_S``, three failures in a row), then starts a new HAProxy
+manager actor: the port refused connections for 6-8 s on this machine. The HAProxy shim
+(``deployments.serve.haproxy_shim``) forks this guard just before it becomes HAProxy. The guard:
+
+* waits for the HAProxy it guards to exit;
+* if another HAProxy answers the admin socket by then, that one took over (Serve's graceful reload
+  starts a new process with ``-sf``, and the old one drains and exits): the guard ends;
+* if nothing answers and Serve's HAProxy manager (the shim's parent) still lives, HAProxy was killed
+  or crashed: the guard starts it again with the same arguments (less ``-sf``/``-st``/``-x``, which
+  name processes that are gone) and guards that one, which answers the admin socket as before, so
+  Serve's health check never fails;
+* when Serve later reloads, its new HAProxy takes the admin socket over; the guard then soft-stops
+  the HAProxy it started (``SIGUSR1``, as ``-sf`` would have) and ends;
+* when the manager ends, the guard ends the HAProxy it started and itself.
+
+Serve stops HAProxy with ``SIGKILL`` too; a stop with the manager alive (a node's proxy drained) is
+followed by the manager's end, which ends what the guard started. ``TRITON_SERVE_HAPROXY_GUARD=0``
+turns the guard off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+GUARD_ENV = "TRITON_SERVE_HAPROXY_GUARD"
+POLL_S = 0.1
+GRACE_S = 0.25
+"""How long after HAProxy's end the guard waits before starting it again: Serve stops HAProxy with
+``SIGKILL`` as a fault would, and ends its manager within this time when it means it."""
+_SOCKET = re.compile(r"^\s*stats\s+socket\s+(\S+)", re.MULTILINE)
+_OLD_PROCESS_FLAGS = ("-sf", "-st")  # followed by one or more pids
+_SOCKET_TRANSFER = "-x"  # followed by the old process's socket
+
+
+def enabled() -> bool:
+    return os.environ.get(GUARD_ENV, "1") not in ("0", "false", "no")
+
+
+def admin_socket(args: Sequence[str]) -> str | None:
+    """The admin socket the configuration after ``-f`` in ``args`` names."""
+    for i, arg in enumerate(args[:-1]):
+        if arg == "-f":
+            with contextlib.suppress(OSError):
+                found = _SOCKET.search(Path(args[i + 1]).read_text())
+                if found:
+                    return found.group(1)
+    return None
+
+
+def fresh_args(args: Sequence[str]) -> list[str]:
+    """``args`` without the flags that hand over from an earlier process (it is gone)."""
+    out: list[str] = []
+    skipping = False
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in _OLD_PROCESS_FLAGS:
+            skipping = True
+        elif arg == _SOCKET_TRANSFER:
+            i += 2
+            skipping = False
+            continue
+        elif skipping and arg.isdigit():
+            pass
+        else:
+            skipping = False
+            out.append(arg)
+        i += 1
+    return out
+
+
+def answering_pid(path: str, timeout_s: float = 0.5) -> int | None:
+    """The pid of the HAProxy answering the admin socket at ``path`` (None: none answers)."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(timeout_s)
+            conn.connect(path)
+            conn.sendall(b"show info\n")
+            data = b""
+            while chunk := conn.recv(65536):
+                data += chunk
+    except OSError:
+        return None
+    for line in data.decode(errors="replace").splitlines():
+        if line.startswith("Pid:"):
+            with contextlib.suppress(ValueError):
+                return int(line.split(":", 1)[1])
+    return None
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _wait_exit(pid: int, still_wanted: Callable[[], bool]) -> bool:
+    """Until ``pid`` exits (True) or ``still_wanted()`` turns false (False)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        fd = None
+    try:
+        while True:
+            if fd is not None:
+                ready, _, _ = select.select([fd], [], [], POLL_S)
+                if ready:
+                    return True
+            else:
+                time.sleep(POLL_S)
+                if not alive(pid):
+                    return True
+            if not still_wanted():
+                return False
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+class _Guard:
+    def __init__(self, path: str, manager: int, argv: list[str], preexec: Callable[[], None] | None) -> None:
+        self.path = path
+        self.manager = manager
+        self.argv = argv
+        self.preexec = preexec
+        self.ours: subprocess.Popen[bytes] | None = None  # the HAProxy the guard started, if any
+        self.replaced = False
+
+    def successor(self, pid: int) -> bool:
+        """Whether another HAProxy than ``pid`` answers the admin socket."""
+        answering = answering_pid(self.path)
+        return answering is not None and answering != pid
+
+    def wanted(self) -> bool:
+        """Whether to go on guarding: the manager lives, and no HAProxy of Serve's replaced ours."""
+        if not alive(self.manager):
+            return False
+        if self.ours is not None and self.successor(self.ours.pid):
+            self.replaced = True
+            return False
+        return True
+
+    def run(self, guarded: int) -> None:
+        pid = guarded
+        try:
+            while True:
+                if not _wait_exit(pid, self.wanted):
+                    if self.replaced and self.ours is not None:
+                        self.ours.send_signal(signal.SIGUSR1)  # drain and exit, as -sf would have asked
+                        with contextlib.suppress(subprocess.TimeoutExpired):
+                            self.ours.wait(timeout=60)
+                    return
+                if self.ours is not None:
+                    self.ours.wait()
+                time.sleep(GRACE_S)  # Serve's own stop kills it too, and its manager right after
+                if not alive(self.manager) or self.successor(pid):
+                    return
+                self.ours = subprocess.Popen(self.argv, preexec_fn=self.preexec)
+                pid = self.ours.pid
+        finally:
+            if self.ours is not None and self.ours.poll() is None and not self.replaced:
+                self.ours.kill()
+                self.ours.wait()
+
+
+def guard(
+    guarded: int,
+    manager: int,
+    real: str,
+    args: Sequence[str],
+    preexec: Callable[[], None] | None = None,
+) -> None:
+    """Keep HAProxy answering while ``manager`` lives and no other HAProxy took over (see the module);
+    ``preexec`` runs in each HAProxy the guard starts, before it runs."""
+    path = admin_socket(args)
+    if path is not None:
+        _Guard(path, manager, [real, *fresh_args(args)], preexec).run(guarded)
+
+
+def fork_guard(real: str, args: Sequence[str], preexec: Callable[[], None] | None = None) -> None:
+    """In the shim, just before it becomes HAProxy: leave a guard of this process behind (its output,
+    and that of an HAProxy it starts, in ``haproxy-guard.log`` beside the configuration)."""
+    path = admin_socket(args)
+    if not enabled() or path is None:
+        return
+    guarded, manager = os.getpid(), os.getppid()
+    if os.fork() != 0:
+        return
+    # the guard: its own session, so that signals to HAProxy's group do not reach it; it must outlive
+    # HAProxy (no parent-death signal) and end with the manager (it watches it). It lets go of the
+    # manager's pipes, which the manager reads to their end when HAProxy fails to start.
+    try:
+        os.setsid()
+        config = next(Path(args[i + 1]) for i, a in enumerate(args[:-1]) if a == "-f")
+        log = os.open(config.with_name("haproxy-guard.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.closerange(3, 65536)
+        guard(guarded, manager, real, args, preexec)
+    except BaseException:  # nothing to report to: the guard's log has the traceback
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(0)
+
+
+__all__ = ["GUARD_ENV", "admin_socket", "answering_pid", "fork_guard", "fresh_args", "guard"]
