@@ -68,6 +68,11 @@ ADD_SUB_SEPARATE = textwrap.dedent(
     } ] }
     """
 )
+# an ensemble whose one step is a BLS model on its own replicas, which calls add_sub on add_sub's:
+# a trace that crosses three replicas (tests/serve/test_tracing_e2e.py)
+BLS_ENSEMBLE = ADD_SUB_SEPARATE.replace('"add_sub_separate"', '"bls_ensemble"').replace(
+    'model_name: "add_sub"', 'model_name: "bls_traced"'
+)
 
 
 def _config(name: str, max_batch: int, extra: str = "") -> str:
@@ -140,6 +145,8 @@ def build_test_repository(root: Path) -> Path:
     # an ensemble whose one step runs on add_sub's own replicas (placement "separate": nothing is hosted)
     (repo / "add_sub_separate" / "1").mkdir(parents=True)
     (repo / "add_sub_separate" / "config.pbtxt").write_text(ADD_SUB_SEPARATE)
+    (repo / "bls_ensemble" / "1").mkdir(parents=True)
+    (repo / "bls_ensemble" / "config.pbtxt").write_text(BLS_ENSEMBLE)
     # Triton's response cache (the session's server runs with a local cache)
     cached = repo / "cached"
     shutil.copytree(BLS_MODELS / "counting" / "1", cached / "1")

@@ -164,6 +164,25 @@ def test_in_process_ensemble_steps_and_a_bls_call_hang_under_their_models(
     }
 
 
+def test_an_ensemble_with_a_bls_step_is_one_tree_across_three_replicas(http, receiver: OtlpReceiver) -> None:
+    """The ensemble's replica calls bls_traced's over its HTTP port, whose BLS call reaches add_sub's:
+    each hop carries the parent context, so the spans of three processes make one tree."""
+    http.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
+    header, trace_id, _ = _traceparent()
+    result = http.infer(
+        "bls_ensemble", _add_sub_inputs(httpclient, ("A", "B")), headers={"traceparent": header}
+    )
+    np.testing.assert_array_equal(result.as_numpy("SUM"), np.full((1, 4), 3.0, np.float32))
+    spans = _received(receiver, trace_id, 6)
+    assert _tree(spans) == {
+        "InferRequest": ["bls_ensemble"],
+        "bls_ensemble": ["bls_traced"],
+        "bls_traced": ["add_sub", "compute"],
+        "add_sub": ["compute"],
+    }
+    assert len({s.trace_id for s in spans}) == 1
+
+
 def test_a_grpc_call_and_a_models_own_level(http, grpc_url: str, receiver: OtlpReceiver) -> None:
     """Only add_sub traces (its own setting); the gRPC root span has Triton's GRPC events."""
     http.update_trace_settings(
