@@ -5,6 +5,7 @@ and gRPC through HAProxy. One server of its own for the module (tests/serve/stan
 
 from __future__ import annotations
 
+import http.client as http_client
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from tests.serve import processes
 from tests.serve.standalone import Server, http
@@ -20,6 +22,8 @@ from tests.serve.standalone import Server, http
 MIB = 2**20
 POOLED = [f"pooled_{i}" for i in range(4)]
 DEDICATED = "dedicated_0"
+ENSEMBLE = "pooled_chain"  # pooled_0 then pooled_1, both on the host
+CRASHER = "pooled_crasher"  # ends its process on X = -1 (the last test)
 MODEL_MIB = 40  # each pooled model holds this much while loaded
 BUDGET_MIB = 100  # the host's models together: two fit, not three
 
@@ -43,6 +47,10 @@ class TritonPythonModel:
         out = []
         for request in requests:
             x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            if self.add == 0 and float(x[0]) == -1.0:  # the crasher: the whole host process ends
+                import os
+
+                os._exit(1)
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", (x + self.add).astype(np.float32))]))
         return out
 """
@@ -65,15 +73,31 @@ def _config(name: str, add: int, mib: int, placement: str = "") -> str:
     )
 
 
+CHAIN = f"""
+name: "{ENSEMBLE}"
+platform: "ensemble"
+max_batch_size: 0
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+ensemble_scheduling {{ step [
+  {{ model_name: "{POOLED[0]}" model_version: -1 input_map {{ key: "X" value: "X" }} output_map {{ key: "Y" value: "mid" }} }},
+  {{ model_name: "{POOLED[1]}" model_version: -1 input_map {{ key: "X" value: "mid" }} output_map {{ key: "Y" value: "Y" }} }}
+] }}
+"""
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     repo = tmp_path_factory.mktemp("hosts") / "repo"
     models = [(name, i + 1, MODEL_MIB, "") for i, name in enumerate(POOLED)]
     models.append((DEDICATED, 100, 1, "dedicated"))
+    models.append((CRASHER, 0, 1, ""))
     for name, add, mib, placement in models:
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "1" / "model.py").write_text(MODEL_PY)
         (repo / name / "config.pbtxt").write_text(_config(name, add, mib, placement))
+    (repo / ENSEMBLE / "1").mkdir(parents=True)
+    (repo / ENSEMBLE / "config.pbtxt").write_text(CHAIN)
     srv = Server(
         repo,
         args={
@@ -85,7 +109,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         },
     )
     try:
-        srv.wait_ready([*POOLED, DEDICATED])
+        srv.wait_ready([*POOLED, DEDICATED, CRASHER, ENSEMBLE])
         deadline = time.monotonic() + 120  # and the server itself: gRPC answers too
         while http(f"{srv.url}/v2/health/ready", timeout=5)[0] != 200:
             assert time.monotonic() < deadline, "the server never said ready"
@@ -210,3 +234,40 @@ def test_unload_and_load_of_a_pooled_model(server: Server) -> None:
         pytest.fail("an unloaded pooled model still answered")
     client.load_model(name)
     assert _infer_http(client, name) == 5.0
+
+
+def test_an_ensemble_of_pooled_models(server: Server) -> None:
+    """Its steps run on the host; the ensemble adds both steps' constants (1, then 2)."""
+    client = _http(server)
+    assert client.is_model_ready(ENSEMBLE)
+    for x in (1.0, 5.0):
+        assert _infer_http(client, ENSEMBLE, x=x) == x + 1 + 2
+    assert all(server.replica_pids(name) == [] for name in POOLED[:2])
+
+
+def test_a_model_that_ends_its_host_fails_only_its_own_request(server: Server) -> None:
+    """The host process ends with the crashing request; the dedicated model answers throughout, and
+    the pooled models answer again, loaded anew, once Serve has started the host again."""
+    client = _http(server)
+    assert _infer_http(client, CRASHER, x=3.0) == 3.0
+    (before,) = _host_pids(server)
+    # in flight on the process that ended: HAProxy closes the connection, or answers its 503 JSON
+    with pytest.raises((InferenceServerException, http_client.HTTPException)) as crashed:
+        _infer_http(client, CRASHER, x=-1.0)
+    if isinstance(crashed.value, InferenceServerException):
+        assert "try again" in str(crashed.value), crashed.value
+    assert _infer_http(client, DEDICATED) == 101.0  # another model's own replica: untouched
+    deadline = time.monotonic() + 120
+    answered: dict[str, float] = {}
+    while len(answered) < 2 and time.monotonic() < deadline:
+        for name in (POOLED[2], CRASHER):
+            if name not in answered:
+                try:
+                    answered[name] = _infer_http(client, name, x=1.0)
+                except Exception:  # the host is starting again: 503 until then
+                    time.sleep(0.5)
+    assert answered == {POOLED[2]: 4.0, CRASHER: 1.0}
+    assert before not in _host_pids(server)
+    assert client.get_model_repository_index()  # the server application is unaffected
+    index = {row["name"]: row.get("state") for row in client.get_model_repository_index()}
+    assert index[CRASHER] == "READY" and index[DEDICATED] == "READY"
