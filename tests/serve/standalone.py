@@ -197,4 +197,9 @@ class Server:
         self.stop()
         import shutil
 
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        # a process on its way out (Ray's, HAProxy's) may still write a file as the folder goes: again
+        for _ in range(10):
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            if not self.tmp.exists():
+                break
+            time.sleep(0.5)
