@@ -492,13 +492,17 @@ def test_bls_arguments_reach_the_target(
         "2": (2 * vector).tolist(),
         "-1": (2 * vector).tolist(),
     }
-    # a 300 ms timeout on a stream that never ends by itself: some responses, then the timeout error
+    # a 2 s timeout on a stream that never ends by itself (3,000 responses 10 ms apart): some
+    # responses, then the timeout error
     expired = report["expired"]
     assert expired["error"] == {"code": 4, "message": "Request timeout expired"}  # TritonError.UNAVAILABLE
-    # the responses that came before the timeout, in order and none lost (on a loaded machine the
-    # first one may not come within 300 ms at all: how many is timing, not behaviour)
-    assert len(expired["steps"]) < 100 and expired["steps"] == list(range(len(expired["steps"])))
-    # and the target sees its request cancelled
+    # the responses that came before the timeout, in order and none lost (how many is timing)
+    assert len(expired["steps"]) < 3000 and expired["steps"] == list(range(len(expired["steps"])))
+    if not expired["steps"]:
+        # the call ran out before the target answered at all (a loaded machine): it may have ended
+        # before the target started the request, which then never runs; nothing to see there
+        return
+    # a target that streamed sees its request cancelled
     path = cancel_markers / f"{marker}.cancelled"
     deadline = time.monotonic() + 20
     while not path.exists() and time.monotonic() < deadline:

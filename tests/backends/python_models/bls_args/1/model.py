@@ -4,7 +4,7 @@
 ``preferred_memory`` and tells what it received; ``multi_version`` (output = input * version) is
 asked for ``model_version`` 1, 2 and -1 (the latest); ``until_cancelled`` (a response every 10 ms
 until cancelled, then it writes ``<IN[0]>.cancelled`` into its marker folder) is streamed with a
-300 ms ``timeout``, which ends the call with an error.
+2 s ``timeout``, which ends the call with an error.
 """
 
 import json
@@ -68,7 +68,7 @@ class TritonPythonModel:
             model_name="until_cancelled",
             inputs=[pb_utils.Tensor("X", np.array([marker], dtype=np.int32))],
             requested_output_names=["Y"],
-            timeout=300_000,
+            timeout=2_000_000,
         )
         steps, error = [], None
         for response in call.exec(decoupled=True):
