@@ -107,6 +107,14 @@ def request_batch_size(model: ModelDescription, inputs: Mapping[str, Tensor]) ->
     return 0
 
 
+def sequence_flags(request: InferRequest) -> dict[str, Any]:
+    """The response parameters an ensemble answers a sequence request with: its start and end flags,
+    as Triton echoes them; none for a request outside a sequence."""
+    if not request.correlation_id:
+        return {}
+    return {"sequence_start": request.sequence_start, "sequence_end": request.sequence_end}
+
+
 def step_error(ensemble: str, step: StepNode, error: BaseException) -> ServerError:
     """The request's error for a failing step: the step named, its error code kept."""
     if isinstance(error, ServerError):
@@ -153,6 +161,7 @@ class EnsembleScheduler:
             model_name=self.graph.name,
             model_version=str(self.graph.ensemble.latest_version),
             id=request.id,
+            parameters=sequence_flags(request),
         )
         try:
             outputs = request.output_names(self.graph.output_names)
@@ -229,6 +238,7 @@ class EnsembleScheduler:
             id=request.id,
             error=error,
             final=final or error is not None,
+            parameters=sequence_flags(request),
         )
 
     def _answer_on(

@@ -79,6 +79,16 @@ async def test_diamond_runs_both_branches_at_once() -> None:
     assert (response.model_name, response.id) == ("diamond", "r1")
 
 
+@pytest.mark.parametrize(("start", "end"), [(True, False), (False, False), (False, True)])
+async def test_a_sequence_request_is_answered_with_its_flags(start: bool, end: bool) -> None:
+    sequence = request()
+    sequence.correlation_id, sequence.sequence_start, sequence.sequence_end = 7, start, end
+    response = await EnsembleScheduler(diamond_graph(), executor()).infer(sequence)
+    assert response.error is None
+    assert response.parameters == {"sequence_start": start, "sequence_end": end}
+    assert (await EnsembleScheduler(diamond_graph(), executor()).infer(request())).parameters == {}
+
+
 async def test_versions_latest_and_pinned() -> None:
     ex = executor()
     latest = await EnsembleScheduler(diamond_graph(), ex).infer(request(["RIGHT"]))
