@@ -642,8 +642,12 @@ class ServerDeployment:
                 snapshots.update(fresh)
             except Exception as exc:  # a replica restarting or busy: its last push stands for it
                 logger.debug("metrics of model '%s' not asked: %s", name, exc)
-        hosted = [{"stats": s} for key, s in self._stats.get(name, {}).items() if is_hosted_key(key)]
-        return list(snapshots.values()) + hosted
+        try:
+            hosted = await self._models.hosted_now(name, self._stats.get(name, {}))
+        except Exception as exc:  # the ensembles' replicas restarting or busy: their last pushes
+            logger.debug("hosted statistics of model '%s' not asked: %s", name, exc)
+            hosted = {key: s for key, s in self._stats.get(name, {}).items() if is_hosted_key(key)}
+        return list(snapshots.values()) + [{"stats": s} for s in hosted.values()]
 
     async def control_load(self, name: str, config: str, files: dict[str, bytes]) -> None:
         """BLS ``pb_utils.load_model``: the repository API's load, with its checks and model control mode."""
@@ -663,7 +667,7 @@ class ServerDeployment:
         except ServerError:
             return False
 
-    def cluster_stats(
+    async def cluster_stats(
         self,
         model: str,
         replica: str,
@@ -672,9 +676,15 @@ class ServerDeployment:
         siblings: dict[str, list[dict[str, Any]]] | None = None,
     ) -> list[dict[str, Any]]:
         """``snapshot`` summed with everything else held for ``model``, where ``siblings`` (replica id
-        -> statistics, asked just now) stand in for those replicas' pushes; ``remember`` keeps them
-        (replicas that push every second), a single replica's is used for this answer only."""
-        fresh = {**(siblings or {}), replica: snapshot}
+        -> statistics, asked just now) stand in for those replicas' pushes, and the copies ensembles
+        host are asked of their replicas now; ``remember`` keeps them (replicas that push every
+        second), a single replica's is used for this answer only."""
+        try:
+            hosted = await self._models.hosted_now(model, self._stats.get(model, {}))
+        except Exception as exc:  # the ensembles' replicas restarting or busy: their last pushes
+            logger.debug("hosted statistics of model '%s' not asked: %s", model, exc)
+            hosted = {}
+        fresh = {**hosted, **(siblings or {}), replica: snapshot}
         if remember:
             for key, stats in fresh.items():
                 self.report_stats(model, key, stats)

@@ -164,7 +164,10 @@ class ModelDeployment:
                 and scope["path"] == path
                 and any(k == REPLICA_SNAPSHOT for k, _ in scope["headers"])
             ):
-                body = json.dumps(self.metrics_snapshot()).encode()
+                # with the statistics of the models this replica hosts for its ensemble (read now too)
+                body = json.dumps(
+                    {**self.metrics_snapshot(), "hosted": self.runtime.hosted_statistics()}
+                ).encode()
                 headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
                 await send({"type": "http.response.start", "status": 200, "headers": headers})
                 await send({"type": "http.response.body", "body": body})

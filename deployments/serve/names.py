@@ -25,6 +25,11 @@ def is_hosted_key(key: str) -> bool:
     return HOSTED_MARK in key
 
 
+def hosting_ensemble(key: str) -> str:
+    """The ensemble named by a hosted key (:func:`hosted_key`)."""
+    return key.split(HOSTED_MARK, 1)[1]
+
+
 def stats_path(model: str) -> str:
     """The path of ``model``'s statistics, where a sibling also asks a replica for its own counts."""
     return f"{model_route(model)}/stats"
@@ -32,6 +37,7 @@ def stats_path(model: str) -> str:
 
 __all__ = [
     "HOSTED_MARK",
+    "hosting_ensemble",
     "MODEL_DEPLOYMENT",
     "SERVER_APP",
     "SERVER_DEPLOYMENT",

@@ -38,7 +38,7 @@ from deployments.protocol.dataplane import empty_model_statistics, model_metadat
 from deployments.runtime.router import FORWARDED, REPLICA_SNAPSHOT, RawReply, RawRequest, owner_rank
 from deployments.runtime.stats import merge_snapshots
 from deployments.serve import hooks
-from deployments.serve.names import is_hosted_key, model_app_name, stats_path
+from deployments.serve.names import hosted_key, hosting_ensemble, is_hosted_key, model_app_name, stats_path
 from deployments.serve.server_api import (
     GroupApps,
     Member,
@@ -412,6 +412,27 @@ class RemoteModels:
         apps = [app for app, _ in await self._group_apps(model)]
         return await self.calls.snapshots(apps, stats_path(model), skip)
 
+    async def hosted_now(
+        self, model: str, pushed: Mapping[str, list[dict[str, Any]]]
+    ) -> dict[str, list[dict[str, Any]]]:
+        """The statistics of the copies of ``model`` that ensembles host in their replicas, by hosted
+        key: each ensemble replica named in ``pushed`` asked now (the snapshot it answers carries what
+        it hosts), the last push of one that does not answer. ``pushed``: what is held for ``model``."""
+        held = {key: s for key, s in pushed.items() if is_hosted_key(key)}
+        if not held or self.calls is None:
+            return held
+        ensembles = sorted({hosting_ensemble(key) for key in held})
+        apps = [[app for app, _ in await self._group_apps(e)] for e in ensembles]
+        replies = await asyncio.gather(
+            *(self.calls.snapshots(a, stats_path(e)) for e, a in zip(ensembles, apps, strict=True))
+        )
+        for ensemble, found in zip(ensembles, replies, strict=True):
+            for replica, snapshot in found.items():
+                stats = snapshot.get("hosted", {}).get(model)
+                if stats is not None:
+                    held[hosted_key(replica, ensemble)] = stats
+        return held
+
     async def _pick(self, model: str, correlation_id: int | str = 0) -> tuple[str, ReplicaClient]:
         app = self.picker.pick(await self._group_apps(model), correlation_id)
         return app, self.client(model, app)
@@ -542,7 +563,7 @@ class ServedElsewhere:
     async def statistics(self, version: str = "") -> list[dict[str, Any]]:
         served = {str(v) for v in self._version(version)}
         own = {key: s for key, s in self._pushed.items() if not is_hosted_key(key)}
-        hosted = [s for key, s in self._pushed.items() if is_hosted_key(key)]
+        hosted = list((await self._models.hosted_now(self.description.name, self._pushed)).values())
         if self._ask_replica:  # each replica's counts now where it answers, its last push where not
             fresh = await self._models.replica_snapshots(self.description.name)
             own.update({replica: snapshot["stats"] for replica, snapshot in fresh.items()})

@@ -26,24 +26,24 @@ def _count(document: dict, model: str = ACC) -> int:
     return int(entry["inference_count"])
 
 
-def _metric(metrics_url: str) -> float:
+def _metric(metrics_url: str, model: str = ACC) -> float:
     text = urllib.request.urlopen(f"http://{metrics_url}/metrics", timeout=10).read().decode()
-    match = re.search(rf'^nv_inference_count\{{model="{ACC}",version="1"\}} (\S+)$', text, re.MULTILINE)
+    match = re.search(rf'^nv_inference_count\{{model="{model}",version="1"\}} (\S+)$', text, re.MULTILINE)
     assert match, "no nv_inference_count of the model in /metrics"
     return float(match.group(1))
 
 
-def _counts(server_url: str, grpc_url: str, metrics_url: str) -> dict[str, float]:
+def _counts(server_url: str, grpc_url: str, metrics_url: str, model: str = ACC) -> dict[str, float]:
     """The model's inference count as each way of reading it says."""
     http = httpclient.InferenceServerClient(server_url)
     grpc = grpcclient.InferenceServerClient(grpc_url)
     try:
-        grpc_stats = grpc.get_inference_statistics(ACC, "1")
+        grpc_stats = grpc.get_inference_statistics(model, "1")
         return {
-            "http, the model's own route": _count(http.get_inference_statistics(ACC)),
-            "http, every model": _count(http.get_inference_statistics()),
+            "http, the model's own route": _count(http.get_inference_statistics(model), model),
+            "http, every model": _count(http.get_inference_statistics(), model),
             "grpc": int(grpc_stats.model_stats[0].inference_count),
-            "metrics": _metric(metrics_url),
+            "metrics": _metric(metrics_url, model),
         }
     finally:
         http.close()
@@ -89,3 +89,24 @@ def test_a_client_cannot_ask_one_replica_for_its_own_counts(server_url: str) -> 
     )
     assert answer.status_code == 200
     assert set(answer.json()) == {"model_stats"}
+
+
+def test_a_step_an_ensemble_runs_in_its_own_replica_counts_in_a_read_right_after(
+    server_url: str, grpc_url: str, metrics_url: str
+) -> None:
+    """text_recognition runs image_preprocess in its own replica (a hosted copy): a read of the step's
+    statistics asks the ensemble's replicas too, as Triton's qa (L0_simple_ensemble) reads a step right
+    after calling its ensemble; before, the copy's counts came with its replica's next push."""
+    step = "image_preprocess"
+    before = _counts(server_url, grpc_url, metrics_url, step)
+    client = httpclient.InferenceServerClient(server_url)
+    try:
+        for seed in range(3):
+            image = httpclient.InferInput("IMAGE", [1, 32, 100], "UINT8")
+            pixels = np.random.default_rng(seed).integers(0, 255, size=(1, 32, 100), dtype=np.uint8)
+            image.set_data_from_numpy(pixels)
+            client.infer("text_recognition", [image])
+    finally:
+        client.close()
+    after = _counts(server_url, grpc_url, metrics_url, step)
+    assert {way: after[way] - before[way] for way in after} == {way: 3 for way in after}
