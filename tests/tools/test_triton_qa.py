@@ -264,9 +264,54 @@ def test_sequence_delay_runs_carry_test_sh_delays() -> None:
     assert sequence.delays("test_backlog_sequence_timeout") == ("0", "4")
     assert sequence.delays("test_full_batch") == ("0", "12")
     runs = {r.label: r for r in sequence.L0_SEQUENCE_BATCHER.runs}
-    tests = [t for r in runs.values() if "delay" in r.label and "no delay" not in r.label for t in r.tests]
-    assert sorted(t.split(".")[1] for t in tests) == sorted(sequence.DELAY_TESTS)  # each once
-    assert all(r.env["BACKENDS"] == "python" for r in runs.values())
+    assert len(runs) == len(sequence.L0_SEQUENCE_BATCHER.runs)  # labels are unique (--runs picks by label)
+    for trial in sequence.TRIALS:
+        mine = [r for label, r in runs.items() if label.startswith(trial.label + ", ")]
+        tests = [t.split(".")[1] for r in mine for t in r.tests]
+        assert sorted(tests) == sorted(sequence.NO_DELAY_TESTS + sequence.DELAY_TESTS)  # each once a trial
+        assert all(r.env["BACKENDS"] == "python" and r.server_per_test for r in mine)
+        for r in mine:
+            if "no delay" in r.label:
+                assert "TRITONSERVER_DELAY_SCHEDULER" not in r.env
+            else:
+                test = r.tests[0].split(".")[1]
+                pair = (r.env["TRITONSERVER_BACKLOG_DELAY_SCHEDULER"], r.env["TRITONSERVER_DELAY_SCHEDULER"])
+                assert pair == sequence.delays(test)
+
+
+def test_sequence_trials_are_test_sh_model_trials() -> None:
+    """NO_BATCHING, MODEL_INSTANCES, BATCHER_TYPE and each trial's configuration edits as test.sh makes them."""
+    from tools.triton_qa import sequence
+
+    config = (
+        'name: "onnx_{infix}sequence_int32"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {mbs}\n'
+        "instance_group [ {{ kind: KIND_GPU }} ]\n"
+    )
+    seen = {}
+    for trial in sequence.TRIALS:
+        env = trial.env
+        seen[trial.name] = (env["NO_BATCHING"], env["MODEL_INSTANCES"], env["BATCHER_TYPE"])
+        model = trial.models()[0]
+        repository, folder = model.source.split("/")
+        text = config.format(infix=trial.infix, mbs=0 if trial.infix else 8)
+        for edit in model.edits:
+            text = apply_edit(text, edit)
+        mbs = {"0": 0, "1": 4, "2": 2, "4": 1, "v": 4}[trial.name]
+        assert text == (
+            f'name: "python_{trial.infix}sequence_int32"\nbackend: "python"\nmax_batch_size: {mbs}\n'
+            f"instance_group [ {{ kind: KIND_CPU\ncount: {env['MODEL_INSTANCES']} }} ]\n"
+        )
+        assert model.name == folder.replace("onnx", "python")
+        variable = "qa_variable_sequence_model_repository"
+        assert repository == (variable if trial.name == "v" else "qa_sequence_model_repository")
+    assert seen == {
+        "0": ("1", "4", "FIXED"),
+        "1": ("0", "1", "FIXED"),
+        "2": ("0", "2", "FIXED"),
+        "4": ("0", "4", "FIXED"),
+        "v": ("0", "1", "VARIABLE"),
+    }
+    assert [t.infix for t in sequence.TRIALS] == ["nobatch_", "", "", "", ""]
 
 
 def _pregenerated(cache: Path, repository: str, model: str, config: str) -> None:
