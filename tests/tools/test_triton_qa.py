@@ -14,6 +14,7 @@ from tools.triton_qa import (
     infer_variable,
     infer_zero,
     log_settings,
+    model_update,
     response_cache,
     shared_memory,
     simple_ensemble,
@@ -30,6 +31,7 @@ from tools.triton_qa.runner import (
     Workspace,
     pytest_command,
     repository_path,
+    run_env,
     translate_args,
 )
 from tools.triton_qa.suites import SUITES, Edit, Model, select
@@ -456,3 +458,39 @@ def test_the_psutil_stand_in_reads_this_processs_resident_size() -> None:
     ballast[::4096] = b"x" * len(ballast[::4096])  # touch every page
     assert module.Process().memory_info().rss > first + 32 * 1024 * 1024
     del ballast
+
+
+def test_model_update_runs_each_rate_limit_mode_with_the_log_folder_in_the_suites_folder(
+    tmp_path: Path,
+) -> None:
+    """test.sh runs the instance tests once per rate limiter mode on ``models`` of its own folder, which
+    is also ``MODEL_LOG_DIR`` for the tests and the model's processes; the model's ``util`` stays next to
+    its configuration (the test imports it from there)."""
+    from tools.triton_qa.runner import test_env
+
+    suite = model_update.L0_MODEL_UPDATE
+    ws = Workspace(tmp_path / "checkout", tmp_path / "work")
+    assert [r.env["RATE_LIMIT_MODE"] for r in suite.runs] == [
+        "off",
+        "execution_count",
+        "execution_count_with_explicit_resource",
+    ]
+    assert suite.runs[2].server_args[1:3] == ("--rate-limit=execution_count", "--rate-limit-resource=R1:10")
+    folder = ws.qa / "L0_model_update"
+    for run in suite.runs:
+        assert "--model-control-mode=explicit" in run.server_args
+        assert repository_path(ws, suite, run) == folder / "models"
+        assert run_env(run, ws.qa)["MODEL_LOG_DIR"] == str(folder)
+        assert test_env(ws, run, tmp_path / "s.log")["MODEL_LOG_DIR"] == str(folder)
+        assert not any("gpu" in t for t in run.tests)
+    src = tmp_path / "checkout" / "qa" / "python_models" / "model_init_del"
+    src.mkdir(parents=True)
+    for name in ("config.pbtxt", "model.py", "util.py"):
+        (src / name).write_text(f"# {name}\n")
+    built = build_repository(suite.runs[0].models, ws.checkout, ws.cache, folder / "models")
+    model = built.path / "model_init_del"
+    assert sorted(str(p.relative_to(model)) for p in model.rglob("*.*")) == [
+        "1/model.py",
+        "config.pbtxt",
+        "util.py",
+    ]
