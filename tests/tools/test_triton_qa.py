@@ -213,6 +213,26 @@ def test_unittest_junit_records_each_case(tmp_path: Path, monkeypatch: pytest.Mo
     }
 
 
+def test_unittest_junit_reports_the_tests_finished_before_the_process_ends(tmp_path: Path) -> None:
+    """A test process stopped for its time limit leaves the report of the tests it finished."""
+    import subprocess
+
+    (tmp_path / "ends_test.py").write_text(
+        "import os, unittest\n\n"
+        "class T(unittest.TestCase):\n"
+        "    def test_a(self):\n        pass\n"
+        "    def test_b(self):\n        os._exit(3)\n"
+    )
+    junit = tmp_path / "out.xml"
+    cmd = [sys.executable, "-m", "tools.triton_qa.unittest_junit", f"--junit={junit}", "ends_test.py"]
+    root = Path(__file__).resolve().parents[2]
+    env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}
+    assert subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True).returncode == 3
+    assert [(o.test_id, o.status) for o in parse_junit_text(junit.read_text())] == [
+        ("ends_test.T.test_a", "passed")
+    ]
+
+
 def test_the_tests_find_the_stand_in_for_tritons_compiled_shm_monitor(tmp_path: Path) -> None:
     """Triton's ``shm_util.ShmLeakDetector`` imports ``triton_shm_monitor`` (built by its qa image): the
     test environment names the stand-in, whose regions never change size (no leak reported)."""

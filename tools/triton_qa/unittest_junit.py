@@ -31,7 +31,10 @@ def error_line(err: ErrInfo) -> str:
 
 
 class JunitResult(unittest.TextTestResult):
-    """A text result that also keeps ``test id -> (status, message, seconds)``."""
+    """A text result that also keeps ``test id -> (status, message, seconds)``, and writes them to
+    ``report_to`` after each test (a run stopped for its time limit still reports the tests it finished)."""
+
+    report_to: Path | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -48,6 +51,11 @@ class JunitResult(unittest.TextTestResult):
     def startTest(self, test: unittest.TestCase) -> None:
         self._started[test.id()] = time.monotonic()
         super().startTest(test)
+
+    def stopTest(self, test: unittest.TestCase) -> None:
+        super().stopTest(test)
+        if self.report_to is not None:
+            self.report_to.write_text(junit_xml(self.cases))
 
     def addSuccess(self, test: unittest.TestCase) -> None:
         super().addSuccess(test)
@@ -108,6 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     suite = (
         loader.loadTestsFromNames(args.tests, module) if args.tests else loader.loadTestsFromModule(module)
     )
+    JunitResult.report_to = args.junit
     runner = unittest.TextTestRunner(resultclass=JunitResult, verbosity=2)
     result = runner.run(suite)
     assert isinstance(result, JunitResult)
