@@ -68,7 +68,7 @@ def _run(mode: str, rate_args: tuple[str, ...]) -> Run:
         tests=TESTS,
         server_log_name=f"instance_update_test.rate_limit_{mode}.server.log",
         repository_at="models",
-        timeout_s=600.0,
+        timeout_s=480.0,
     )
 
 
