@@ -213,6 +213,30 @@ def test_unittest_junit_records_each_case(tmp_path: Path, monkeypatch: pytest.Mo
     }
 
 
+def test_unittest_junit_gives_tests_written_for_python_310_their_teardown_outcome(tmp_path: Path) -> None:
+    """A ``tearDown`` that asks, the Python 3.10 way, whether its test failed gets the answer."""
+    import subprocess
+
+    (tmp_path / "outcome_test.py").write_text(
+        "import unittest\n\n"
+        "class T(unittest.TestCase):\n"
+        "    def tearDown(self):\n"
+        "        r = self.defaultTestResult()\n"
+        "        self._feedErrorsToResult(r, self._outcome.errors)\n"
+        "        passed = all(self != t for t, _ in r.errors + r.failures)\n"
+        "        print('teardown', self._testMethodName, passed)\n"
+        "    def test_a(self):\n        pass\n"
+        "    def test_b(self):\n        self.assertEqual(1, 2)\n"
+    )
+    junit = tmp_path / "out.xml"
+    cmd = [sys.executable, "-m", "tools.triton_qa.unittest_junit", f"--junit={junit}", "outcome_test.py"]
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert "teardown test_a True" in out.stdout and "teardown test_b False" in out.stdout, out.stderr
+    status = {o.test_id: o.status for o in parse_junit_text(junit.read_text())}
+    assert status == {"outcome_test.T.test_a": "passed", "outcome_test.T.test_b": "failed"}
+
+
 def test_unittest_junit_reports_the_tests_finished_before_the_process_ends(tmp_path: Path) -> None:
     """A test process stopped for its time limit leaves the report of the tests it finished."""
     import subprocess
