@@ -14,6 +14,7 @@ from tools.triton_qa import (
     infer_variable,
     infer_zero,
     log_settings,
+    model_update,
     response_cache,
     shared_memory,
     simple_ensemble,
@@ -30,6 +31,7 @@ from tools.triton_qa.runner import (
     Workspace,
     pytest_command,
     repository_path,
+    run_env,
     translate_args,
 )
 from tools.triton_qa.suites import SUITES, Edit, Model, select
@@ -209,6 +211,50 @@ def test_unittest_junit_records_each_case(tmp_path: Path, monkeypatch: pytest.Mo
         "sample_test.T.test_bad": "failed",
         "sample_test.T.test_sub": "failed",
     }
+
+
+def test_unittest_junit_gives_tests_written_for_python_310_their_teardown_outcome(tmp_path: Path) -> None:
+    """A ``tearDown`` that asks, the Python 3.10 way, whether its test failed gets the answer."""
+    import subprocess
+
+    (tmp_path / "outcome_test.py").write_text(
+        "import unittest\n\n"
+        "class T(unittest.TestCase):\n"
+        "    def tearDown(self):\n"
+        "        r = self.defaultTestResult()\n"
+        "        self._feedErrorsToResult(r, self._outcome.errors)\n"
+        "        passed = all(self != t for t, _ in r.errors + r.failures)\n"
+        "        print('teardown', self._testMethodName, passed)\n"
+        "    def test_a(self):\n        pass\n"
+        "    def test_b(self):\n        self.assertEqual(1, 2)\n"
+    )
+    junit = tmp_path / "out.xml"
+    cmd = [sys.executable, "-m", "tools.triton_qa.unittest_junit", f"--junit={junit}", "outcome_test.py"]
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert "teardown test_a True" in out.stdout and "teardown test_b False" in out.stdout, out.stderr
+    status = {o.test_id: o.status for o in parse_junit_text(junit.read_text())}
+    assert status == {"outcome_test.T.test_a": "passed", "outcome_test.T.test_b": "failed"}
+
+
+def test_unittest_junit_reports_the_tests_finished_before_the_process_ends(tmp_path: Path) -> None:
+    """A test process stopped for its time limit leaves the report of the tests it finished."""
+    import subprocess
+
+    (tmp_path / "ends_test.py").write_text(
+        "import os, unittest\n\n"
+        "class T(unittest.TestCase):\n"
+        "    def test_a(self):\n        pass\n"
+        "    def test_b(self):\n        os._exit(3)\n"
+    )
+    junit = tmp_path / "out.xml"
+    cmd = [sys.executable, "-m", "tools.triton_qa.unittest_junit", f"--junit={junit}", "ends_test.py"]
+    root = Path(__file__).resolve().parents[2]
+    env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}
+    assert subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True).returncode == 3
+    assert [(o.test_id, o.status) for o in parse_junit_text(junit.read_text())] == [
+        ("ends_test.T.test_a", "passed")
+    ]
 
 
 def test_the_tests_find_the_stand_in_for_tritons_compiled_shm_monitor(tmp_path: Path) -> None:
@@ -501,3 +547,39 @@ def test_the_psutil_stand_in_reads_this_processs_resident_size() -> None:
     ballast[::4096] = b"x" * len(ballast[::4096])  # touch every page
     assert module.Process().memory_info().rss > first + 32 * 1024 * 1024
     del ballast
+
+
+def test_model_update_runs_each_rate_limit_mode_with_the_log_folder_in_the_suites_folder(
+    tmp_path: Path,
+) -> None:
+    """test.sh runs the instance tests once per rate limiter mode on ``models`` of its own folder, which
+    is also ``MODEL_LOG_DIR`` for the tests and the model's processes; the model's ``util`` stays next to
+    its configuration (the test imports it from there)."""
+    from tools.triton_qa.runner import test_env
+
+    suite = model_update.L0_MODEL_UPDATE
+    ws = Workspace(tmp_path / "checkout", tmp_path / "work")
+    assert [r.env["RATE_LIMIT_MODE"] for r in suite.runs] == [
+        "off",
+        "execution_count",
+        "execution_count_with_explicit_resource",
+    ]
+    assert suite.runs[2].server_args[1:3] == ("--rate-limit=execution_count", "--rate-limit-resource=R1:10")
+    folder = ws.qa / "L0_model_update"
+    for run in suite.runs:
+        assert "--model-control-mode=explicit" in run.server_args
+        assert repository_path(ws, suite, run) == folder / "models"
+        assert run_env(run, ws.qa)["MODEL_LOG_DIR"] == str(folder)
+        assert test_env(ws, run, tmp_path / "s.log")["MODEL_LOG_DIR"] == str(folder)
+        assert not any("gpu" in t for t in run.tests)
+    src = tmp_path / "checkout" / "qa" / "python_models" / "model_init_del"
+    src.mkdir(parents=True)
+    for name in ("config.pbtxt", "model.py", "util.py"):
+        (src / name).write_text(f"# {name}\n")
+    built = build_repository(suite.runs[0].models, ws.checkout, ws.cache, folder / "models")
+    model = built.path / "model_init_del"
+    assert sorted(str(p.relative_to(model)) for p in model.rglob("*.*")) == [
+        "1/model.py",
+        "config.pbtxt",
+        "util.py",
+    ]

@@ -21,6 +21,7 @@ from tools.triton_qa import (  # noqa: F401
     input_validation,
     log_settings,
     metrics,
+    model_update,
     optional_input,
     parameters,
     response_cache,

@@ -254,6 +254,12 @@ def pytest_command(
     ]
 
 
+def run_env(run: Run, qa: Path) -> dict[str, str]:
+    """``run.env`` with ``{qa}`` in its values replaced by the work copy's ``qa`` folder (``test.sh``
+    sets some variables to its own folder, which both the tests and the models read)."""
+    return {k: v.replace("{qa}", str(qa)) for k, v in run.env.items()}
+
+
 def test_env(ws: Workspace, run: Run, server_log: Path) -> dict[str, str]:
     """The test process's environment: ``qa/common`` and the harness stand-ins (``harness/``) on
     ``PYTHONPATH``, the run's variables, the log."""
@@ -263,7 +269,7 @@ def test_env(ws: Workspace, run: Run, server_log: Path) -> dict[str, str]:
         pythonpath.insert(0, str(RESTRICT))
         env["TRITON_QA_ONLY_BACKENDS"] = ",".join(run.only_backends)
     env["PYTHONPATH"] = os.pathsep.join(p for p in pythonpath if p)
-    env.update(run.env)
+    env.update(run_env(run, ws.qa))
     env["SERVER_LOG"] = str(server_log)
     return env
 
@@ -284,7 +290,7 @@ def run_tests(
     if busy:
         result.error = f"ports {busy} still taken by another process; not started"
         return result
-    server_env = {**run.env, "SERVER_LOG": str(log_path)}
+    server_env = {**run_env(run, ws.qa), "SERVER_LOG": str(log_path)}
     for attempt in range(START_ATTEMPTS):
         try:
             handle, result.dropped_args = start_server(

@@ -31,7 +31,10 @@ def error_line(err: ErrInfo) -> str:
 
 
 class JunitResult(unittest.TextTestResult):
-    """A text result that also keeps ``test id -> (status, message, seconds)``."""
+    """A text result that also keeps ``test id -> (status, message, seconds)``, and writes them to
+    ``report_to`` after each test (a run stopped for its time limit still reports the tests it finished)."""
+
+    report_to: Path | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -48,6 +51,11 @@ class JunitResult(unittest.TextTestResult):
     def startTest(self, test: unittest.TestCase) -> None:
         self._started[test.id()] = time.monotonic()
         super().startTest(test)
+
+    def stopTest(self, test: unittest.TestCase) -> None:
+        super().stopTest(test)
+        if self.report_to is not None:
+            self.report_to.write_text(junit_xml(self.cases))
 
     def addSuccess(self, test: unittest.TestCase) -> None:
         super().addSuccess(test)
@@ -80,6 +88,21 @@ class JunitResult(unittest.TextTestResult):
             self._set(test, "failed" if failed else "error", f"{subtest.id()}: {error_line(err)}")
 
 
+def keep_python310_outcome_api() -> None:
+    """``TestCase._feedErrorsToResult`` and ``_Outcome.errors`` as Python 3.10 had them, for tests written
+    for it (``L0_model_update``'s ``tearDown`` reads them to see whether its test failed). Python 3.11
+    reports each error to the result at once, so ``errors`` lists the result's errors and failures so far."""
+    outcome = unittest.case._Outcome  # type: ignore[attr-defined]
+    if not hasattr(outcome, "errors"):
+        outcome.errors = property(lambda self: list(self.result.errors) + list(self.result.failures))
+    if not hasattr(unittest.TestCase, "_feedErrorsToResult"):
+
+        def feed(self: unittest.TestCase, result: unittest.TestResult, errors: list[Any]) -> None:
+            result.errors.extend(errors)
+
+        unittest.TestCase._feedErrorsToResult = feed  # type: ignore[attr-defined]
+
+
 def junit_xml(cases: dict[str, list[Any]]) -> str:
     """The cases as a junit document (``classname`` = the id less its last part)."""
     suite = ET.Element("testsuite", name="unittest", tests=str(len(cases)))
@@ -108,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     suite = (
         loader.loadTestsFromNames(args.tests, module) if args.tests else loader.loadTestsFromModule(module)
     )
+    JunitResult.report_to = args.junit
+    keep_python310_outcome_api()
     runner = unittest.TextTestRunner(resultclass=JunitResult, verbosity=2)
     result = runner.run(suite)
     assert isinstance(result, JunitResult)
