@@ -275,7 +275,13 @@ class RayDeployer:
                     unscheduled_since.pop(name, None)
                 else:
                     if demands is None:
-                        demands = await asyncio.to_thread(hooks.pending_resource_demands)
+                        try:
+                            demands = await asyncio.to_thread(hooks.pending_resource_demands)
+                        except Exception as exc:  # the GCS busy or restarting: decide on a later round
+                            logger.debug("Ray's pending demands not read: %s", exc)
+                            demands = UNREAD
+                    if demands is UNREAD:
+                        continue
                     if not any(same_resources(asks[name], demand) for demand in demands):
                         unscheduled_since.pop(name, None)  # placed; its worker process is starting
                     elif time.monotonic() - unscheduled_since.setdefault(name, time.monotonic()) > (
@@ -384,6 +390,10 @@ class RayDeployer:
         applications = await self._applications(name)
         self.deployed.pop(name, None)
         await self._delete_applications(applications)
+
+
+UNREAD: list[dict[str, float]] = []
+"""Ray's pending demands could not be read this round (its own object: compared by identity)."""
 
 
 def ray_resources(actor_options: Mapping[str, Any]) -> dict[str, float]:

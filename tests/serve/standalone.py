@@ -168,7 +168,20 @@ class Server:
             except OSError:
                 pass
             time.sleep(1)
-        raise TimeoutError(f"models {models} not ready: {self.log.read_text()[-3000:]}")
+        raise TimeoutError(f"models {models} not ready: {self.log.read_text()[-3000:]}{self.serve_errors()}")
+
+    def serve_errors(self, lines: int = 30) -> str:
+        """The warning and error lines of this server's Serve logs (the controller's and every
+        replica's): the launcher's own log does not have them."""
+        found: list[str] = []
+        for path in sorted(self.tmp.glob("ray/**/session_latest/logs/serve/*.log")):
+            with contextlib.suppress(OSError):
+                found += [
+                    f"{path.name}: {line[:300]}"
+                    for line in path.read_text(errors="replace").splitlines()
+                    if line.startswith(("ERROR", "WARNING")) or "Error: " in line
+                ]
+        return "\nServe's warnings and errors:\n" + "\n".join(found[-lines:]) if found else ""
 
     def replica_pids(self, model: str) -> list[int]:
         """The pids of ``model``'s Serve replicas among this server's processes."""

@@ -75,3 +75,14 @@ def test_a_replica_no_node_can_take_fails_after_the_placement_timeout(
     )
     with pytest.raises(Unavailable, match="no node has the resources its replicas need: .*to be scheduled"):
         asyncio.run(deployer._wait_running({"m": ASK}))
+
+
+def test_demands_that_cannot_be_read_decide_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GCS not answering neither fails the load nor loses the wait: the replica starts later."""
+    deployer = _deployer(tmp_path, monkeypatch, ["DEPLOYING"] * 4 + ["RUNNING"], [])
+
+    def unreadable() -> list[dict[str, float]]:
+        raise TimeoutError("GCS did not answer")
+
+    monkeypatch.setattr(hooks, "pending_resource_demands", unreadable)
+    asyncio.run(deployer._wait_running({"m": ASK}))
