@@ -38,7 +38,6 @@ from deployments.serve.names import (
     SERVER_APP,
     SERVER_DEPLOYMENT,
     is_group_app,
-    is_hosted_key,
     model_app_name,
 )
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory, ServedElsewhere, own_app
@@ -652,11 +651,7 @@ class ServerDeployment:
                 snapshots.update(fresh)
             except Exception as exc:  # a replica restarting or busy: its last push stands for it
                 logger.debug("metrics of model '%s' not asked: %s", name, exc)
-        try:
-            hosted = await self._models.hosted_now(name, self._stats.get(name, {}))
-        except Exception as exc:  # the ensembles' replicas restarting or busy: their last pushes
-            logger.debug("hosted statistics of model '%s' not asked: %s", name, exc)
-            hosted = {key: s for key, s in self._stats.get(name, {}).items() if is_hosted_key(key)}
+        hosted = await self._models.hosted_now(name, self._stats.get(name, {}))
         return list(snapshots.values()) + [{"stats": s} for s in hosted.values()]
 
     async def control_load(self, name: str, config: str, files: dict[str, bytes]) -> None:
@@ -689,11 +684,7 @@ class ServerDeployment:
         -> statistics, asked just now) stand in for those replicas' pushes, and the copies ensembles
         host are asked of their replicas now; ``remember`` keeps them (replicas that push every
         second), a single replica's is used for this answer only."""
-        try:
-            hosted = await self._models.hosted_now(model, self._stats.get(model, {}))
-        except Exception as exc:  # the ensembles' replicas restarting or busy: their last pushes
-            logger.debug("hosted statistics of model '%s' not asked: %s", model, exc)
-            hosted = {}
+        hosted = await self._models.hosted_now(model, self._stats.get(model, {}))
         fresh = {**hosted, **(siblings or {}), replica: snapshot}
         if remember:
             for key, stats in fresh.items():

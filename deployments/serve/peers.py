@@ -417,15 +417,20 @@ class RemoteModels:
     ) -> dict[str, list[dict[str, Any]]]:
         """The statistics of the copies of ``model`` that ensembles host in their replicas, by hosted
         key: each ensemble replica named in ``pushed`` asked now (the snapshot it answers carries what
-        it hosts), the last push of one that does not answer. ``pushed``: what is held for ``model``."""
+        it hosts), the last push of one that does not answer (of every one, where the ensembles'
+        applications are not known now). ``pushed``: what is held for ``model``."""
         held = {key: s for key, s in pushed.items() if is_hosted_key(key)}
         if not held or self.calls is None:
             return held
         ensembles = sorted({hosting_ensemble(key) for key in held})
-        apps = [[app for app, _ in await self._group_apps(e)] for e in ensembles]
-        replies = await asyncio.gather(
-            *(self.calls.snapshots(a, stats_path(e)) for e, a in zip(ensembles, apps, strict=True))
-        )
+        try:
+            apps = [[app for app, _ in await self._group_apps(e)] for e in ensembles]
+            replies = await asyncio.gather(
+                *(self.calls.snapshots(a, stats_path(e)) for e, a in zip(ensembles, apps, strict=True))
+            )
+        except Exception as exc:  # the server restarting: the last pushes stand
+            logger.debug("hosted statistics of model '%s' not asked: %s", model, exc)
+            return held
         for ensemble, found in zip(ensembles, replies, strict=True):
             for replica, snapshot in found.items():
                 stats = snapshot.get("hosted", {}).get(model)

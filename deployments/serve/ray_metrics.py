@@ -28,14 +28,20 @@ logger = logging.getLogger("ray.serve")
 GAUGE_INTERVAL_S = 2.0
 
 
-def ray_counters() -> metrics.CounterFactory | None:
-    """Ray's counter constructor, or None where Ray is not running (then metrics are off)."""
+def _ray_metrics() -> Any:
+    """``ray.util.metrics``, or None where Ray is not running (then nothing is exported)."""
     try:
         import ray
         from ray.util import metrics as ray_metrics
     except ImportError:
         return None
-    if not ray.is_initialized():
+    return ray_metrics if ray.is_initialized() else None
+
+
+def ray_counters() -> metrics.CounterFactory | None:
+    """Ray's counter constructor, or None where Ray is not running (then metrics are off)."""
+    ray_metrics = _ray_metrics()
+    if ray_metrics is None:
         return None
 
     def make(name: str, description: str, tag_keys: tuple[str, ...]) -> metrics.Counter:
@@ -60,12 +66,8 @@ Pending = Mapping[tuple[str, str], int]
 
 def ray_gauges() -> GaugeFactory | None:
     """Ray's gauge constructor, or None where Ray is not running."""
-    try:
-        import ray
-        from ray.util import metrics as ray_metrics
-    except ImportError:
-        return None
-    if not ray.is_initialized():
+    ray_metrics = _ray_metrics()
+    if ray_metrics is None:
         return None
 
     def make(name: str, description: str, tag_keys: tuple[str, ...]) -> Gauge:
