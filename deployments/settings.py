@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from deployments.tracing.config import TraceConfig, TraceConfigError, parse_trace_config
-from repository_loader.plan import HostPolicy
+from repository_loader.plan import DEDICATED, POOLED, HostPolicy
 
 CONTROL_MODES = ("none", "explicit", "poll")
 GRPC_COMPRESSIONS = ("none", "gzip", "deflate")
@@ -333,6 +333,8 @@ class ServerSettings:
     model_host_memory_bytes: int = 4 * 1024 * MIB  # what the models of one host replica may take together
     model_host_gpus: int = 0  # whole GPUs per model host replica; >0 pools single-instance KIND_GPU models
     model_host_gpu_memory_bytes: int = 0  # what its models may take of each GPU; 0: 90% of what is free
+    model_host_placement: str = POOLED  # a model that does not say: pooled where it can be, or dedicated
+    model_host_max_per_node: int = 0  # model host replicas one node may run; 0: no limit
 
     @property
     def log_settings(self) -> LogSettings:
@@ -355,6 +357,8 @@ class ServerSettings:
             self.model_host_memory_bytes,
             self.model_host_gpus,
             self.model_host_gpu_memory_bytes,
+            self.model_host_placement,
+            self.model_host_max_per_node,
         )
 
     @property
@@ -393,7 +397,16 @@ class ServerSettings:
                 raise SettingsError(f"{name} must be positive, not {getattr(self, name)}")
         if self.control_app_cpus < 0:
             raise SettingsError(f"control_app_cpus must not be negative, not {self.control_app_cpus}")
-        for name in ("model_hosts", "model_host_gpus", "model_host_gpu_memory_bytes"):
+        if self.model_host_placement not in (POOLED, DEDICATED):
+            raise SettingsError(
+                f"model_host_placement must be {POOLED} or {DEDICATED}, not '{self.model_host_placement}'"
+            )
+        for name in (
+            "model_hosts",
+            "model_host_gpus",
+            "model_host_gpu_memory_bytes",
+            "model_host_max_per_node",
+        ):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{name} must not be negative, not {getattr(self, name)}")
         for name in ("model_host_cpus", "model_host_memory_bytes"):
@@ -410,7 +423,7 @@ class ServerSettings:
         ``grpc_max_receive_message_bytes``, ``grpc_max_send_message_bytes``, ``grpc_compression``,
         ``deploy_timeout_s``, ``stats_push_interval_s``,
         ``control_app_cpus``, ``model_hosts``, ``model_host_cpus``, ``model_host_memory_bytes``, ``model_host_gpus``,
-        ``model_host_gpu_memory_bytes``, and the :class:`RequestLimits` by their field names (``max_input_size``,
+        ``model_host_gpu_memory_bytes``, ``model_host_placement``, ``model_host_max_per_node``, and the :class:`RequestLimits` by their field names (``max_input_size``,
         ...). An unknown name is an error, so a misspelt argument is not ignored.
         """
         unknown = sorted(set(args) - _ARG_NAMES)
@@ -478,6 +491,8 @@ class ServerSettings:
             ("model_host_memory_bytes", int),
             ("model_host_gpus", int),
             ("model_host_gpu_memory_bytes", int),
+            ("model_host_placement", str),
+            ("model_host_max_per_node", int),
         ):
             if args.get(name) is not None:
                 values[name] = _typed(name, args[name], kind)
@@ -529,6 +544,8 @@ class ServerSettings:
             "model_host_memory_bytes": self.model_host_memory_bytes,
             "model_host_gpus": self.model_host_gpus,
             "model_host_gpu_memory_bytes": self.model_host_gpu_memory_bytes,
+            "model_host_placement": self.model_host_placement,
+            "model_host_max_per_node": self.model_host_max_per_node,
             "metrics_config": self.metrics_config.to_texts(),
             "trace_config": list(self.trace.flags),
             "cache_config": []
@@ -582,6 +599,8 @@ _ARG_NAMES = {
     "model_host_memory_bytes",
     "model_host_gpus",
     "model_host_gpu_memory_bytes",
+    "model_host_placement",
+    "model_host_max_per_node",
     "cache_config",
     "metrics_config",
     "response_cache_byte_size",

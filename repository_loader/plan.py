@@ -327,6 +327,9 @@ class HostPolicy:
     memory_bytes: int = 4 * 2**30  # per host replica: what its models may take, measured
     num_gpus: int = 0  # whole GPUs per host replica; with GPUs, single-instance KIND_GPU models pool too
     gpu_memory_bytes: int = 0  # per GPU of a host replica: what its models may take; 0: 90% of what is free
+    # where a model whose ``ray.placement`` says nothing goes: POOLED (wherever it can) or DEDICATED
+    placement: str = "pooled"
+    max_per_node: int = 0  # host replicas one node may run; 0: no limit
 
     @property
     def enabled(self) -> bool:
@@ -344,14 +347,18 @@ class HostEntry:
     resources: ReplicaResources
     memory_bytes: int
     gpu_memory_bytes: int = 0  # per GPU of a replica; 0: 90% of what is free when the replica starts
+    max_per_node: int = 0  # replicas one node may run (Serve's ``max_replicas_per_node``); 0: no limit
 
     def serve_options(self) -> dict[str, Any]:
-        return {
+        options: dict[str, Any] = {
             "name": self.deployment_name,
             "num_replicas": self.num_replicas,
             "ray_actor_options": {"num_cpus": self.resources.num_cpus, "num_gpus": self.resources.num_gpus},
             "max_ongoing_requests": MIN_ONGOING_REQUESTS * 16,
         }
+        if self.max_per_node > 0:
+            options["max_replicas_per_node"] = self.max_per_node
+        return options
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -363,6 +370,7 @@ class HostEntry:
             "num_gpus": self.resources.num_gpus,
             "memory_bytes": self.memory_bytes,
             "gpu_memory_bytes": self.gpu_memory_bytes,
+            "max_per_node": self.max_per_node,
         }
 
 
@@ -384,11 +392,12 @@ def pooled(model: ModelDescription, policy: HostPolicy) -> bool:
     Where hosts are on, a model is pooled unless it needs a replica of its own (state, streams, an
     ensemble, autoscaling, a GPU, several instances, a backend hosts do not run) or its
     ``ray.placement`` parameter says ``dedicated``; ``pooled`` there cannot pool a model that needs
-    its own replica (it keeps its deployment). Hosts with GPUs (``HostPolicy.num_gpus``) pool a
+    its own replica (it keeps its deployment). A model whose parameter says nothing goes where the
+    policy's ``placement`` says: with ``dedicated`` only the models that ask for it are pooled. Hosts with GPUs (``HostPolicy.num_gpus``) pool a
     single-instance ``KIND_GPU`` model too: it runs on the host replica's GPU, whichever its
     ``instance_group`` names.
     """
-    asked = str((model.parameters or {}).get(PLACEMENT_PARAMETER, "")).strip().lower()
+    asked = str((model.parameters or {}).get(PLACEMENT_PARAMETER, "")).strip().lower() or policy.placement
     if not policy.enabled or asked == DEDICATED:
         return False
     groups = model.instance_groups
@@ -400,7 +409,7 @@ def pooled(model: ModelDescription, policy: HostPolicy) -> bool:
         and not any(str(key).startswith(AUTOSCALING_PREFIX) for key in (model.parameters or {}))
         and len(groups) <= 1
         and all(g.count * max(len(g.gpus), 1) <= 1 and g.kind in _pooled_kinds(policy) for g in groups)
-        and (asked == POOLED or asked == "")
+        and asked == POOLED
     )
 
 
@@ -478,6 +487,7 @@ def plan_deployments(
             resources=ReplicaResources(num_cpus=round(host_cpus, 4), num_gpus=float(hosts.num_gpus)),
             memory_bytes=hosts.memory_bytes,
             gpu_memory_bytes=hosts.gpu_memory_bytes,
+            max_per_node=hosts.max_per_node,
         )
         control_app_cpus += hosts.replicas * host.resources.num_cpus
     every = [p for _, placements in placed for p in placements]

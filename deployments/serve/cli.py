@@ -145,6 +145,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="GPU memory budget of each GPU of a model host replica (default: 90%% of what is free)",
     )
+    p.add_argument(
+        "--model-host-placement",
+        choices=("pooled", "dedicated"),
+        default=None,
+        help="where a model whose ray.placement parameter says nothing goes: pooled where it can be "
+        "(default), or dedicated (only models that ask are pooled)",
+    )
+    p.add_argument(
+        "--model-host-max-per-node",
+        type=int,
+        default=None,
+        help="model host replicas one node may run (default: no limit)",
+    )
     p.set_defaults(func=run)
     r = subparsers.add_parser(
         "ray-start",
@@ -197,6 +210,8 @@ def server_args(args: argparse.Namespace) -> dict[str, Any]:
         "model_host_memory_bytes": args.model_host_memory_bytes,
         "model_host_gpus": args.model_host_gpus,
         "model_host_gpu_memory_bytes": args.model_host_gpu_memory_bytes,
+        "model_host_placement": args.model_host_placement,
+        "model_host_max_per_node": args.model_host_max_per_node,
     }
 
 

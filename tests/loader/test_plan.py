@@ -347,6 +347,29 @@ def test_hosts_with_gpus_pool_single_instance_gpu_models_where_the_cluster_has_t
     assert plan.host is not None and plan.host.resources.num_gpus == 0.0
 
 
+def test_with_dedicated_placement_only_the_models_that_ask_are_pooled_and_hosts_spread() -> None:
+    from repository_loader.plan import HostPolicy
+
+    models = {
+        "plain": _python("plain"),
+        "asked": _python("asked", **{"ray.placement": "pooled"}),
+        "kept": _python("kept", **{"ray.placement": "dedicated"}),
+        "cannot": _python(
+            "cannot", (InstanceGroup("g", InstanceKind.CPU, 2),), **{"ray.placement": "pooled"}
+        ),
+    }
+    hosts = HostPolicy(replicas=2, num_cpus=0.25, placement="dedicated", max_per_node=1)
+    plan = plan_deployments(models, ClusterResources(4), hosts=hosts)
+    assert plan.pooled == ("asked",)
+    assert sorted(e.model for e in plan.entries) == ["cannot", "kept", "plain"]
+    assert plan.host is not None and plan.host.serve_options()["max_replicas_per_node"] == 1
+    assert plan.host.to_dict()["max_per_node"] == 1
+    # the defaults: every model that can be is pooled, and Serve places host replicas where it likes
+    plan = plan_deployments(models, ClusterResources(4), hosts=HostPolicy(replicas=2))
+    assert plan.pooled == ("asked", "plain")
+    assert plan.host is not None and "max_replicas_per_node" not in plan.host.serve_options()
+
+
 def test_stateful_streaming_and_ensemble_models_are_never_pooled() -> None:
     from dataclasses import replace
 

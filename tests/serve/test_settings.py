@@ -53,6 +53,14 @@ def test_the_repository_stays_a_url() -> None:
         ({"model_repository": "/r", "http_port": "eighty"}, "http_port must be a int"),
         ({"model_repository": "/r", "deploy_timeout_s": 0}, "deploy_timeout_s must be positive"),
         (
+            {"model_repository": "/r", "model_host_placement": "anywhere"},
+            "model_host_placement must be pooled or dedicated, not 'anywhere'",
+        ),
+        (
+            {"model_repository": "/r", "model_host_max_per_node": -1},
+            "model_host_max_per_node must not be negative",
+        ),
+        (
             {"model_repository": "/r", "model_controll_mode": "none"},
             "unknown server argument(s) ['model_controll_mode']",
         ),
@@ -72,6 +80,11 @@ def test_cli_flags_are_the_same_arguments() -> None:
     )
     settings = ServerSettings.from_args(server_args(ns), {})
     assert (settings.http_port, settings.load_models, settings.strict_readiness) == (9000, ("m",), False)
+    ns = parser.parse_args(
+        ["serve", "/repo", "--model-host-placement", "dedicated", "--model-host-max-per-node", "1"]
+    )
+    policy = ServerSettings.from_args(server_args(ns), {}).host_policy
+    assert (policy.placement, policy.max_per_node) == ("dedicated", 1)
 
 
 @pytest.mark.parametrize(
