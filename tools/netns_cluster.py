@@ -38,6 +38,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -345,8 +346,11 @@ def _port_open(ip: str, port: int) -> bool:
 # ---------------------------------------------------------------- Serve
 
 
-def write_serve_config(state: ClusterState, model_repository: Path) -> Path:
-    """The shipped serve_config.yaml, with replicas and HAProxy reachable from other nodes."""
+def write_serve_config(
+    state: ClusterState, model_repository: Path, server_args: Mapping[str, Any] | None = None
+) -> Path:
+    """The shipped serve_config.yaml, with replicas and HAProxy reachable from other nodes, and
+    ``server_args`` added to the server's ``args`` (``ServerSettings.from_args`` names)."""
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     config["proxy_location"] = "EveryNode"
     config["http_options"] = {**config.get("http_options", {}), "host": "0.0.0.0", "port": state.http_port}
@@ -354,6 +358,7 @@ def write_serve_config(state: ClusterState, model_repository: Path) -> Path:
         args = app.setdefault("args", {})
         args["model_repository"] = str(model_repository.resolve())
         args.setdefault("control_app_cpus", CPU_HEADROOM)
+        args.update(server_args or {})
         # the control application (repository, index, gRPC) on the head, which the cluster cannot
         # lose anyway (its GCS is there): a lost worker node takes model replicas only
         app["deployments"] = [
@@ -388,7 +393,7 @@ def _settled(index: list[dict[str, Any]]) -> bool:
     return bool(index) and all(m.get("state") in ("READY", "UNAVAILABLE") for m in index)
 
 
-def _routed(state: ClusterState, models: list[str]) -> bool:
+def routed(state: ClusterState, models: list[str]) -> bool:
     """Every model reports ready through every node's ingress (HAProxy's routes lag readiness)."""
     for node in NODES:
         for model in models:
@@ -410,8 +415,10 @@ def up(
     deploy: bool = True,
     timeout_s: float = 300.0,
     log: Any = print,
+    server_args: Mapping[str, Any] | None = None,
 ) -> ClusterState:
-    """Create the network, start the nodes, deploy the server and wait until every node serves every model."""
+    """Create the network, start the nodes, deploy the server (with ``server_args`` added to the shipped
+    config's) and wait until every node serves every model."""
     reason = unavailable_reason()
     if reason:
         raise ClusterError(reason)
@@ -432,10 +439,10 @@ def up(
         wait_for(f"{len(NODES)} nodes", lambda: len(ray_nodes()) == len(NODES), 120, state)
         log(f"nodes up in {time.monotonic() - start:.0f}s")
         if deploy:
-            serve_deploy(write_serve_config(state, model_repository))
+            serve_deploy(write_serve_config(state, model_repository, server_args))
             wait_for("the repository to load", lambda: _settled(model_index(state)), timeout_s, state)
             ready = [m["name"] for m in model_index(state) if m.get("state") == "READY"]
-            wait_for("every node to route every model", lambda: _routed(state, ready), 120, state)
+            wait_for("every node to route every model", lambda: routed(state, ready), 120, state)
             log(f"serving {len(ready)} models through {len(NODES)} nodes in {time.monotonic() - start:.0f}s")
     except ClusterError as exc:
         log(f"start failed; logs in {root}_failed_logs; taking the cluster down")

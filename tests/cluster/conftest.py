@@ -3,7 +3,9 @@
 The cluster (``tools/netns_cluster.py``) is started once for this folder's tests (and taken down
 after them, so the rest of the suite has the machine's cores) and serves the
 example repository plus ``gpu_probe``, a KIND_GPU Python model that reports where it
-runs. It needs root and ``ip``; without them the tests skip with the reason.
+runs, and ``POOLED`` models that ask to be pooled on the model hosts (two host replicas, at most
+one per node; every other model keeps its own deployment). It needs root and ``ip``; without them
+the tests skip with the reason.
 """
 
 from __future__ import annotations
@@ -111,8 +113,47 @@ AUTOSCALED = "instance_group [ { count: 1 kind: KIND_CPU } ]\n" + _autoscaling(
 )
 
 
+# Pooled on the model hosts (the server runs with ``HOSTS``): answers with the node and the host
+# replica it was loaded on.
+POOLED_PY = textwrap.dedent(
+    """
+    import numpy as np
+    import ray
+    from ray import serve
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            context = serve.get_replica_context()
+            self.seen = [ray.get_runtime_context().get_node_id(), context.replica_id.unique_id]
+
+        def execute(self, requests):
+            out = np.array([s.encode() for s in self.seen], dtype=np.object_)
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("WHERE", out)]) for _ in requests]
+    """
+)
+POOLED = tuple(f"pooled_{i}" for i in range(6))
+# two host replicas, one per worker node; only the models that ask are pooled
+HOSTS = {
+    "model_hosts": 2,
+    "model_host_cpus": 0.1,
+    "model_host_placement": "dedicated",
+    "model_host_max_per_node": 1,
+}
+
+
+def pooled_config(name: str) -> str:
+    return (
+        f'name: "{name}"\nbackend: "python"\n'
+        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "WHERE" data_type: TYPE_STRING dims: [ 2 ] } ]\n'
+        'parameters { key: "ray.placement" value: { string_value: "pooled" } }\n'
+    )
+
+
 def build_repository(root: Path) -> Path:
-    """The example repository plus ``gpu_probe``, ``two_groups`` and ``autoscaled``."""
+    """The example repository plus ``gpu_probe``, ``two_groups``, ``autoscaled`` and ``POOLED``."""
     repo = root / "repo"
     shutil.copytree(EXAMPLES, repo, ignore=shutil.ignore_patterns("README.md", "__pycache__"))
     (repo / "gpu_probe" / "1").mkdir(parents=True)
@@ -122,6 +163,10 @@ def build_repository(root: Path) -> Path:
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "1" / "model.py").write_text(WHERE_PY)
         (repo / name / "config.pbtxt").write_text(where_config(name, extra))
+    for name in POOLED:
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.py").write_text(POOLED_PY)
+        (repo / name / "config.pbtxt").write_text(pooled_config(name))
     return repo
 
 
@@ -134,7 +179,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[netns_cluster.
     repo = build_repository(tmp_path_factory.mktemp("multinode"))
     started = time.monotonic()
     try:
-        state = netns_cluster.up(model_repository=repo)
+        state = netns_cluster.up(model_repository=repo, server_args=HOSTS)
     except netns_cluster.ClusterError as exc:
         pytest.fail(f"multi-node cluster did not start: {exc}")
     print(f"multi-node cluster up in {time.monotonic() - started:.0f}s")

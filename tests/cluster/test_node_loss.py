@@ -8,7 +8,9 @@ how ``bench/results/cluster/`` was recorded::
 
 The lost node is the GPU node: its KIND_GPU replicas cannot go anywhere else (no other node has a
 GPU), so their models turn UNAVAILABLE in the index with Serve's reason until the node comes back;
-its KIND_CPU replicas are placed again on the CPU node where it has room. The server application
+its KIND_CPU replicas are placed again on the CPU node where it has room. Its model host replica
+goes with it: the pooled models it held load again on the other node's host on their next request,
+while the models that host held already keep being answered from where they were. The server application
 is pinned to the head (``tools/netns_cluster.write_serve_config``), which a cluster cannot lose.
 """
 
@@ -26,7 +28,8 @@ from typing import Any
 import pytest
 import tritonclient.http as httpclient
 
-from repository_loader.plan import SERVER_APP, model_app_name
+from repository_loader.plan import HOST_APP, SERVER_APP, model_app_name
+from tests.cluster.conftest import POOLED
 from tests.cluster.load import Load, wait_until
 from tests.cluster.test_multinode import CHECKS, GPU_NODE, infer, replicas_by_app
 from tools import netns_cluster
@@ -62,6 +65,26 @@ def gpu_probe_ask(client: httpclient.InferenceServerClient) -> str:
 
     seen = infer(client, "gpu_probe", {"IN": (np.array([1], np.int32), "INT32")}).as_numpy("SEEN")
     return bytes(seen.reshape(-1)[0]).decode()  # the node id
+
+
+def pooled_where(client: httpclient.InferenceServerClient, model: str) -> tuple[str, str]:
+    """The node id and the model host replica that answered a request for a pooled model."""
+    import numpy as np
+
+    tensor = httpclient.InferInput("IN", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([1], np.int32))
+    node, replica = (bytes(s).decode() for s in client.infer(model, [tensor]).as_numpy("WHERE").reshape(-1))
+    return node, replica
+
+
+def pooled_ask(models: list[str]) -> Any:
+    """Requests for ``models`` in turn (each client its own turn); answers with the node id."""
+    turn = iter(range(10**9))
+
+    def ask(client: httpclient.InferenceServerClient) -> str:
+        return pooled_where(client, models[next(turn) % len(models)])[0]
+
+    return ask
 
 
 def check_ask(model: str) -> Any:
@@ -145,10 +168,19 @@ def test_a_lost_node_fails_only_its_own_and_the_plan_is_restored_when_it_returns
     bystander = min(candidates, key=lambda m: cheap_first.index(m) if m in cheap_first else len(cheap_first))
     on_lost_node = sorted(a for a, rs in apps.items() if any(r["node_ip"] == GPU_NODE.ip for r in rs))
     lost_id = next(n["node_id"] for n in netns_cluster.ray_nodes() if n["node_ip"] == GPU_NODE.ip)
+    cpu_id = next(n["node_id"] for n in netns_cluster.ray_nodes() if n["node_ip"] == CPU_NODE.ip)
+    # one model host replica on each worker node, and pooled models loaded on both
+    assert sorted(r["node_ip"] for r in apps[HOST_APP]) == sorted([CPU_NODE.ip, GPU_NODE.ip])
+    head_client = httpclient.InferenceServerClient(cluster.ingress(HEAD), network_timeout=60.0)
+    pooled_before = {m: pooled_where(head_client, m) for m in POOLED}
+    pooled_lost = sorted(m for m, (node, _) in pooled_before.items() if node == lost_id)
+    pooled_kept = sorted(m for m, (node, _) in pooled_before.items() if node == cpu_id)
+    assert pooled_lost and pooled_kept, pooled_before
     survivors = [HEAD, CPU_NODE]  # clients reach the cluster through the nodes that stay
     loads = {
         bystander: Load(cluster, check_ask(bystander), survivors, clients=2),
         "gpu_probe": Load(cluster, gpu_probe_ask, survivors, clients=2),
+        "pooled": Load(cluster, pooled_ask(pooled_lost + pooled_kept), survivors, clients=1),
     }
     for load in loads.values():
         load.start()
@@ -162,6 +194,12 @@ def test_a_lost_node_fails_only_its_own_and_the_plan_is_restored_when_it_returns
             120,
         )
         reason = index_states(cluster)["gpu_probe"].get("reason", "")
+        pooled_moved_s = wait_until(
+            "the pooled models of the lost node's host answer from the other node's host",
+            lambda: all(pooled_where(head_client, m)[0] == cpu_id for m in pooled_lost),
+            120,
+        )
+        pooled_during = {m: pooled_where(head_client, m) for m in POOLED}
         time.sleep(3)  # the bystander keeps serving while the node is gone
         restarted_at = time.monotonic()
         netns_cluster.restart_node(cluster, GPU_NODE)
@@ -181,6 +219,11 @@ def test_a_lost_node_fails_only_its_own_and_the_plan_is_restored_when_it_returns
             ),
             180,
         )
+        # the returned node's ingress routes every model again before the next test uses it
+        ready = [name for name, m in index_states(cluster).items() if m.get("state") == "READY"]
+        wait_until(
+            "every node's ingress routes every model", lambda: netns_cluster.routed(cluster, ready), 120
+        )
     finally:
         for load in loads.values():
             load.stop()
@@ -195,6 +238,10 @@ def test_a_lost_node_fails_only_its_own_and_the_plan_is_restored_when_it_returns
         "node_restart_to_plan_restored_s": round(back_s + restored_s, 2),
         "bystander": {"model": bystander, **loads[bystander].account(killed_at)},
         "gpu_probe": loads["gpu_probe"].account(killed_at),
+        "pooled_models_on_lost_node": pooled_lost,
+        "pooled_models_on_other_node": pooled_kept,
+        "pooled_reloaded_elsewhere_after_kill_s": round(unavailable_s + pooled_moved_s, 2),
+        "pooled": loads["pooled"].account(killed_at),
         "gpu_probe_answers_by_node": {
             ("lost node" if node_id == lost_id else "returned node"): n
             for node_id, n in loads["gpu_probe"].answered.items()
@@ -211,3 +258,11 @@ def test_a_lost_node_fails_only_its_own_and_the_plan_is_restored_when_it_returns
     assert gpu_probe_ask(httpclient.InferenceServerClient(cluster.ingress(HEAD))) == gpu_node_id
     assert [r["node_ip"] for r in after[model_app_name("gpu_probe")]] == [GPU_NODE.ip]
     assert [r["node_ip"] for r in after[SERVER_APP]] == [HEAD.ip]
+    # the lost host's models loaded again on the other host; that host's own models never moved
+    assert {pooled_during[m][0] for m in pooled_lost} == {cpu_id}
+    assert all(pooled_during[m] == pooled_before[m] for m in pooled_kept), (pooled_before, pooled_during)
+    assert all(f.status in ("", "500", "502", "503", "504") for f in loads["pooled"].failures)
+    assert loads["pooled"].answered[cpu_id] > 0
+    # both host replicas run again, one on each worker, and every pooled model answers
+    assert sorted(r["node_ip"] for r in after[HOST_APP]) == sorted([CPU_NODE.ip, GPU_NODE.ip])
+    assert all(pooled_where(head_client, m)[0] in (cpu_id, gpu_node_id) for m in POOLED)
