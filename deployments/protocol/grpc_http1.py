@@ -242,7 +242,11 @@ class GrpcOverHttp1:
             data, flag = compress(data, encoding), b"\x01"
             head.append((b"grpc-encoding", encoding.encode()))
         await send({"type": "http.response.start", "status": 200, "headers": head, "trailers": True})
-        await send({"type": "http.response.body", "body": flag + len(data).to_bytes(4, "big") + data})
+        # the frame's prefix is a body message of its own, so the message is not copied to join it
+        await send(
+            {"type": "http.response.body", "body": flag + len(data).to_bytes(4, "big"), "more_body": True}
+        )
+        await send({"type": "http.response.body", "body": data})
         await send({"type": TRAILERS_EXTENSION, "headers": [(b"grpc-status", b"0")], "more_trailers": False})
 
 

@@ -19,7 +19,9 @@ The same ``send`` adds ASGI's HTTP trailers extension, which uvicorn lacks: a
 response started with ``"trailers": True`` is written chunked and ends with the
 fields of its ``http.response.trailers`` message in the last chunk
 (``0\r\n<name>: <value>\r\n\r\n``) instead of the bare terminator; the head, body and
-trailers of such a response leave in one write. gRPC's
+trailers of such a response leave in one write. What is held back is kept as the parts uvicorn
+wrote and handed to the transport's ``writelines`` (a vectored write on uvloop), never joined here:
+a large response was copied several times on its way out before. gRPC's
 status travels there when HAProxy hands a gRPC call to a replica over HTTP/1.1
 (``deployments.protocol.grpc_http1``). :func:`sends_trailers` says whether it is
 in place; the replica's ingress then advertises the extension in the scope.
@@ -28,7 +30,7 @@ in place; the replica's ingress then advertises the extension in the scope.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from deployments.serve import hooks
@@ -50,30 +52,37 @@ class _HeldWrites:
         self.held: list[bytes] = []
 
     def write(self, data: bytes) -> None:
-        self.held.append(bytes(data))
+        self.held.append(bytes(data))  # no copy of bytes, the common case
+
+    def writelines(self, parts: Iterable[bytes]) -> None:
+        self.held.extend(bytes(part) for part in parts)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.transport, name)
 
 
 class _PrefixedWrites:
-    """Stands in for a connection's transport: the first write carries ``head`` in front of it."""
+    """Stands in for a connection's transport: the first write carries the ``head`` parts in front of
+    it, handed on as parts (``writelines``: one system call, no bytes joined on uvloop)."""
 
     __slots__ = ("transport", "head")
 
-    def __init__(self, transport: Any, head: bytes) -> None:
+    def __init__(self, transport: Any, head: list[bytes]) -> None:
         self.transport = transport
-        self.head: bytes | None = head
+        self.head: list[bytes] | None = head
 
     def write(self, data: bytes) -> None:
+        self.writelines([data])
+
+    def writelines(self, parts: Iterable[bytes]) -> None:
         if self.head is not None:
-            data, self.head = self.head + data, None
-        self.transport.write(data)
+            parts, self.head = [*self.head, *parts], None
+        self.transport.writelines(parts)
 
     def flush(self) -> None:
         if self.head is not None:
             head, self.head = self.head, None
-            self.transport.write(head)
+            self.transport.writelines(head)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.transport, name)
@@ -89,9 +98,13 @@ class _TrailedWrites:
         self.fields = fields
 
     def write(self, data: bytes) -> None:
-        if data.endswith(_LAST_CHUNK):
-            data = data[: -len(_LAST_CHUNK)] + b"0\r\n" + self.fields + b"\r\n"
-        self.transport.write(data)
+        self.writelines([data])
+
+    def writelines(self, parts: Iterable[bytes]) -> None:
+        parts = list(parts)
+        if parts and parts[-1].endswith(_LAST_CHUNK):  # the terminator comes alone: a small part
+            parts[-1] = parts[-1][: -len(_LAST_CHUNK)] + b"0\r\n" + self.fields + b"\r\n"
+        self.transport.writelines(parts)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.transport, name)
@@ -131,7 +144,7 @@ def coalesced(send: Send) -> Send:
                 await send(cycle, {**message, "more_body": True})
             finally:
                 cycle.transport = transport
-            cycle._held_head = cycle.__dict__.pop("_held_head", b"") + b"".join(holder.held)
+            cycle._held_head = [*cycle.__dict__.pop("_held_head", ()), *holder.held]  # parts, never joined
             return
         elif kind == TRAILERS and cycle.__dict__.get("_trailers_due"):
             if not cycle.chunked_encoding:
@@ -141,7 +154,7 @@ def coalesced(send: Send) -> Send:
                 return
             del cycle.__dict__["_trailers_due"]
             message = {"type": "http.response.body", "body": b"", "more_body": False}
-        head: bytes | None = cycle.__dict__.pop("_held_head", None)
+        head: list[bytes] | None = cycle.__dict__.pop("_held_head", None)
         if head is None and kind == "http.response.start" and not cycle.response_started:
             transport = cycle.transport
             holder = _HeldWrites(transport)
@@ -151,7 +164,7 @@ def coalesced(send: Send) -> Send:
             finally:
                 cycle.transport = transport
             if holder.held:
-                cycle._held_head = b"".join(holder.held)
+                cycle._held_head = holder.held
             return
         if head is None and fields is None:
             await send(cycle, message)

@@ -20,10 +20,17 @@ class Transport(asyncio.Transport):
     def __init__(self) -> None:
         super().__init__()
         self.writes: list[bytes] = []
+        self.parts: list[list[Any]] = []  # what each ``writelines`` was handed
         self.closed = False
 
     def write(self, data: Any) -> None:
         self.writes.append(bytes(data))
+
+    def writelines(self, parts: Any) -> None:
+        """One write of ``parts``, as a vectored write; the parts themselves are kept in ``parts``."""
+        parts = list(parts)
+        self.parts.append(parts)
+        self.write(b"".join(parts))
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return {"peername": ("127.0.0.1", 5000), "sockname": ("127.0.0.1", 8000)}.get(name, default)
@@ -98,6 +105,25 @@ async def trailed_with_length(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.trailers", "headers": [(b"grpc-status", b"0")]})
 
 
+MIB = bytes(range(256)) * 4096
+
+
+async def large(scope: Any, receive: Any, send: Any) -> None:
+    await receive()
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(MIB))]}
+    )
+    await send({"type": "http.response.body", "body": MIB})
+
+
+async def large_trailed(scope: Any, receive: Any, send: Any) -> None:
+    await receive()
+    await send({"type": "http.response.start", "status": 200, "headers": [], "trailers": True})
+    await send({"type": "http.response.body", "body": b"\x00\x00\x10\x00\x00", "more_body": True})
+    await send({"type": "http.response.body", "body": MIB})
+    await send({"type": "http.response.trailers", "headers": [(b"grpc-status", b"0")]})
+
+
 GET = b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n"
 
 
@@ -166,3 +192,18 @@ def test_trailers_are_in_place_with_the_coalescing(installed: bool) -> None:
     from deployments.serve.response_writes import sends_trailers
 
     assert sends_trailers()
+
+
+async def test_a_large_body_is_handed_to_the_transport_as_it_came(installed: bool) -> None:
+    transport = await _serve(large, GET)
+    assert len(transport.parts) == 1 and any(part is MIB for part in transport.parts[0])
+    assert transport.writes[0].endswith(b"\r\n\r\n" + MIB)
+
+
+async def test_a_large_trailed_body_is_held_as_parts_never_joined(installed: bool) -> None:
+    transport = await _serve(large_trailed, GET)
+    # one write: the head, the frame prefix's chunk, the body's chunk (uvicorn frames it), the trailers
+    assert len(transport.writes) == 1 and len(transport.parts) == 1
+    assert max(len(part) for part in transport.parts[0]) == len(MIB) + len(b"100000\r\n\r\n")
+    body = transport.writes[0].partition(b"\r\n\r\n")[2]
+    assert body == b"5\r\n\x00\x00\x10\x00\x00\r\n100000\r\n" + MIB + b"\r\n0\r\ngrpc-status: 0\r\n\r\n"
