@@ -1,8 +1,9 @@
 """Where a model replica's CPU goes under load: py-spy samples of the replica while perf_analyzer runs.
 
-``python -m bench.profile_replica [--tree PATH] [--protocol http|grpc] [--concurrency 8]`` serves the
-bench's ``identity_py`` model (from the working tree, or from ``--tree``, another checkout such as
-the ``revisions`` scenario's base worktree), finds the model's replica process, and samples it with
+``python -m bench.profile_replica [--tree PATH] [--protocol http|grpc] [--concurrency 8]
+[--elements 16]`` serves the bench's ``identity_py`` model (from the working tree, or from ``--tree``,
+another checkout such as the ``revisions`` scenario's base worktree; with ``--elements`` its FP32
+tensors resized, e.g. 262144 for 1 MiB), finds the model's replica process, and samples it with
 ``py-spy`` while perf_analyzer holds the load. It writes the collapsed stacks (``stacks.txt``, the
 input of any flame-graph tool) and ``table.json``: for each function, the share of the replica's
 samples in which it is running (self) and on the stack (inclusive), busiest first, with the sample
@@ -24,7 +25,15 @@ from pathlib import Path
 from bench import peers
 from bench.cpu_split import take_snapshot
 from bench.pa_csv import read_perf_analyzer_csv
-from bench.scenarios.common import BENCH_MODELS, free_port, make_repository, start_this_server, work_dir
+from bench.scenarios.common import (
+    BENCH_MODELS,
+    ConfigEdit,
+    free_port,
+    make_repository,
+    start_this_server,
+    work_dir,
+)
+from repository_loader.proto import model_config_pb2
 
 MODEL = "identity_py"
 REPLICA_MARK = f"ServeReplica:model-{MODEL}"
@@ -36,6 +45,19 @@ def replica_pid() -> int:
     if len(found) != 1:
         raise RuntimeError(f"expected one replica of {MODEL}, found {found}")
     return found[0]
+
+
+def resized(elements: int) -> ConfigEdit | None:
+    """An edit giving the model's inputs and outputs ``elements`` values each (None: as shipped)."""
+    if elements == 16:
+        return None
+
+    def edit(config: model_config_pb2.ModelConfig) -> None:
+        for tensor in (*config.input, *config.output):
+            del tensor.dims[:]
+            tensor.dims.append(elements)
+
+    return edit
 
 
 def table(stacks: str, top: int = 60) -> list[dict[str, object]]:
@@ -75,10 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--seconds", type=int, default=15)
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    parser.add_argument("--elements", type=int, default=16, help="FP32 values per tensor (as shipped: 16)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     work = work_dir("profile_replica")
-    repo = make_repository(work / "repo", [(BENCH_MODELS / MODEL, MODEL, None)])
+    repo = make_repository(work / "repo", [(BENCH_MODELS / MODEL, MODEL, resized(args.elements))])
     args.out.mkdir(parents=True, exist_ok=True)
     handle = start_this_server(
         repo, free_port(), grpc_port=free_port(), log_path=work / "server.log", tree=args.tree
@@ -133,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         "tree": str(args.tree or "working tree"),
         "protocol": args.protocol,
         "concurrency": args.concurrency,
+        "elements": args.elements,
         "infer_per_s": points[-1].infer_per_s if points else None,
         "rows": rows,
     }
