@@ -203,7 +203,9 @@ class GRPCInferenceServicer:
         if TRACER.active:
             return await self._traced_infer(infer_request, description, schema)
         response = await self.calls.infer_one(infer_request, description)
-        return grpc_codec.encode_infer_response(response, infer_request.requested_outputs, schema)
+        return grpc_codec.encode_infer_response(
+            response, infer_request.requested_outputs, schema, tailed=_tailed_answers.get()
+        )
 
     async def _traced_infer(self, request: InferRequest, description: Any, schema: Any) -> Any:
         """``ModelInfer`` while tracing is on: the request under its root span where it is traced
@@ -216,7 +218,9 @@ class GRPCInferenceServicer:
             request.trace = root.parent
         try:
             response = await self.calls.infer_one(request, description)
-            return grpc_codec.encode_infer_response(response, request.requested_outputs, schema)
+            return grpc_codec.encode_infer_response(
+                response, request.requested_outputs, schema, tailed=_tailed_answers.get()
+            )
         finally:
             if root is not None:
                 done = time.monotonic_ns()
@@ -437,6 +441,8 @@ def _check_restricted(rule: RestrictedApi | None, metadata: Callable[[], Mapping
 _call_metadata: contextvars.ContextVar[Callable[[], Mapping[str, str]] | None] = contextvars.ContextVar(
     "grpc_call_metadata", default=None
 )
+# Whether the call's transport writes a ``raw_tail.Tailed`` answer's parts (the HTTP/1.1 lane), set per call.
+_tailed_answers: contextvars.ContextVar[bool] = contextvars.ContextVar("grpc_tailed_answers", default=False)
 
 
 def _context_metadata(context: Any) -> Callable[[], Mapping[str, str]]:
@@ -506,13 +512,17 @@ async def answer_unary(
     request: Any,
     metadata: Callable[[], Mapping[str, str]],
     send_limit: int,
+    tailed: bool = False,
 ) -> Any:
     """The response of a unary ``method`` to ``request`` (checked against the restricted API's rule,
-    read from ``metadata``, and the receive and send limits), or the :class:`ServerError` raised."""
+    read from ``metadata``, and the receive and send limits), or the :class:`ServerError` raised.
+    ``tailed``: the caller writes a :class:`raw_tail.Tailed` answer's parts, so a large
+    ``ModelInfer`` answer may be one."""
     _check_restricted(method.rule, metadata)
     if isinstance(request, _Oversized):
         raise request.error()
     _call_metadata.set(metadata)  # this call's task only (each call runs in a task of its own)
+    _tailed_answers.set(tailed)
     response = await method.call(request)
     size = response.ByteSize()
     if size > send_limit:

@@ -26,6 +26,7 @@ import numpy as np
 from deployments.inference import InferRequest, InferResponse, RequestedOutput
 from deployments.protocol import codec, shared_memory
 from deployments.protocol.proto import grpc_service_pb2 as pb
+from deployments.protocol.raw_tail import RAW_OUTPUT_FIELD, TAIL_MIN_BYTES, Tailed
 from deployments.runtime.checks import ModelSchema
 from deployments.settings import RequestLimits
 from deployments.tensors import to_numpy
@@ -205,15 +206,18 @@ def encode_infer_response(
     response: InferResponse,
     requested: list[RequestedOutput] | None,
     schema: ModelSchema | None = None,
+    tailed: bool = False,
 ) -> Any:
     """Encode ``response`` as a ``ModelInferResponse``, every output in ``raw_output_contents``.
 
     ``requested`` is the request's outputs (None: every output of the
     response, in its order); an output asked for with ``classification``
-    becomes Triton's top-k BYTES tensor.
+    becomes Triton's top-k BYTES tensor. ``tailed``: where the outputs' bytes come to
+    ``raw_tail.TAIL_MIN_BYTES`` or more, a :class:`raw_tail.Tailed` message that refers to them
+    instead of copying them in (for a transport that writes its ``parts()``).
     """
     outputs: list[Any] = []
-    raw: list[bytes] = []
+    raw: list[Any] = []
     tensors = response.outputs
     if requested is None:
         for name, tensor in tensors.items():
@@ -232,21 +236,27 @@ def encode_infer_response(
                 batched = schema.batched if schema is not None else False
                 array = codec.classify(array, ro.class_count, batched, labels)
             _encode_output(outputs, raw, ro.name, array)
+    tail = tailed and sum(r.nbytes if isinstance(r, np.ndarray) else len(r) for r in raw) >= TAIL_MIN_BYTES
     message = pb.ModelInferResponse(
         model_name=response.model_name,
         model_version=response.model_version,
         id=response.id,
         outputs=outputs,
-        raw_output_contents=raw,
+        raw_output_contents=() if tail else [r.tobytes() if isinstance(r, np.ndarray) else r for r in raw],
     )
     for key, value in response.parameters.items():
         set_parameter(message.parameters[key], value)
+    if tail:
+        views = [r.data.cast("B") if isinstance(r, np.ndarray) else r for r in raw]
+        return Tailed(message, "raw_output_contents", RAW_OUTPUT_FIELD, views)
     return message
 
 
 def _encode_output(
-    outputs: list[Any], raw: list[bytes], name: str, array: np.ndarray, with_data: bool = True
+    outputs: list[Any], raw: list[Any], name: str, array: np.ndarray, with_data: bool = True
 ) -> None:
+    """The output's header into ``outputs``, its contents into ``raw``: bytes, or the array itself
+    (C-ordered), which the caller copies out or refers to."""
     datatype = _WIRE_OF.get(array.dtype)
     if datatype is None:
         datatype = from_numpy_dtype(array.dtype)
@@ -258,7 +268,7 @@ def _encode_output(
     elif datatype == "BYTES":
         raw.append(serialize_bytes_tensor(array))
     else:
-        raw.append(array.tobytes())
+        raw.append(np.ascontiguousarray(array))
 
 
 # --- documents -> messages -------------------------------------------------------

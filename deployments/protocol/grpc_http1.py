@@ -35,6 +35,7 @@ from google.protobuf.message import DecodeError
 
 from deployments.protocol.compression import compress, decompress
 from deployments.protocol.grpc import SERVICE, GRPCInferenceServicer, RpcMethod, answer_unary, status_of
+from deployments.protocol.raw_tail import RAW_INPUT_FIELD, TAIL_MIN_BYTES, Tailed, split
 from repository_loader.errors import ServerError, TooLarge
 
 PATH_PREFIX = f"/{SERVICE}/"
@@ -120,7 +121,7 @@ class GrpcOverHttp1:
                 raise _Refused(
                     grpc.StatusCode.INTERNAL, "this HTTP server cannot send trailers, which gRPC needs"
                 )
-            request = method.request_type.FromString(await self._message(receive, headers))
+            request = _parse(method, await self._message(receive, headers))
         except _Refused as refused:
             await _answer_status(send, refused.code, refused.message, refused.close)
             return
@@ -129,7 +130,10 @@ class GrpcOverHttp1:
             return
         try:
             response = await self._until_cancelled(
-                receive, answer_unary(method, request, lambda: headers, self.options.max_send_message_bytes)
+                receive,
+                answer_unary(
+                    method, request, lambda: headers, self.options.max_send_message_bytes, tailed=True
+                ),
             )
             if response is None:
                 return  # the client cancelled the call: nobody reads an answer
@@ -234,20 +238,29 @@ class GrpcOverHttp1:
             ) from None
 
     async def _answer(self, send: Send, method: RpcMethod, response: Any, headers: Mapping[str, str]) -> None:
-        data = response.SerializeToString()
+        parts: list[Any] = (
+            response.parts() if isinstance(response, Tailed) else [response.SerializeToString()]
+        )
         head = [_CONTENT_TYPE]
         flag = b"\x00"
         encoding = self.options.compression
         if encoding in ("gzip", "deflate") and encoding in _tokens(headers.get("grpc-accept-encoding", "")):
-            data, flag = compress(data, encoding), b"\x01"
+            parts, flag = [compress(b"".join(parts), encoding)], b"\x01"
             head.append((b"grpc-encoding", encoding.encode()))
+        size = sum(len(part) for part in parts)
         await send({"type": "http.response.start", "status": 200, "headers": head, "trailers": True})
-        # the frame's prefix is a body message of its own, so the message is not copied to join it
-        await send(
-            {"type": "http.response.body", "body": flag + len(data).to_bytes(4, "big"), "more_body": True}
-        )
-        await send({"type": "http.response.body", "body": data})
+        # the frame's prefix and each part are body messages of their own: nothing is joined to send them
+        await send({"type": "http.response.body", "body": flag + size.to_bytes(4, "big"), "more_body": True})
+        for index, part in enumerate(parts):
+            await send({"type": "http.response.body", "body": part, "more_body": index < len(parts) - 1})
         await send({"type": TRAILERS_EXTENSION, "headers": [(b"grpc-status", b"0")], "more_trailers": False})
+
+
+def _parse(method: RpcMethod, data: bytes | memoryview) -> Any:
+    """The request message; a large ``ModelInfer`` one with its tensors' bytes left in place."""
+    if method.name == "ModelInfer" and len(data) >= TAIL_MIN_BYTES:
+        return split(data, method.request_type, "raw_input_contents", RAW_INPUT_FIELD)
+    return method.request_type.FromString(data)
 
 
 def _headers(scope: Scope) -> dict[str, str]:

@@ -136,6 +136,17 @@ def test_strings_and_typed_contents(grpc_url: str) -> None:
         assert out0.tolist() == [2.0, 4.0, 6.0, 8.0]
 
 
+def test_a_large_message_round_trips_with_its_bytes_outside_protobuf(grpc_url: str) -> None:
+    # about 660 KB each way: read in place and answered in parts (deployments/protocol/raw_tail.py)
+    words = np.array([b"w%06d" % i for i in range(60_000)], dtype=np.object_)
+    with grpcclient.InferenceServerClient(grpc_url) as c:
+        config = c.get_model_config("string_upper", as_json=True)["config"]
+        tensor = grpcclient.InferInput(config["input"][0]["name"], [len(words)], "BYTES")
+        tensor.set_data_from_numpy(words)
+        result = c.infer("string_upper", [tensor])
+        assert result.as_numpy(config["output"][0]["name"]).tolist() == [w.upper() for w in words]
+
+
 def test_error_status_codes(client: grpcclient.InferenceServerClient) -> None:
     x = np.ones((1, 4), np.float32)
     cases = [
