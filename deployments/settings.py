@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from deployments.tracing.config import TraceConfig, TraceConfigError, parse_trace_config
+from repository_loader.autoscaling import Autoscaling, parse_host_autoscaling
 from repository_loader.plan import DEDICATED, POOLED, HostPolicy
 
 CONTROL_MODES = ("none", "explicit", "poll")
@@ -335,6 +336,8 @@ class ServerSettings:
     model_host_gpu_memory_bytes: int = 0  # what its models may take of each GPU; 0: 90% of what is free
     model_host_placement: str = POOLED  # a model that does not say: pooled where it can be, or dedicated
     model_host_max_per_node: int = 0  # model host replicas one node may run; 0: no limit
+    # Serve's autoscaling of the hosts (repository_loader.autoscaling fields); None: model_hosts, fixed
+    model_host_autoscaling: Autoscaling | None = None
 
     @property
     def log_settings(self) -> LogSettings:
@@ -359,6 +362,7 @@ class ServerSettings:
             self.model_host_gpu_memory_bytes,
             self.model_host_placement,
             self.model_host_max_per_node,
+            self.model_host_autoscaling,
         )
 
     @property
@@ -423,7 +427,8 @@ class ServerSettings:
         ``grpc_max_receive_message_bytes``, ``grpc_max_send_message_bytes``, ``grpc_compression``,
         ``deploy_timeout_s``, ``stats_push_interval_s``,
         ``control_app_cpus``, ``model_hosts``, ``model_host_cpus``, ``model_host_memory_bytes``, ``model_host_gpus``,
-        ``model_host_gpu_memory_bytes``, ``model_host_placement``, ``model_host_max_per_node``, and the :class:`RequestLimits` by their field names (``max_input_size``,
+        ``model_host_gpu_memory_bytes``, ``model_host_placement``, ``model_host_max_per_node``, ``model_host_autoscaling`` (a mapping, or
+        ``field=value`` texts), and the :class:`RequestLimits` by their field names (``max_input_size``,
         ...). An unknown name is an error, so a misspelt argument is not ignored.
         """
         unknown = sorted(set(args) - _ARG_NAMES)
@@ -496,6 +501,10 @@ class ServerSettings:
         ):
             if args.get(name) is not None:
                 values[name] = _typed(name, args[name], kind)
+        if args.get("model_host_autoscaling"):
+            values["model_host_autoscaling"] = _host_autoscaling(
+                args["model_host_autoscaling"], int(values.get("model_hosts", 0))
+            )
         limits = {n: _typed(n, args[n], int) for n in LIMIT_ARGS if args.get(n) is not None}
         if limits:
             values["limits"] = RequestLimits(**limits)
@@ -546,6 +555,9 @@ class ServerSettings:
             "model_host_gpu_memory_bytes": self.model_host_gpu_memory_bytes,
             "model_host_placement": self.model_host_placement,
             "model_host_max_per_node": self.model_host_max_per_node,
+            "model_host_autoscaling": (
+                None if self.model_host_autoscaling is None else self.model_host_autoscaling.serve_config()
+            ),
             "metrics_config": self.metrics_config.to_texts(),
             "trace_config": list(self.trace.flags),
             "cache_config": []
@@ -601,6 +613,7 @@ _ARG_NAMES = {
     "model_host_gpu_memory_bytes",
     "model_host_placement",
     "model_host_max_per_node",
+    "model_host_autoscaling",
     "cache_config",
     "metrics_config",
     "response_cache_byte_size",
@@ -609,6 +622,25 @@ _ARG_NAMES = {
 }
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
+
+
+def _host_autoscaling(value: Any, model_hosts: int) -> Autoscaling:
+    """``model_host_autoscaling``: a mapping (``serve_config.yaml``) or ``field=value`` texts (the CLI)."""
+    if model_hosts <= 0:
+        raise SettingsError("model_host_autoscaling needs model_hosts above 0 (the hosts' start count)")
+    if isinstance(value, Mapping):
+        fields = dict(value)
+    else:
+        fields = {}
+        for text in _texts(value):
+            key, sep, raw = text.partition("=")
+            if not sep:
+                raise SettingsError(f"model_host_autoscaling takes field=value, not '{text}'")
+            fields[key.strip()] = raw.strip()
+    try:
+        return parse_host_autoscaling(fields, model_hosts)
+    except ValueError as exc:
+        raise SettingsError(f"model_host_autoscaling: {exc}") from None
 
 
 def _texts(value: Any) -> tuple[str, ...]:

@@ -123,3 +123,21 @@ def autoscaling_of(parameters: Mapping[str, str], stateful: bool = False) -> Aut
     """The autoscaling of a model already validated (problems were reported then): None when off or invalid."""
     found, _ = parse_autoscaling(parameters, stateful)
     return found
+
+
+def parse_host_autoscaling(values: Mapping[str, Any], start: int) -> Autoscaling:
+    """The model hosts' autoscaling from the server's ``model_host_autoscaling`` (the same fields,
+    without the prefix); ``min_replicas`` defaults to ``start`` (``model_hosts``), which must lie
+    between it and ``max_replicas``. :class:`ValueError` names every problem."""
+    given = {PREFIX + k: str(v) for k, v in values.items()}
+    given.setdefault(PREFIX + "min_replicas", str(start))
+    found, problems = parse_autoscaling(given)
+    if found is not None and not found.min_replicas <= start <= found.max_replicas:
+        problems.append(("model_hosts", f"must be between min_replicas and max_replicas, got {start}"))
+    if found is None or problems:
+        raise ValueError(
+            "; ".join(
+                f"{key[len(PREFIX) :] if key.startswith(PREFIX) else key} {what}" for key, what in problems
+            )
+        )
+    return found

@@ -77,6 +77,7 @@ GROUP_ROUTE = f"{SERVER_ROUTE}/-/instance-groups"
 HOST_APP = "triton-hosts"
 HOST_DEPLOYMENT = "host"
 HOST_ROUTE = f"{SERVER_ROUTE}/models"  # the longest-prefix fallback of every model route
+HOST_TARGET_ONGOING_REQUESTS = 8.0  # requests inside a host replica autoscaling aims at, unless told
 PLACEMENT_PARAMETER = "ray.placement"
 POOLED = "pooled"
 DEDICATED = "dedicated"
@@ -299,7 +300,7 @@ class DeploymentPlan:
 
     @property
     def total_cpus(self) -> float:
-        hosts = self.host.num_replicas * self.host.resources.num_cpus if self.host is not None else 0.0
+        hosts = self.host.most_replicas * self.host.resources.num_cpus if self.host is not None else 0.0
         return round(sum(e.num_replicas * e.resources.num_cpus for e in self.entries) + hosts, 4)
 
     @property
@@ -330,6 +331,8 @@ class HostPolicy:
     # where a model whose ``ray.placement`` says nothing goes: POOLED (wherever it can) or DEDICATED
     placement: str = "pooled"
     max_per_node: int = 0  # host replicas one node may run; 0: no limit
+    # Serve's autoscaling of the hosts (``replicas`` is then the start count); None: a fixed count
+    autoscaling: Autoscaling | None = None
 
     @property
     def enabled(self) -> bool:
@@ -348,17 +351,27 @@ class HostEntry:
     memory_bytes: int
     gpu_memory_bytes: int = 0  # per GPU of a replica; 0: 90% of what is free when the replica starts
     max_per_node: int = 0  # replicas one node may run (Serve's ``max_replicas_per_node``); 0: no limit
+    # Serve's autoscaling between ``num_replicas`` and this many (None: ``num_replicas``, fixed)
+    autoscaling: Autoscaling | None = None
 
     def serve_options(self) -> dict[str, Any]:
         options: dict[str, Any] = {
             "name": self.deployment_name,
-            "num_replicas": self.num_replicas,
             "ray_actor_options": {"num_cpus": self.resources.num_cpus, "num_gpus": self.resources.num_gpus},
             "max_ongoing_requests": MIN_ONGOING_REQUESTS * 16,
         }
+        if self.autoscaling is None:
+            options["num_replicas"] = self.num_replicas
+        else:
+            options["autoscaling_config"] = self.autoscaling.serve_config()
         if self.max_per_node > 0:
             options["max_replicas_per_node"] = self.max_per_node
         return options
+
+    @property
+    def most_replicas(self) -> int:
+        """The host replicas there may be at once (what their CPUs are kept for)."""
+        return self.num_replicas if self.autoscaling is None else self.autoscaling.max_replicas
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -371,7 +384,18 @@ class HostEntry:
             "memory_bytes": self.memory_bytes,
             "gpu_memory_bytes": self.gpu_memory_bytes,
             "max_per_node": self.max_per_node,
+            "autoscaling": None if self.autoscaling is None else self.autoscaling.serve_config(),
         }
+
+
+def host_autoscaling(hosts: HostPolicy) -> Autoscaling | None:
+    """Serve's autoscaling of the host replicas on the requests inside each, starting at ``replicas``
+    (None: a fixed count). The target is :data:`HOST_TARGET_ONGOING_REQUESTS` unless told."""
+    found = hosts.autoscaling
+    if found is None:
+        return None
+    target = found.target_ongoing_requests or HOST_TARGET_ONGOING_REQUESTS
+    return replace(found, initial_replicas=hosts.replicas, target_ongoing_requests=target)
 
 
 def fitted(hosts: HostPolicy, resources: ClusterResources) -> HostPolicy:
@@ -488,8 +512,9 @@ def plan_deployments(
             memory_bytes=hosts.memory_bytes,
             gpu_memory_bytes=hosts.gpu_memory_bytes,
             max_per_node=hosts.max_per_node,
+            autoscaling=host_autoscaling(hosts),
         )
-        control_app_cpus += hosts.replicas * host.resources.num_cpus
+        control_app_cpus += host.most_replicas * host.resources.num_cpus
     every = [p for _, placements in placed for p in placements]
     share = cpu_share(resources.num_cpus, sum(p.num_replicas for p in every), control_app_cpus)
     gpu_scale = _gpu_scale(every)

@@ -126,6 +126,7 @@ class ModelHost:
         self.known: dict[str, ModelDescription] = {}  # available models seen so far
         self._retired: dict[str, list[list[dict[str, Any]]]] = {}  # statistics of evicted loads
         self.counters: dict[str, HostCounters] = {}
+        self.ongoing = 0  # requests inside this host now, those waiting for a load included
 
     # --- what is available ---------------------------------------------------------------------
 
@@ -160,30 +161,38 @@ class ModelHost:
         return resident
 
     async def infer(self, request: InferRequest) -> InferResponse:
+        self.ongoing += 1
         try:
-            resident = await self.runtime(request.model_name)
-        except ServerError as error:
-            return InferResponse.failed(request, error)
-        resident.inside += 1
-        try:
-            return await resident.runtime.infer(request)
+            try:
+                resident = await self.runtime(request.model_name)
+            except ServerError as error:
+                return InferResponse.failed(request, error)
+            resident.inside += 1
+            try:
+                return await resident.runtime.infer(request)
+            finally:
+                resident.inside -= 1
+                resident.last_used = time.monotonic()
         finally:
-            resident.inside -= 1
-            resident.last_used = time.monotonic()
+            self.ongoing -= 1
 
     async def infer_stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
+        self.ongoing += 1
         try:
-            resident = await self.runtime(request.model_name)
-        except ServerError as error:
-            yield InferResponse.failed(request, error)
-            return
-        resident.inside += 1
-        try:
-            async for response in resident.runtime.infer_stream(request):
-                yield response
+            try:
+                resident = await self.runtime(request.model_name)
+            except ServerError as error:
+                yield InferResponse.failed(request, error)
+                return
+            resident.inside += 1
+            try:
+                async for response in resident.runtime.infer_stream(request):
+                    yield response
+            finally:
+                resident.inside -= 1
+                resident.last_used = time.monotonic()
         finally:
-            resident.inside -= 1
-            resident.last_used = time.monotonic()
+            self.ongoing -= 1
 
     # --- loading and eviction ------------------------------------------------------------------
 

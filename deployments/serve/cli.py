@@ -158,6 +158,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="model host replicas one node may run (default: no limit)",
     )
+    p.add_argument(
+        "--model-host-autoscaling",
+        action="append",
+        default=[],
+        help="Serve's autoscaling of the host replicas, <field>=<value> (max_replicas is required; "
+        "min_replicas defaults to --model-hosts; target_ongoing_requests 8): docs/hosts.md",
+    )
     p.set_defaults(func=run)
     r = subparsers.add_parser(
         "ray-start",
@@ -212,6 +219,7 @@ def server_args(args: argparse.Namespace) -> dict[str, Any]:
         "model_host_gpu_memory_bytes": args.model_host_gpu_memory_bytes,
         "model_host_placement": args.model_host_placement,
         "model_host_max_per_node": args.model_host_max_per_node,
+        "model_host_autoscaling": args.model_host_autoscaling,
     }
 
 

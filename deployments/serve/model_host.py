@@ -37,7 +37,7 @@ from deployments.runtime.gpu_memory import GpuMemory, gpu_budgets
 from deployments.runtime.host import ModelHost
 from deployments.runtime.model import ModelRuntime
 from deployments.runtime.stats import PushGate, keep_latency_windows
-from deployments.serve import grpc_ingress, ingress, logs, ray_metrics
+from deployments.serve import grpc_ingress, hooks, ingress, logs, ray_metrics
 from deployments.serve.names import hosted_key
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory
 from deployments.serve.response_writes import coalesce_response_writes
@@ -132,6 +132,11 @@ class ModelHostDeployment:
 
     def __serve_build_asgi_app__(self) -> Any:
         return self._app
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """What Serve's autoscaling of the hosts scales on (``model_host_max_replicas``): the requests
+        inside this host replica, over every path, cold loads included."""
+        return {hooks.RUNNING_REQUESTS_KEY: float(self.host.ongoing)}
 
     def _runtime(self, model: ModelDescription) -> ModelRuntime:
         """A pooled ``KIND_GPU`` model runs on this replica's first GPU, whichever its group names."""

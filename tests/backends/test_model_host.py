@@ -154,6 +154,22 @@ async def test_concurrent_first_requests_share_one_load(tmp_path: Path) -> None:
         await host.close()
 
 
+async def test_ongoing_counts_every_request_inside_cold_loads_included(tmp_path: Path) -> None:
+    host = _host(sized_models(tmp_path, {"a": 4, "b": 4}), budget_mib=200)
+    try:
+        await _ask(host, "a")
+        slow = [asyncio.ensure_future(_ask(host, "a", delay_ms=800)) for _ in range(3)]
+        cold = asyncio.ensure_future(_ask(host, "b"))  # waits for b's load
+        await asyncio.sleep(0)  # each has entered the host, and none can have left yet
+        assert host.ongoing == 4 and "b" not in host.resident
+        await asyncio.gather(*slow, cold)
+        assert host.ongoing == 0
+        await host.infer(request("nope", X=np.array([0.0], dtype=np.float32)))  # refused: counted out too
+        assert host.ongoing == 0
+    finally:
+        await host.close()
+
+
 async def test_statistics_stay_cumulative_across_evictions(tmp_path: Path) -> None:
     host = _host(sized_models(tmp_path, {"a": 40, "b": 40, "c": 40}), budget_mib=100)
     try:

@@ -370,6 +370,35 @@ def test_with_dedicated_placement_only_the_models_that_ask_are_pooled_and_hosts_
     assert plan.host is not None and "max_replicas_per_node" not in plan.host.serve_options()
 
 
+def test_autoscaled_hosts_start_at_model_hosts_and_keep_cpus_for_the_most() -> None:
+    from repository_loader.autoscaling import Autoscaling
+    from repository_loader.plan import HostPolicy
+
+    scaling = Autoscaling(min_replicas=1, max_replicas=3, upscale_delay_s=2)
+    hosts = HostPolicy(replicas=1, num_cpus=0.25, autoscaling=scaling)
+    plan = plan_deployments(
+        {"a": _python("a"), "own": _python("own", **{"ray.placement": "dedicated"})},
+        ClusterResources(4),
+        hosts=hosts,
+    )
+    assert plan.host is not None and plan.host.most_replicas == 3
+    options = plan.host.serve_options()
+    assert "num_replicas" not in options
+    assert options["autoscaling_config"] == {
+        "min_replicas": 1,
+        "max_replicas": 3,
+        "initial_replicas": 1,
+        "target_ongoing_requests": 8.0,  # the hosts' default
+        "upscale_delay_s": 2,
+    }
+    # three host replicas' CPUs are kept out of the dedicated replicas' shares
+    assert plan.total_cpus == round(3 * 0.25 + plan.entries[0].resources.num_cpus, 4)
+    assert plan.total_cpus <= 4 - CONTROL_APP_CPUS
+    fixed = plan_deployments({"a": _python("a")}, ClusterResources(4), hosts=HostPolicy(replicas=2))
+    assert fixed.host is not None and fixed.host.serve_options()["num_replicas"] == 2
+    assert "autoscaling_config" not in fixed.host.serve_options()
+
+
 def test_stateful_streaming_and_ensemble_models_are_never_pooled() -> None:
     from dataclasses import replace
 

@@ -13,6 +13,7 @@ from deployments.protocol.dataplane import DataPlane, ModelDataPlane
 from deployments.runtime.router import Router
 from deployments.serve.cli import add_parser, server_args
 from deployments.settings import DIRECT_ROUTES_ENV, ServerSettings, SettingsError
+from repository_loader.autoscaling import Autoscaling
 from repository_loader.errors import NotFound, Unavailable
 from repository_loader.model import ModelDescription, ModelState, TensorSpec
 
@@ -61,6 +62,18 @@ def test_the_repository_stays_a_url() -> None:
             "model_host_max_per_node must not be negative",
         ),
         (
+            {"model_repository": "/r", "model_host_autoscaling": {"max_replicas": 2}},
+            "model_host_autoscaling needs model_hosts above 0",
+        ),
+        (
+            {"model_repository": "/r", "model_hosts": 3, "model_host_autoscaling": {"max_replicas": 2}},
+            "model_host_autoscaling: max_replicas must be >= min_replicas (3), got 2",  # min: model_hosts
+        ),
+        (
+            {"model_repository": "/r", "model_hosts": 1, "model_host_autoscaling": ["max_replicas"]},
+            "model_host_autoscaling takes field=value, not 'max_replicas'",
+        ),
+        (
             {"model_repository": "/r", "model_controll_mode": "none"},
             "unknown server argument(s) ['model_controll_mode']",
         ),
@@ -85,6 +98,20 @@ def test_cli_flags_are_the_same_arguments() -> None:
     )
     policy = ServerSettings.from_args(server_args(ns), {}).host_policy
     assert (policy.placement, policy.max_per_node) == ("dedicated", 1)
+    flags = ["--model-hosts", "2", "--model-host-autoscaling", "max_replicas=4"]
+    ns = parser.parse_args(["serve", "/repo", *flags, "--model-host-autoscaling", "upscale_delay_s=1.5"])
+    settings = ServerSettings.from_args(server_args(ns), {})
+    assert settings.host_policy.autoscaling == Autoscaling(
+        min_replicas=2, max_replicas=4, upscale_delay_s=1.5
+    )
+    assert ServerSettings.from_args(settings.to_args(), {}) == settings  # read back as written
+    flags = ["--model-hosts", "2", "--model-host-autoscaling", "max_replicas=4"]
+    ns = parser.parse_args(["serve", "/repo", *flags, "--model-host-autoscaling", "upscale_delay_s=1.5"])
+    settings = ServerSettings.from_args(server_args(ns), {})
+    assert settings.host_policy.autoscaling == Autoscaling(
+        min_replicas=2, max_replicas=4, upscale_delay_s=1.5
+    )
+    assert ServerSettings.from_args(settings.to_args(), {}) == settings  # read back as written
 
 
 @pytest.mark.parametrize(
