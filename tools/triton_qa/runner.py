@@ -22,6 +22,7 @@ from pathlib import Path
 
 from bench.peers import PeerSetupError, ServerHandle, start_tritonserver
 from bench.scenarios.common import start_this_server
+from deployments.serve.request_path import instance_ports_env
 from tools.triton_qa.junit import TestOutcome, parse_junit
 from tools.triton_qa.models import build_repository
 from tools.triton_qa.suites import Run, Suite
@@ -33,6 +34,7 @@ HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 REFERENCE, THIS = "tritonserver", "this server"
 # both servers: a model one of them cannot load fails its tests, not the whole run
 COMMON_TRITON_ARGS = ("--strict-readiness=false",)
+QA_PORT_BLOCK = 4  # HAProxy's and the replicas' ports of this server (benchmarks: 3, test servers: 2)
 START_ATTEMPTS = 2  # a server that fails to start is started once more before its tests are failed
 # tritonserver flags with another spelling here: flag -> (value -> this server's arguments)
 _RENAMED: dict[str, dict[str, list[str]]] = {
@@ -142,6 +144,7 @@ def start_server(
         return handle, []
     args, dropped = translate_args(triton_args, this_server_options())
     args += ["--metrics-port", str(METRICS_PORT), "--exit-on-error", "false"]
+    env = {**instance_ports_env(QA_PORT_BLOCK), **env}  # a benchmark may run beside it
     if grpc_health_restricted(triton_args):
         # the start helper's gRPC probe (ServerLive) gets no answer without the header: wait for the port
         args += ["--grpc-port", str(GRPC_PORT)]
