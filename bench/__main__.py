@@ -13,6 +13,7 @@ python -m bench peers        # install perf_analyzer and tritonserver into .tool
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -143,7 +144,14 @@ def cmd_scenario(args: argparse.Namespace) -> int:
     return run_scenario(args.name, quick=args.quick)
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM ends a run as Ctrl-C does: through the ``finally`` blocks that stop its servers (they run
+    in sessions of their own, so a signal to this process's group does not reach them)."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parser = argparse.ArgumentParser(prog="python -m bench", description="Benchmark KServe v2 servers.")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="measure with this tool")
