@@ -16,11 +16,19 @@ Where each part lives:
   server application, the server application's table through a call in a model replica) and the
   regions it has mapped. A process maps a region on its first use, only the region's bytes, and keeps
   the mapping until the region is unregistered.
-* Unregistering raises the table's generation. A process that maps regions follows the table
-  (:meth:`RegionTable.follow`, a long poll): when the generation moves it drops every mapping, then
-  says so by asking again. An unregister answers the client only once every follower has
-  acknowledged it (or did not answer within :data:`SETTLE_TIMEOUT_S`: a follower that went away), so
-  a region registered again under the same name is never read through the old mapping.
+* A process that maps regions follows the table (:meth:`RegionTable.follow`, a long poll). An
+  unregister first asks every follower which of its regions the requests in flight there use (a
+  :class:`Question`; each answers with its next poll). A region in use stays registered, and the
+  client is told so in Triton's words; for the others the table's generation moves, each follower
+  drops every mapping and says so by asking again. The unregister answers only once every follower
+  has answered and acknowledged (or did not answer within :data:`SETTLE_TIMEOUT_S`: a follower that
+  went away, then forgotten), so a region registered again under the same name is never read
+  through the old mapping.
+* While a question is open, a region it names is fenced: the table holds lookups of it, and a
+  follower holds its requests' first use of the regions it answered unused, until the unregister
+  decided; a request counts as using its regions from before its first lookup until its outputs
+  are written. So a request either made the answer say "in use", or it waits and then finds the
+  region gone (Triton's "Unable to find") or kept.
 * A region is host-local: a process on another host than the one the region was registered on
   refuses it (the identity of ``/dev/shm``: the kernel's boot id and the device of the folder).
 
@@ -36,7 +44,8 @@ import contextlib
 import mmap
 import os
 import time
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -209,6 +218,30 @@ def open_region(name: str, key: str, offset: int, byte_size: int) -> Region:
     return Region(name, key, offset, byte_size, host_identity(), (info.st_dev, info.st_ino))
 
 
+@dataclass(frozen=True)
+class Question:
+    """An unregister asking each follower which of ``names`` its requests in flight use."""
+
+    id: int
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A follower's answer to question ``question``: the names asked that its requests use."""
+
+    question: int
+    in_use: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TableState:
+    """What a follower learns from the table: its generation, and the question open now (if any)."""
+
+    generation: int
+    question: Question | None = None
+
+
 class RegionSource(Protocol):
     """Where a process finds the registered regions (the table, or the server application's table)."""
 
@@ -216,8 +249,11 @@ class RegionSource(Protocol):
         """Region ``name`` (NotFound) and the table's generation; ``follower`` follows the table from now."""
         ...
 
-    async def follow(self, follower: str, seen: int, timeout_s: float) -> int:
-        """The table's generation once it is past ``seen`` (or after ``timeout_s``)."""
+    async def follow(
+        self, follower: str, seen: int, timeout_s: float, answer: Answer | None = None
+    ) -> TableState:
+        """The table's state once its generation is past ``seen`` or it asks a question ``follower``
+        has not answered (or after ``timeout_s``); ``answer`` answers the question asked last."""
         ...
 
     async def register(self, name: str, key: str, offset: int, byte_size: int) -> None: ...
@@ -229,7 +265,7 @@ class RegionSource(Protocol):
 
 class RegionTable:
     """The registered regions (the server application's record), with the generation that every
-    unregister raises and the processes that follow it."""
+    unregister raises, the question an unregister asks, and the processes that follow it."""
 
     def __init__(self, settle_timeout_s: float = SETTLE_TIMEOUT_S) -> None:
         self._regions: dict[str, Region] = {}
@@ -237,9 +273,14 @@ class RegionTable:
         # every region) is ahead of what any follower saw: followers drop their mappings
         self.generation = time.time_ns()
         self._acked: dict[str, int] = {}  # follower -> the generation it last acknowledged
-        self._moved: asyncio.Event | None = None  # set when the generation moves (then replaced)
+        self._moved: asyncio.Event | None = None  # set when the state moves (then replaced)
         self._heard: asyncio.Event | None = None  # set when a follower acknowledges (then replaced)
         self._settle_timeout_s = settle_timeout_s
+        self._unregistering = asyncio.Lock()  # one unregister at a time, as Triton's
+        self._question: Question | None = None
+        self._asked = time.time_ns()  # the last question's id (from the clock, as the generation)
+        self._answers: dict[str, tuple[str, ...]] = {}  # follower -> its answer to the open question
+        self._decided: asyncio.Event | None = None  # set when the open question closes
 
     async def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         if name in self._regions:
@@ -250,17 +291,30 @@ class RegionTable:
         self._regions[name] = region
 
     async def unregister(self, name: str = "") -> None:
-        """Unregister ``name`` (every region for ""): a name not registered is no error. Returns once
-        every follower dropped its mappings."""
-        if name:
-            if self._regions.pop(name, None) is None:
+        """Unregister ``name`` (every region for ""): a name not registered is no error. A region that
+        a request in flight uses stays registered (InternalError, Triton's words); the others are
+        gone once every follower dropped its mappings."""
+        async with self._unregistering:
+            names = sorted(self._regions) if not name else [name] if name in self._regions else []
+            if not names:
                 return
-        elif self._regions:
-            self._regions.clear()
-        else:
-            return
-        self.generation += 1
-        await self._settle()
+            try:
+                in_use = await self._ask(names)
+                dropped = [n for n in names if n not in in_use]
+                for n in dropped:
+                    del self._regions[n]
+                if dropped:
+                    self.generation += 1
+                    await self._settle()
+            finally:
+                self._close_question()
+        if in_use and name:
+            raise InternalError(f"Cannot unregister shared memory region '{name}', it is currently in use.")
+        if in_use:
+            raise InternalError(
+                "Failed to unregister the following system shared memory regions: "
+                + "".join(f"{n} ," for n in sorted(in_use))
+            )
 
     async def status(self, name: str = "") -> list[dict[str, Any]]:
         if name:
@@ -271,40 +325,77 @@ class RegionTable:
         return [self._regions[n].status() for n in sorted(self._regions)]
 
     async def region(self, name: str, follower: str) -> tuple[Region, int]:
+        while self._question is not None and name in self._question.names:  # fenced: wait for it
+            if self._decided is None:
+                self._decided = asyncio.Event()
+            await self._decided.wait()
         found = self._regions.get(name)
         if found is None:
             raise NotFound(f"Unable to find shared memory region: '{name}'")
         self._acked.setdefault(follower, self.generation)
         return found, self.generation
 
-    async def follow(self, follower: str, seen: int, timeout_s: float = FOLLOW_TIMEOUT_S) -> int:
+    async def follow(
+        self, follower: str, seen: int, timeout_s: float = FOLLOW_TIMEOUT_S, answer: Answer | None = None
+    ) -> TableState:
         self._acked[follower] = seen
+        question = self._question
+        if answer is not None and question is not None and answer.question == question.id:
+            self._answers[follower] = answer.in_use
         _fire(self._heard)
         self._heard = None
-        if self.generation <= seen:
+        if self.generation <= seen and (question is None or follower in self._answers):
             if self._moved is None:
                 self._moved = asyncio.Event()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._moved.wait(), timeout_s)
-        return self.generation
+        return TableState(self.generation, self._question)
+
+    async def _ask(self, names: list[str]) -> set[str]:
+        """Which of ``names`` a request in flight uses, by every follower's answer (a follower that
+        does not answer within the timeout is forgotten: it went away)."""
+        if not self._acked:
+            return set()
+        self._asked += 1
+        self._question = Question(self._asked, tuple(names))
+        self._answers = {}
+        self._wake()
+        await self._wait_for(lambda: [f for f in self._acked if f not in self._answers])
+        return {n for answer in self._answers.values() for n in answer if n in names}
+
+    def _close_question(self) -> None:
+        if self._question is not None:
+            self._question = None
+            self._answers = {}
+            _fire(self._decided)
+            self._decided = None
+            self._wake()
 
     async def _settle(self) -> None:
-        """Until every follower acknowledged the current generation; one that does not within the
-        timeout is forgotten (it went away; were it alive it would have answered)."""
+        """Until every follower acknowledged the current generation."""
         target = self.generation
-        _fire(self._moved)
-        self._moved = None
+        self._wake()
+        await self._wait_for(lambda: [f for f, seen in self._acked.items() if seen < target])
+
+    async def _wait_for(self, waiting: Callable[[], list[str]]) -> None:
+        """Until ``waiting()`` names no follower; those it still names at the timeout are forgotten
+        (were they alive they would have answered)."""
         deadline = time.monotonic() + self._settle_timeout_s
-        while any(seen < target for seen in self._acked.values()):
+        while late := waiting():
             left = deadline - time.monotonic()
             if left <= 0:
-                for follower in [f for f, seen in self._acked.items() if seen < target]:
-                    del self._acked[follower]
+                for follower in late:
+                    self._acked.pop(follower, None)
                 return
             if self._heard is None:
                 self._heard = asyncio.Event()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._heard.wait(), left)
+
+    def _wake(self) -> None:
+        """Every follower waiting in :meth:`follow` returns the new state."""
+        _fire(self._moved)
+        self._moved = None
 
 
 def _fire(event: asyncio.Event | None) -> None:
@@ -367,7 +458,8 @@ class MappedRegion:
 
 class SharedMemory:
     """One process's view of the regions: register, status and unregister go to its source, and the
-    regions its tensors use are mapped here on their first use and dropped when the table changes."""
+    regions its tensors use are mapped here on their first use and dropped when the table changes.
+    It counts the regions its requests in flight use, to answer an unregister's question."""
 
     def __init__(self, source: RegionSource, follower: str = "") -> None:
         self.source = source
@@ -375,6 +467,10 @@ class SharedMemory:
         self._mapped: dict[str, MappedRegion] = {}
         self._seen = -1  # the table's generation the mappings reflect (-1: not following yet)
         self._following: asyncio.Task[None] | None = None
+        self._in_use: Counter[str] = Counter()  # region -> requests in flight that use it
+        self._answered = 0  # the id of the last question answered
+        self._fenced: frozenset[str] = frozenset()  # answered unused; first uses wait for the verdict
+        self._lifted: asyncio.Event | None = None  # set when the fence is lifted (then replaced)
 
     async def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         await self.source.register(name, key, offset, byte_size)
@@ -385,8 +481,30 @@ class SharedMemory:
     async def status(self, name: str = "") -> list[dict[str, Any]]:
         return await self.source.status(name)
 
+    @contextlib.contextmanager
+    def using(self, names: Iterable[str]) -> Iterator[None]:
+        """A request uses regions ``names`` while inside (from before it looks them up until its
+        outputs are written): an unregister of one of them is refused meanwhile."""
+        held = list(names)
+        self._in_use.update(held)
+        try:
+            yield
+        finally:
+            self._in_use.subtract(held)
+            for name in held:
+                if self._in_use[name] <= 0:
+                    del self._in_use[name]
+
+    def in_use(self) -> list[str]:
+        """The regions the requests in flight use now."""
+        return sorted(self._in_use)
+
     async def mapped(self, name: str) -> MappedRegion:
         """Region ``name`` mapped here (mapped now on its first use)."""
+        while name in self._fenced:
+            if self._lifted is None:
+                self._lifted = asyncio.Event()
+            await self._lifted.wait()
         found = self._mapped.get(name)
         if found is not None:
             return found
@@ -400,17 +518,38 @@ class SharedMemory:
         return mapped
 
     async def _follow(self) -> None:
+        answer: Answer | None = None
         while True:
             try:
-                generation = await self.source.follow(self.follower, self._seen, FOLLOW_TIMEOUT_S)
+                state = await self.source.follow(self.follower, self._seen, FOLLOW_TIMEOUT_S, answer)
             except asyncio.CancelledError:
                 raise
             except Exception:  # the server application restarting: ask again
+                self._lift()
                 await asyncio.sleep(1.0)
                 continue
-            if generation > self._seen:
+            answer = None
+            if state.generation > self._seen:
                 self.drop()
-                self._seen = generation
+                self._seen = state.generation
+            question = state.question
+            if question is None or question.id != self._answered:
+                self._lift()
+            if question is not None and question.id != self._answered:
+                answer = self.answer(question)
+
+    def answer(self, question: Question) -> Answer:
+        """Which of the names asked this process's requests use; the others are fenced until the
+        question closes."""
+        in_use = tuple(n for n in question.names if n in self._in_use)
+        self._answered = question.id
+        self._fenced = frozenset(question.names).difference(in_use)
+        return Answer(question.id, in_use)
+
+    def _lift(self) -> None:
+        self._fenced = frozenset()
+        _fire(self._lifted)
+        self._lifted = None
 
     def drop(self) -> None:
         """Unmap every region (the table changed)."""
@@ -421,6 +560,7 @@ class SharedMemory:
     def close(self) -> None:
         if self._following is not None:
             self._following.cancel()
+        self._lift()
         self.drop()
 
 
@@ -443,13 +583,16 @@ def local_shared_memory() -> SharedMemory:
 
 __all__ = [
     "AlreadyRegistered",
+    "Answer",
     "MappedRegion",
+    "Question",
     "Region",
     "RegionSource",
     "RegionTable",
     "SharedInput",
     "SharedMemory",
     "SharedRef",
+    "TableState",
     "grpc_ref",
     "host_identity",
     "json_input_ref",
