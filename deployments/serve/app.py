@@ -27,7 +27,8 @@ from deployments.custom_metrics import merge_snapshots as merge_custom_metrics
 from deployments.protocol import metrics_http
 from deployments.protocol.dataplane import ModelDataPlane, ServedModel
 from deployments.protocol.log_settings import LogBoard
-from deployments.protocol.shared_memory import Answer, Region, RegionTable, SharedMemory, TableState
+from deployments.protocol.region_table import Answer, Region, RegionTable, TableState
+from deployments.protocol.shared_memory import SharedMemory
 from deployments.runtime.metrics import HostGauges, merge_model_metrics, render_model_hosts, render_triton
 from deployments.runtime.router import Router
 from deployments.runtime.stats import merge_snapshots

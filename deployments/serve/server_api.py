@@ -13,7 +13,7 @@ import asyncio
 from typing import Any
 
 from deployments.inference import InferRequest, InferResponse
-from deployments.protocol.shared_memory import Answer, Region, TableState
+from deployments.protocol.region_table import Answer, Region, TableState
 from deployments.serve.names import MODEL_DEPLOYMENT, SERVER_APP, SERVER_DEPLOYMENT
 from deployments.settings import LogSettings
 from deployments.tracing.store import TraceState

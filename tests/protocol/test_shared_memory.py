@@ -23,14 +23,8 @@ from tritonclient.utils import InferenceServerException
 from deployments.protocol import codec, grpc_codec, shared_memory
 from deployments.protocol.http import ServerHTTPApp
 from deployments.protocol.proto import grpc_service_pb2 as pb
-from deployments.protocol.shared_memory import (
-    MappedRegion,
-    RegionTable,
-    SharedInput,
-    SharedMemory,
-    SharedRef,
-    open_region,
-)
+from deployments.protocol.region_table import RegionTable, open_region
+from deployments.protocol.shared_memory import MappedRegion, SharedInput, SharedMemory, SharedRef
 from repository_loader.errors import AlreadyExists, InternalError, InvalidArgument, NotFound
 from tests.protocol.grpc_fakes import StreamingFakeDataPlane, grpc_models
 from tests.protocol.test_end_to_end import BackgroundServer
