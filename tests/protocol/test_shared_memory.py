@@ -345,18 +345,19 @@ def test_a_key_made_again_since_the_registration_is_refused(region_file):
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory) -> Iterator[dict[str, str]]:
+def servers(tmp_path_factory) -> Iterator[dict[str, tuple[str, StreamingFakeDataPlane]]]:
+    """Each front end's address and data plane (every model of ``grpc_models``: echo_slow too)."""
     folder = tmp_path_factory.mktemp("models")
-    http_plane = StreamingFakeDataPlane(grpc_models(folder))  # echo_slow too
+    http_plane = StreamingFakeDataPlane(grpc_models(folder))
     grpc_plane = StreamingFakeDataPlane(grpc_models(folder))
     with BackgroundServer(ServerHTTPApp(http_plane)) as http, running_server(grpc_plane) as grpc_url:
-        yield {"http": http.url, "grpc": grpc_url}
+        yield {"http": (http.url, http_plane), "grpc": (grpc_url, grpc_plane)}
 
 
 @pytest.fixture(params=["http", "grpc"])
 def client(request: pytest.FixtureRequest, servers: dict[str, str]):
     module = httpclient if request.param == "http" else grpcclient
-    c = module.InferenceServerClient(servers[request.param])
+    c = module.InferenceServerClient(servers[request.param][0])
     c.unregister_system_shared_memory()
     yield module, c
     c.unregister_system_shared_memory()
@@ -482,7 +483,7 @@ def test_an_input_of_the_wrong_size_is_refused(client, regions):
 def test_regions_a_request_in_flight_uses_are_not_unregistered_until_it_ends(client, regions, servers):
     """Triton's qa TestSharedMemoryUnregister, on a model that answers after a pause."""
     module, c = client
-    url = servers["http" if module is httpclient else "grpc"]
+    url, plane = servers["http" if module is httpclient else "grpc"]
     for name in regions:
         c.register_system_shared_memory(name, key(name), 64)
     shm.set_shared_memory_region(regions["in0"], [np.arange(8, dtype=np.int64)])
@@ -493,12 +494,15 @@ def test_regions_a_request_in_flight_uses_are_not_unregistered_until_it_ends(cli
 
     def slow_request() -> None:
         other = module.InferenceServerClient(url)
-        other.infer("echo_slow", inputs, outputs=outputs, parameters={"delay_s": 1.5})
+        other.infer("echo_slow", inputs, outputs=outputs, parameters={"delay_s": 2.0})
         other.close()
 
     with ThreadPoolExecutor(1) as pool:
         request = pool.submit(slow_request)
-        time.sleep(0.5)  # the request is in flight
+        deadline = time.monotonic() + 10
+        while plane.shared_memory.in_use() != ["in0", "out0"]:  # until the request is in flight
+            assert time.monotonic() < deadline and not request.done()
+            time.sleep(0.01)
         with pytest.raises(InferenceServerException) as error:
             c.unregister_system_shared_memory()
         assert "Failed to unregister the following system shared memory regions: in0 ,out0 ," in str(

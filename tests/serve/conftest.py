@@ -62,7 +62,7 @@ SLOW_PY = textwrap.dedent(
 
     class TritonPythonModel:
         def execute(self, requests):
-            time.sleep(3)
+            time.sleep(4)
             responses = []
             for request in requests:
                 x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()

@@ -152,7 +152,7 @@ def test_regions_a_request_in_flight_uses_are_not_unregistered_until_it_ends(
 
     with ThreadPoolExecutor(1) as pool:
         request = pool.submit(slow_request)
-        time.sleep(1.0)  # the model holds the request 3 s
+        time.sleep(1.5)  # the model holds the request 4 s
         with pytest.raises(InferenceServerException) as error:
             c.unregister_system_shared_memory()
         assert "Failed to unregister the following system shared memory regions: in0 ,out0 ," in str(
