@@ -10,7 +10,9 @@ A request that uses shared memory (``InferRequest.shared_memory``, set by the co
 inputs read from their regions and its outputs' regions checked before it goes on, and its outputs
 written into them when it is answered here (a request sent on as it came is answered by the replica
 it reached, which does the same); the process's regions are the data plane's ``shared_memory``
-(``deployments.protocol.shared_memory``).
+(``deployments.protocol.shared_memory``). The request counts as using its regions from before
+they are looked up until its outputs are written: an unregister of one of them is refused meanwhile,
+as Triton refuses it.
 """
 
 from __future__ import annotations
@@ -62,13 +64,18 @@ class InferenceCalls:
     ) -> InferResponse | RawReply:
         """The one response of ``request``; its error raised. Where ``raw`` is given, the reply of the
         replica it was sent on to may come back as it is."""
-        spans = await self._read_shared(request, description) if request.shared_memory else None
-        answer = await self.dataplane.infer(request, raw)
-        if isinstance(answer, InferResponse):
-            complete(answer, request, description)
-            if spans:
+        if not request.shared_memory:
+            answer = await self.dataplane.infer(request, raw)
+            if isinstance(answer, InferResponse):
+                complete(answer, request, description)
+            return answer
+        with self._shared().using(_regions(request)):
+            spans = await self._read_shared(request, description)
+            answer = await self.dataplane.infer(request, raw)
+            if isinstance(answer, InferResponse):
+                complete(answer, request, description)
                 _write_shared(answer, request, spans)
-        return answer
+            return answer
 
     async def infer_one(self, request: InferRequest, description: ModelDescription) -> InferResponse:
         """:meth:`infer` without a raw request: always a response."""
@@ -80,19 +87,26 @@ class InferenceCalls:
         self, request: InferRequest, description: ModelDescription
     ) -> AsyncGenerator[InferResponse, None]:
         """Every response of ``request`` as it comes, the first error raised; closing early cancels it."""
-        spans = await self._read_shared(request, description) if request.shared_memory else None
-        async with contextlib.aclosing(self.dataplane.infer_stream(request)) as stream:
-            async for response in stream:
-                complete(response, request, description)
-                if spans:
-                    _write_shared(response, request, spans)
-                yield response
+        with contextlib.ExitStack() as regions:
+            spans: Spans = {}
+            if request.shared_memory:
+                regions.enter_context(self._shared().using(_regions(request)))
+                spans = await self._read_shared(request, description)
+            async with contextlib.aclosing(self.dataplane.infer_stream(request)) as stream:
+                async for response in stream:
+                    complete(response, request, description)
+                    if spans:
+                        _write_shared(response, request, spans)
+                    yield response
+
+    def _shared(self) -> SharedMemory:
+        if self.shared is None:
+            raise Unsupported("this endpoint does not read or write tensors in shared memory")
+        return self.shared
 
     async def _read_shared(self, request: InferRequest, description: ModelDescription) -> Spans:
         """Read the request's inputs from shared memory, in place; the spans its outputs go to."""
-        shared = self.shared
-        if shared is None:
-            raise Unsupported("this endpoint does not read or write tensors in shared memory")
+        shared = self._shared()
         inputs = request.inputs
         for name, tensor in inputs.items():
             if type(tensor) is SharedInput:
@@ -105,6 +119,13 @@ class InferenceCalls:
             if output.shared is not None:
                 spans[output.name] = (await shared.mapped(output.shared.region)).span(output.shared)
         return spans
+
+
+def _regions(request: InferRequest) -> list[str]:
+    """The regions ``request`` reads its inputs from and writes its outputs into."""
+    names = [t.ref.region for t in request.inputs.values() if type(t) is SharedInput]
+    names += [o.shared.region for o in request.requested_outputs or () if o.shared is not None]
+    return names
 
 
 def _write_shared(response: InferResponse, request: InferRequest, spans: Spans) -> None:

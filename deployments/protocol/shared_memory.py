@@ -8,19 +8,13 @@ is written into it (the response then carries the output's name, data type and s
 
 Where each part lives:
 
-* :class:`RegionTable` is the one record of the registered regions: the server application holds
-  it (HAProxy sends ``/v2/systemsharedmemory`` there). A registration is checked as Triton checks it
-  (the key opens, the region lies inside the object) and remembers the host it was made on
-  (:func:`host_identity`) and the object's identity (device and inode).
-* :class:`SharedMemory` is one process's view: its :class:`RegionSource` (the table itself in the
+* ``deployments.protocol.region_table``: the one record of the registered regions
+  (:class:`~deployments.protocol.region_table.RegionTable`, in the server application), and how an
+  unregister asks the processes that map regions which ones their requests use.
+* :class:`SharedMemory` is one process's view: its ``RegionSource`` (the table itself in the
   server application, the server application's table through a call in a model replica) and the
   regions it has mapped. A process maps a region on its first use, only the region's bytes, and keeps
-  the mapping until the region is unregistered.
-* Unregistering raises the table's generation. A process that maps regions follows the table
-  (:meth:`RegionTable.follow`, a long poll): when the generation moves it drops every mapping, then
-  says so by asking again. An unregister answers the client only once every follower has
-  acknowledged it (or did not answer within :data:`SETTLE_TIMEOUT_S`: a follower that went away), so
-  a region registered again under the same name is never read through the old mapping.
+  the mapping until the region is unregistered; it counts the regions its requests in flight use.
 * A region is host-local: a process on another host than the one the region was registered on
   refuses it (the identity of ``/dev/shm``: the kernel's boot id and the device of the folder).
 
@@ -35,30 +29,28 @@ import asyncio
 import contextlib
 import mmap
 import os
-import time
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from repository_loader.errors import AlreadyExists, InternalError, InvalidArgument, NotFound
+from deployments.protocol.region_table import (
+    FOLLOW_TIMEOUT_S,
+    Answer,
+    Question,
+    Region,
+    RegionSource,
+    RegionTable,
+    fire,
+    host_identity,
+    key_path,
+)
+from repository_loader.errors import InternalError, InvalidArgument
 
-SHM_FOLDER = Path("/dev/shm")
 REGION = "shared_memory_region"
 BYTE_SIZE = "shared_memory_byte_size"
 OFFSET = "shared_memory_offset"
-SETTLE_TIMEOUT_S = 5.0
-FOLLOW_TIMEOUT_S = 30.0
 _UINT64 = 2**64
-
-
-class AlreadyRegistered(AlreadyExists):
-    """A region name registered twice: gRPC ``ALREADY_EXISTS``, HTTP 400 (as Triton answers both)."""
-
-    @property
-    def http_status(self) -> int:
-        return 400
 
 
 # --- what a tensor's parameters name ---------------------------------------------
@@ -151,167 +143,6 @@ def register_request(doc: Mapping[str, Any]) -> tuple[str, int, int]:
     return key, numbers[0], numbers[1]
 
 
-# --- regions and their record ------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Region:
-    """A registered region: ``byte_size`` bytes at ``offset`` of the object ``/dev/shm/<key>`` of the
-    host ``host``, whose device and inode were ``file_id`` when it was registered."""
-
-    name: str
-    key: str
-    offset: int
-    byte_size: int
-    host: str
-    file_id: tuple[int, int]
-
-    def status(self) -> dict[str, Any]:
-        """Triton's status entry."""
-        return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
-
-
-@lru_cache(maxsize=1)
-def host_identity() -> str:
-    """Which ``/dev/shm`` this process sees: the kernel's boot id and the folder's device. Two processes
-    agree only where a key names the same memory for both (one host, one shared-memory mount)."""
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        boot = os.uname().nodename
-    return f"{boot}:{os.stat(SHM_FOLDER).st_dev}"
-
-
-def key_path(key: str) -> Path:
-    return SHM_FOLDER / key.lstrip("/")
-
-
-def open_region(name: str, key: str, offset: int, byte_size: int) -> Region:
-    """Check a registration as Triton does (the key opens, the region lies inside the object) and
-    describe it; nothing stays open."""
-    path = key_path(key)
-    try:
-        if not key.strip("/") or "/" in key.strip("/"):
-            raise FileNotFoundError(key)
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        raise InternalError(f"Unable to open shared memory region: '{key}'") from None
-    try:
-        info = os.fstat(fd)
-    finally:
-        os.close(fd)
-    if offset + byte_size > info.st_size:
-        raise InvalidArgument(f"failed to register shared memory region '{name}': invalid args")
-    if byte_size == 0:
-        raise InvalidArgument(
-            f"failed to register shared memory region '{name}': unable to process address spaceInvalid argument"
-        )
-    return Region(name, key, offset, byte_size, host_identity(), (info.st_dev, info.st_ino))
-
-
-class RegionSource(Protocol):
-    """Where a process finds the registered regions (the table, or the server application's table)."""
-
-    async def region(self, name: str, follower: str) -> tuple[Region, int]:
-        """Region ``name`` (NotFound) and the table's generation; ``follower`` follows the table from now."""
-        ...
-
-    async def follow(self, follower: str, seen: int, timeout_s: float) -> int:
-        """The table's generation once it is past ``seen`` (or after ``timeout_s``)."""
-        ...
-
-    async def register(self, name: str, key: str, offset: int, byte_size: int) -> None: ...
-
-    async def unregister(self, name: str) -> None: ...
-
-    async def status(self, name: str) -> list[dict[str, Any]]: ...
-
-
-class RegionTable:
-    """The registered regions (the server application's record), with the generation that every
-    unregister raises and the processes that follow it."""
-
-    def __init__(self, settle_timeout_s: float = SETTLE_TIMEOUT_S) -> None:
-        self._regions: dict[str, Region] = {}
-        # starts at the clock, so a table made again (a restarted server application, which forgot
-        # every region) is ahead of what any follower saw: followers drop their mappings
-        self.generation = time.time_ns()
-        self._acked: dict[str, int] = {}  # follower -> the generation it last acknowledged
-        self._moved: asyncio.Event | None = None  # set when the generation moves (then replaced)
-        self._heard: asyncio.Event | None = None  # set when a follower acknowledges (then replaced)
-        self._settle_timeout_s = settle_timeout_s
-
-    async def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        if name in self._regions:
-            raise AlreadyRegistered(f"shared memory region '{name}' already in manager")
-        region = await asyncio.to_thread(open_region, name, key, offset, byte_size)
-        if name in self._regions:  # registered meanwhile
-            raise AlreadyRegistered(f"shared memory region '{name}' already in manager")
-        self._regions[name] = region
-
-    async def unregister(self, name: str = "") -> None:
-        """Unregister ``name`` (every region for ""): a name not registered is no error. Returns once
-        every follower dropped its mappings."""
-        if name:
-            if self._regions.pop(name, None) is None:
-                return
-        elif self._regions:
-            self._regions.clear()
-        else:
-            return
-        self.generation += 1
-        await self._settle()
-
-    async def status(self, name: str = "") -> list[dict[str, Any]]:
-        if name:
-            region = self._regions.get(name)
-            if region is None:
-                raise NotFound(f"Unable to find system shared memory region: '{name}'")
-            return [region.status()]
-        return [self._regions[n].status() for n in sorted(self._regions)]
-
-    async def region(self, name: str, follower: str) -> tuple[Region, int]:
-        found = self._regions.get(name)
-        if found is None:
-            raise NotFound(f"Unable to find shared memory region: '{name}'")
-        self._acked.setdefault(follower, self.generation)
-        return found, self.generation
-
-    async def follow(self, follower: str, seen: int, timeout_s: float = FOLLOW_TIMEOUT_S) -> int:
-        self._acked[follower] = seen
-        _fire(self._heard)
-        self._heard = None
-        if self.generation <= seen:
-            if self._moved is None:
-                self._moved = asyncio.Event()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._moved.wait(), timeout_s)
-        return self.generation
-
-    async def _settle(self) -> None:
-        """Until every follower acknowledged the current generation; one that does not within the
-        timeout is forgotten (it went away; were it alive it would have answered)."""
-        target = self.generation
-        _fire(self._moved)
-        self._moved = None
-        deadline = time.monotonic() + self._settle_timeout_s
-        while any(seen < target for seen in self._acked.values()):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                for follower in [f for f, seen in self._acked.items() if seen < target]:
-                    del self._acked[follower]
-                return
-            if self._heard is None:
-                self._heard = asyncio.Event()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._heard.wait(), left)
-
-
-def _fire(event: asyncio.Event | None) -> None:
-    if event is not None:
-        event.set()
-
-
 # --- one process's mappings -----------------------------------------------------------
 
 
@@ -367,7 +198,8 @@ class MappedRegion:
 
 class SharedMemory:
     """One process's view of the regions: register, status and unregister go to its source, and the
-    regions its tensors use are mapped here on their first use and dropped when the table changes."""
+    regions its tensors use are mapped here on their first use and dropped when the table changes.
+    It counts the regions its requests in flight use, to answer an unregister's question."""
 
     def __init__(self, source: RegionSource, follower: str = "") -> None:
         self.source = source
@@ -375,6 +207,10 @@ class SharedMemory:
         self._mapped: dict[str, MappedRegion] = {}
         self._seen = -1  # the table's generation the mappings reflect (-1: not following yet)
         self._following: asyncio.Task[None] | None = None
+        self._in_use: Counter[str] = Counter()  # region -> requests in flight that use it
+        self._answered = 0  # the id of the last question answered
+        self._fenced: frozenset[str] = frozenset()  # answered unused; first uses wait for the verdict
+        self._lifted: asyncio.Event | None = None  # set when the fence is lifted (then replaced)
 
     async def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         await self.source.register(name, key, offset, byte_size)
@@ -385,8 +221,30 @@ class SharedMemory:
     async def status(self, name: str = "") -> list[dict[str, Any]]:
         return await self.source.status(name)
 
+    @contextlib.contextmanager
+    def using(self, names: Iterable[str]) -> Iterator[None]:
+        """A request uses regions ``names`` while inside (from before it looks them up until its
+        outputs are written): an unregister of one of them is refused meanwhile."""
+        held = list(names)
+        self._in_use.update(held)
+        try:
+            yield
+        finally:
+            self._in_use.subtract(held)
+            for name in held:
+                if self._in_use[name] <= 0:
+                    del self._in_use[name]
+
+    def in_use(self) -> list[str]:
+        """The regions the requests in flight use now."""
+        return sorted(self._in_use)
+
     async def mapped(self, name: str) -> MappedRegion:
         """Region ``name`` mapped here (mapped now on its first use)."""
+        while name in self._fenced:
+            if self._lifted is None:
+                self._lifted = asyncio.Event()
+            await self._lifted.wait()
         found = self._mapped.get(name)
         if found is not None:
             return found
@@ -400,17 +258,38 @@ class SharedMemory:
         return mapped
 
     async def _follow(self) -> None:
+        answer: Answer | None = None
         while True:
             try:
-                generation = await self.source.follow(self.follower, self._seen, FOLLOW_TIMEOUT_S)
+                state = await self.source.follow(self.follower, self._seen, FOLLOW_TIMEOUT_S, answer)
             except asyncio.CancelledError:
                 raise
             except Exception:  # the server application restarting: ask again
+                self._lift()
                 await asyncio.sleep(1.0)
                 continue
-            if generation > self._seen:
+            answer = None
+            if state.generation > self._seen:
                 self.drop()
-                self._seen = generation
+                self._seen = state.generation
+            question = state.question
+            if question is None or question.id != self._answered:
+                self._lift()
+            if question is not None and question.id != self._answered:
+                answer = self.answer(question)
+
+    def answer(self, question: Question) -> Answer:
+        """Which of the names asked this process's requests use; the others are fenced until the
+        question closes."""
+        in_use = tuple(n for n in question.names if n in self._in_use)
+        self._answered = question.id
+        self._fenced = frozenset(question.names).difference(in_use)
+        return Answer(question.id, in_use)
+
+    def _lift(self) -> None:
+        self._fenced = frozenset()
+        fire(self._lifted)
+        self._lifted = None
 
     def drop(self) -> None:
         """Unmap every region (the table changed)."""
@@ -421,6 +300,7 @@ class SharedMemory:
     def close(self) -> None:
         if self._following is not None:
             self._following.cancel()
+        self._lift()
         self.drop()
 
 
@@ -442,20 +322,14 @@ def local_shared_memory() -> SharedMemory:
 
 
 __all__ = [
-    "AlreadyRegistered",
     "MappedRegion",
-    "Region",
-    "RegionSource",
-    "RegionTable",
     "SharedInput",
     "SharedMemory",
     "SharedRef",
     "grpc_ref",
-    "host_identity",
     "json_input_ref",
     "json_output_ref",
     "local_shared_memory",
-    "open_region",
     "register_request",
     "write_into",
 ]

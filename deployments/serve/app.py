@@ -27,7 +27,8 @@ from deployments.custom_metrics import merge_snapshots as merge_custom_metrics
 from deployments.protocol import metrics_http
 from deployments.protocol.dataplane import ModelDataPlane, ServedModel
 from deployments.protocol.log_settings import LogBoard
-from deployments.protocol.shared_memory import Region, RegionTable, SharedMemory
+from deployments.protocol.region_table import Answer, Region, RegionTable, TableState
+from deployments.protocol.shared_memory import SharedMemory
 from deployments.runtime.metrics import HostGauges, merge_model_metrics, render_model_hosts, render_triton
 from deployments.runtime.router import Router
 from deployments.runtime.stats import merge_snapshots
@@ -721,9 +722,12 @@ class ServerDeployment:
         """A model replica maps region ``name`` and follows the table from now."""
         return await self._regions.region(name, follower)
 
-    async def shm_follow(self, follower: str, seen: int, timeout_s: float) -> int:
-        """A model replica's long poll: the table's generation once past ``seen``."""
-        return await self._regions.follow(follower, seen, timeout_s)
+    async def shm_follow(
+        self, follower: str, seen: int, timeout_s: float, answer: Answer | None = None
+    ) -> TableState:
+        """A model replica's long poll: the table's state once past ``seen`` or asking a question;
+        ``answer`` answers the question asked last (which regions its requests use)."""
+        return await self._regions.follow(follower, seen, timeout_s, answer)
 
     async def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         await self._regions.register(name, key, offset, byte_size)

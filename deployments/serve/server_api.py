@@ -13,7 +13,7 @@ import asyncio
 from typing import Any
 
 from deployments.inference import InferRequest, InferResponse
-from deployments.protocol.shared_memory import Region
+from deployments.protocol.region_table import Answer, Region, TableState
 from deployments.serve.names import MODEL_DEPLOYMENT, SERVER_APP, SERVER_DEPLOYMENT
 from deployments.settings import LogSettings
 from deployments.tracing.store import TraceState
@@ -140,9 +140,11 @@ class ServerClient:
         found: tuple[Region, int] = await self._call(self.handle.shm_region, name, follower)
         return found
 
-    async def shm_follow(self, follower: str, seen: int, timeout_s: float) -> int:
-        generation: int = await self._call(self.handle.shm_follow, follower, seen, timeout_s)
-        return generation
+    async def shm_follow(
+        self, follower: str, seen: int, timeout_s: float, answer: Answer | None
+    ) -> TableState:
+        state: TableState = await self._call(self.handle.shm_follow, follower, seen, timeout_s, answer)
+        return state
 
     async def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         await self._call(self.handle.shm_register, name, key, offset, byte_size)
@@ -180,8 +182,10 @@ class ServerRegions:
     async def region(self, name: str, follower: str) -> tuple[Region, int]:
         return await self.server.shm_region(name, follower)
 
-    async def follow(self, follower: str, seen: int, timeout_s: float) -> int:
-        return await self.server.shm_follow(follower, seen, timeout_s)
+    async def follow(
+        self, follower: str, seen: int, timeout_s: float, answer: Answer | None = None
+    ) -> TableState:
+        return await self.server.shm_follow(follower, seen, timeout_s, answer)
 
     async def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         await self.server.shm_register(name, key, offset, byte_size)

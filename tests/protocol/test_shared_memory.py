@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import numpy as np
@@ -21,16 +23,9 @@ from tritonclient.utils import InferenceServerException
 from deployments.protocol import codec, grpc_codec, shared_memory
 from deployments.protocol.http import ServerHTTPApp
 from deployments.protocol.proto import grpc_service_pb2 as pb
-from deployments.protocol.shared_memory import (
-    MappedRegion,
-    RegionTable,
-    SharedInput,
-    SharedMemory,
-    SharedRef,
-    open_region,
-)
+from deployments.protocol.region_table import RegionTable, open_region
+from deployments.protocol.shared_memory import MappedRegion, SharedInput, SharedMemory, SharedRef
 from repository_loader.errors import AlreadyExists, InternalError, InvalidArgument, NotFound
-from tests.protocol.fakes import all_models
 from tests.protocol.grpc_fakes import StreamingFakeDataPlane, grpc_models
 from tests.protocol.test_end_to_end import BackgroundServer
 from tests.protocol.test_grpc import running_server
@@ -203,6 +198,106 @@ async def test_a_lookup_answered_before_a_change_the_follower_saw_is_not_kept(re
     assert view._mapped == {}
 
 
+async def _following(table: RegionTable, name: str, *regions: str) -> SharedMemory:
+    """A follower that mapped ``regions`` and asks the table for changes."""
+    view = SharedMemory(table, follower=name)
+    for region in regions:
+        await view.mapped(region)
+    await asyncio.sleep(0)  # the follower asks the table
+    return view
+
+
+async def test_a_region_a_request_in_flight_uses_is_not_unregistered_until_it_ends(region_file):
+    path, _ = region_file
+    table = RegionTable()
+    await table.register("r", path, 0, 64)
+    view = await _following(table, "replica-1", "r")
+    with view.using(["r", "r"]):  # a request that reads and writes r
+        assert view.in_use() == ["r"]
+        with pytest.raises(InternalError) as error:
+            await table.unregister("r")
+        assert str(error.value) == "Cannot unregister shared memory region 'r', it is currently in use."
+        assert error.value.http_status == 500 and error.value.grpc_status == "INTERNAL"
+        assert [e["name"] for e in await table.status()] == ["r"] and "r" in view._mapped
+        await view.mapped("r")  # the request goes on with its mapping
+    assert view.in_use() == []
+    await table.unregister("r")
+    assert await table.status() == [] and view._mapped == {}
+    view.close()
+
+
+async def test_unregistering_every_region_keeps_and_names_the_ones_in_use(region_file):
+    path, _ = region_file
+    table = RegionTable()
+    for name in ("c", "a", "b"):
+        await table.register(name, path, 0, 64)
+    busy = await _following(table, "replica-1", "b")
+    idle = await _following(table, "replica-2", "a")
+    with busy.using(["c", "b"]):
+        with pytest.raises(InternalError) as error:
+            await table.unregister()
+        assert str(error.value) == "Failed to unregister the following system shared memory regions: b ,c ,"
+        assert [e["name"] for e in await table.status()] == ["b", "c"]  # a is gone, everywhere
+        assert busy._mapped == {} and idle._mapped == {}
+    await table.unregister()
+    assert await table.status() == []
+    busy.close()
+    idle.close()
+
+
+async def test_a_request_that_starts_while_the_table_asks_waits_for_the_verdict(region_file):
+    path, _ = region_file
+    table = RegionTable(settle_timeout_s=0.3)
+    await table.register("r", path, 0, 64)
+    view = await _following(table, "replica-1", "r")
+    await table.region("r", "silent")  # a follower that never answers: the question stays open 0.3 s
+    unregister = asyncio.ensure_future(table.unregister("r"))
+    await asyncio.sleep(0.05)  # replica-1 answered "not in use"
+    assert not unregister.done()
+    with view.using(["r"]):  # a request in replica-1 after its answer: waits, then finds r gone
+        with pytest.raises(NotFound, match="Unable to find shared memory region: 'r'"):
+            await view.mapped("r")
+        assert unregister.done()
+    with pytest.raises(NotFound):
+        await table.region("r", "replica-2")
+    await unregister
+    view.close()
+
+
+async def test_a_lookup_while_the_table_asks_waits_and_then_finds_the_region_kept(region_file):
+    path, _ = region_file
+    table = RegionTable()
+    await table.register("r", path, 0, 64)
+    view = await _following(table, "replica-1", "r")
+    with view.using(["r"]):
+        unregister = asyncio.ensure_future(table.unregister("r"))
+        await asyncio.sleep(0)  # the question is open
+        region, _ = await table.region("r", "replica-2")  # waits until the unregister decided
+        assert region.name == "r" and unregister.done()
+        with pytest.raises(InternalError, match="it is currently in use"):
+            await unregister
+    view.close()
+
+
+async def test_a_follower_that_does_not_answer_holds_an_unregister_back_only_until_the_timeout(
+    region_file,
+):
+    path, _ = region_file
+    table = RegionTable(settle_timeout_s=0.1)
+    await table.register("r", path, 0, 64)
+    view = await _following(table, "replica-1", "r")
+    await table.region("r", "gone")  # mapped it, then went away: answers no question
+    started = asyncio.get_running_loop().time()
+    await table.unregister("r")
+    assert asyncio.get_running_loop().time() - started < 1.0
+    assert await table.status() == [] and view._mapped == {}
+    await table.register("r", path, 0, 64)
+    started = asyncio.get_running_loop().time()
+    await table.unregister("r")  # forgotten: nothing to wait for
+    assert asyncio.get_running_loop().time() - started < 0.1
+    view.close()
+
+
 # --- mappings ------------------------------------------------------------------------------
 
 
@@ -250,18 +345,19 @@ def test_a_key_made_again_since_the_registration_is_refused(region_file):
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory) -> Iterator[dict[str, str]]:
+def servers(tmp_path_factory) -> Iterator[dict[str, tuple[str, StreamingFakeDataPlane]]]:
+    """Each front end's address and data plane (every model of ``grpc_models``: echo_slow too)."""
     folder = tmp_path_factory.mktemp("models")
-    http_plane = StreamingFakeDataPlane(all_models(folder))
+    http_plane = StreamingFakeDataPlane(grpc_models(folder))
     grpc_plane = StreamingFakeDataPlane(grpc_models(folder))
     with BackgroundServer(ServerHTTPApp(http_plane)) as http, running_server(grpc_plane) as grpc_url:
-        yield {"http": http.url, "grpc": grpc_url}
+        yield {"http": (http.url, http_plane), "grpc": (grpc_url, grpc_plane)}
 
 
 @pytest.fixture(params=["http", "grpc"])
 def client(request: pytest.FixtureRequest, servers: dict[str, str]):
     module = httpclient if request.param == "http" else grpcclient
-    c = module.InferenceServerClient(servers[request.param])
+    c = module.InferenceServerClient(servers[request.param][0])
     c.unregister_system_shared_memory()
     yield module, c
     c.unregister_system_shared_memory()
@@ -382,6 +478,48 @@ def test_an_input_of_the_wrong_size_is_refused(client, regions):
             c.infer("add_sub", inputs)
     finally:
         shm.destroy_shared_memory_region(big)
+
+
+def test_regions_a_request_in_flight_uses_are_not_unregistered_until_it_ends(client, regions, servers):
+    """Triton's qa TestSharedMemoryUnregister, on a model that answers after a pause."""
+    module, c = client
+    url, plane = servers["http" if module is httpclient else "grpc"]
+    for name in regions:
+        c.register_system_shared_memory(name, key(name), 64)
+    shm.set_shared_memory_region(regions["in0"], [np.arange(8, dtype=np.int64)])
+    inputs = [module.InferInput("X", [8], "INT64")]
+    inputs[0].set_shared_memory("in0", 64)
+    outputs = [module.InferRequestedOutput("Y")]
+    outputs[0].set_shared_memory("out0", 64)
+
+    def slow_request() -> None:
+        other = module.InferenceServerClient(url)
+        other.infer("echo_slow", inputs, outputs=outputs, parameters={"delay_s": 2.0})
+        other.close()
+
+    with ThreadPoolExecutor(1) as pool:
+        request = pool.submit(slow_request)
+        deadline = time.monotonic() + 10
+        while plane.shared_memory.in_use() != ["in0", "out0"]:  # until the request is in flight
+            assert time.monotonic() < deadline and not request.done()
+            time.sleep(0.01)
+        with pytest.raises(InferenceServerException) as error:
+            c.unregister_system_shared_memory()
+        assert "Failed to unregister the following system shared memory regions: in0 ,out0 ," in str(
+            error.value
+        )
+        assert error.value.status() in ("500", "StatusCode.INTERNAL")
+        for name in ("in0", "out0"):
+            with pytest.raises(
+                InferenceServerException,
+                match=f"Cannot unregister shared memory region '{name}', it is currently in use.",
+            ):
+                c.unregister_system_shared_memory(name)
+        assert _status(c) == ["in0", "out0"]  # in1 was not in use: unregistered
+        request.result()
+    assert shm.get_contents_as_numpy(regions["out0"], np.int64, [8]).tolist() == list(range(8))
+    c.unregister_system_shared_memory()
+    assert _status(c) == []
 
 
 def test_bytes_tensors_are_read_from_and_written_into_regions_as_length_prefixed_elements(region_file):

@@ -51,6 +51,36 @@ FAILING_PY = textwrap.dedent(
     """
 )
 
+# answers after a pause: a request stays in flight long enough to be seen there
+# (tests/serve/test_shared_memory_e2e.py, as Triton's qa execute_delayed_model)
+SLOW_PY = textwrap.dedent(
+    """
+    import time
+
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            time.sleep(4)
+            responses = []
+            for request in requests:
+                x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+                responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("Y", x + 1)]))
+            return responses
+    """
+)
+SLOW_CONFIG = textwrap.dedent(
+    """
+    name: "slow"
+    backend: "python"
+    max_batch_size: 0
+    input [ { name: "X" data_type: TYPE_INT32 dims: [ 4 ] } ]
+    output [ { name: "Y" data_type: TYPE_INT32 dims: [ 4 ] } ]
+    instance_group [ { count: 1 kind: KIND_CPU } ]
+    """
+)
+
 
 ADD_SUB_SEPARATE = textwrap.dedent(
     """
@@ -142,6 +172,9 @@ def build_test_repository(root: Path) -> Path:
         shutil.copy(BLS_MODELS / source / "1" / "model.py", repo / name / "1" / "model.py")
         (repo / name / "config.pbtxt").write_text(_bls_config(name, outputs) + extra)
     _stateful_models(repo)
+    (repo / "slow" / "1").mkdir(parents=True)
+    (repo / "slow" / "1" / "model.py").write_text(SLOW_PY)
+    (repo / "slow" / "config.pbtxt").write_text(SLOW_CONFIG)
     # an ensemble whose one step runs on add_sub's own replicas (placement "separate": nothing is hosted)
     (repo / "add_sub_separate" / "1").mkdir(parents=True)
     (repo / "add_sub_separate" / "config.pbtxt").write_text(ADD_SUB_SEPARATE)

@@ -71,7 +71,7 @@ ARGS: dict[str, tuple[Any, ...]] = {
     "is_started": (),
     "log_settings": (None, 1.0),
     "shm_region": ("r", "replica"),
-    "shm_follow": ("replica", 1, 30.0),
+    "shm_follow": ("replica", 1, 30.0, None),
     "shm_register": ("r", "/key", 0, 64),
     "shm_unregister": ("r",),
     "shm_status": ("",),

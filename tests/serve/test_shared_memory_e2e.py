@@ -4,8 +4,10 @@ read and written by the model's own replicas, which learn them from it (docs/arc
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -127,3 +129,43 @@ def test_errors_in_tritons_words(client: tuple[Any, Any], regions: dict[str, Any
         match=r"output 'OUTPUT0' \(8 bytes\) should be at least 16 bytes to hold the results",
     ):
         _infer(module, c, out_size=8)
+
+
+def test_regions_a_request_in_flight_uses_are_not_unregistered_until_it_ends(
+    client: tuple[Any, Any], regions: dict[str, Any], server_url: str, grpc_url: str
+) -> None:
+    """Triton's qa TestSharedMemoryUnregister: the model's replica, not the server application, knows
+    the request, and tells the table which regions it uses when asked (docs/architecture.md)."""
+    module, c = client
+    url = server_url if module is httpclient else grpc_url
+    _register(c, "in0", "out0", "other")
+    shm.set_shared_memory_region(regions["in0"], [np.array([1, 2, 3, 4], np.int32)])
+    inputs = [module.InferInput("X", [4], "INT32")]
+    inputs[0].set_shared_memory("in0", SIZE)
+    outputs = [module.InferRequestedOutput("Y")]
+    outputs[0].set_shared_memory("out0", SIZE)
+
+    def slow_request() -> None:
+        other = module.InferenceServerClient(url)
+        other.infer("slow", inputs, outputs=outputs)
+        other.close()
+
+    with ThreadPoolExecutor(1) as pool:
+        request = pool.submit(slow_request)
+        time.sleep(1.5)  # the model holds the request 4 s
+        with pytest.raises(InferenceServerException) as error:
+            c.unregister_system_shared_memory()
+        assert "Failed to unregister the following system shared memory regions: in0 ,out0 ," in str(
+            error.value
+        )
+        for name in ("in0", "out0"):
+            with pytest.raises(
+                InferenceServerException,
+                match=f"Cannot unregister shared memory region '{name}', it is currently in use.",
+            ):
+                c.unregister_system_shared_memory(name)
+        assert _names(c) == ["in0", "out0"]  # "other" was not in use: unregistered
+        request.result()
+    assert shm.get_contents_as_numpy(regions["out0"], np.int32, [4]).tolist() == [2, 3, 4, 5]
+    c.unregister_system_shared_memory()
+    assert _names(c) == []
