@@ -79,6 +79,8 @@ ARGS: dict[str, tuple[Any, ...]] = {
     "trace_update": (None, {"trace_rate": 1}),
     "trace_take": ("m",),
     "trace_state": ("r", 0, 1.0),
+    "hold_report": ("m", "r/0", 1, 0, 2, 0),
+    "hold_forget": ("m", "r/0"),
     "infer_internal": (InferRequest("m", {}),),
     "infer_stream_internal": (InferRequest("m", {}),),
     "load_status": (),
