@@ -135,11 +135,8 @@ class HoldGate:
         self._reported = False
         self._asked: asyncio.Future[bool] | None = None
         self._asked_ns = 0
-
-    @property
-    def active(self) -> bool:
-        """Still holding (nothing reached the hold yet)."""
-        return bool(self._hold)
+        self._failed = False
+        self.active = bool(hold)  # still holding: a plain attribute, read on every pass of a scheduler
 
     @property
     def shared(self) -> bool:
@@ -152,12 +149,13 @@ class HoldGate:
         if not hold:
             return False
         if not closing:
-            own = queued >= hold.requests and backlogged >= hold.backlog
+            reached = queued >= hold.requests and backlogged >= hold.backlog
             if self._count is not None:
-                own = await self._ask(queued, backlogged, own)
-            if not own:
+                reached = await self._ask(queued, backlogged, reached)
+            if not reached:
                 return True
         self._hold = FirstBatchHold()
+        self.active = False
         return False
 
     async def _ask(self, queued: int, backlogged: int, own: bool) -> bool:
@@ -169,9 +167,11 @@ class HoldGate:
         try:
             return await asyncio.shield(self._asked)
         except Exception:
-            logger.exception(
-                "the shared hold count of model '%s' failed; its own count decides", self.model_name
-            )
+            if not self._failed:  # once: it is asked again every 10 ms
+                self._failed = True
+                logger.exception(
+                    "the shared hold count of model '%s' failed; its own count decides", self.model_name
+                )
             return own
 
     async def close(self) -> None:
