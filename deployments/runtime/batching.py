@@ -19,7 +19,15 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from deployments.inference import InferRequest, InferResponse
-from deployments.runtime.batch_execute import BatchCallback, ExecuteFn, first_batch_hold, run_batch
+from deployments.runtime.batch_execute import (
+    HOLD_POLL_NS,
+    BatchCallback,
+    ExecuteFn,
+    FirstBatchHold,
+    HoldGate,
+    first_batch_hold,
+    run_batch,
+)
 from deployments.runtime.batch_queue import (
     NEVER,
     Entry,
@@ -71,6 +79,7 @@ class DynamicBatcher:
         max_concurrent_batches: int = 1,
         on_batch: BatchCallback | None = None,
         model_name: str = "",
+        hold: FirstBatchHold | None = None,
     ) -> None:
         self.config = config
         self.model_name = model_name
@@ -92,7 +101,8 @@ class DynamicBatcher:
         self._next_seq = 0
         self._next_delivery = 0
         self._held: dict[int, tuple[Entry, InferResponse | None]] = {}
-        self._hold = first_batch_hold().requests  # requests to wait for before the first batch (testing)
+        # requests to wait for before the first batch (testing): ``hold``, or the process's
+        self._hold = HoldGate(first_batch_hold() if hold is None else hold, model_name)
 
     @property
     def queued(self) -> int:
@@ -143,6 +153,7 @@ class DynamicBatcher:
             await self._loop_task
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self._hold.close()
 
     # -- the scheduling loop -------------------------------------------------
 
@@ -161,11 +172,10 @@ class DynamicBatcher:
 
     async def _schedule(self) -> None:
         while True:
-            if self._hold:
-                if self._queues.size < self._hold and not self._closing:
-                    await self._sleep(NEVER)
-                    continue
-                self._hold = 0
+            if self._hold.active and await self._hold.holds(self._queues.size, closing=self._closing):
+                # a count of its own changes only with a new request; a shared one is looked at every 10 ms
+                await self._sleep(time.monotonic_ns() + HOLD_POLL_NS if self._hold.shared else NEVER)
+                continue
             now = time.monotonic_ns()
             self._expire(now)
             if self._in_flight >= self._max_concurrent:

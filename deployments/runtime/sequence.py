@@ -38,7 +38,15 @@ from collections.abc import Callable
 from typing import Any
 
 from deployments.inference import InferRequest, InferResponse, RequestedOutput
-from deployments.runtime.batch_execute import BatchCallback, ExecuteFn, first_batch_hold, run_batch
+from deployments.runtime.batch_execute import (
+    HOLD_POLL_NS,
+    BatchCallback,
+    ExecuteFn,
+    FirstBatchHold,
+    HoldGate,
+    first_batch_hold,
+    run_batch,
+)
 from deployments.runtime.sequence_config import CORRID, SequenceSettings, backend_model
 from repository_loader.errors import InternalError, InvalidArgument, ServerError, Unavailable
 from repository_loader.model import DynamicBatching, ModelDescription
@@ -123,18 +131,16 @@ class SequenceBatcher:
         self._changed: asyncio.Future | None = None
         self._closing = False
         self._closed = False
-        self._hold = first_batch_hold()  # a testing hook (TRITONSERVER_DELAY_SCHEDULER): once, then none
+        # a testing hook (TRITONSERVER_DELAY_SCHEDULER), counted over the model's replicas where shared
+        self._hold = HoldGate(first_batch_hold(), model.name)
 
-    def holding(self) -> bool:
+    async def holding(self) -> bool:
         """Whether the first batch still waits for the requests and backlog the hold asks for."""
-        if not self._hold.requests and not self._hold.backlog:
+        if not self._hold.active:
             return False
         queued = sum(len(slot.queue) for inst in self.instances for slot in getattr(inst, "slots", ()))
         backlogged = sum(len(b.items) for b in self._backlog)  # requests, as Triton counts its backlog
-        if self._closing or (queued >= self._hold.requests and backlogged >= self._hold.backlog):
-            self._hold = dataclasses.replace(self._hold, requests=0, backlog=0)
-            return False
-        return True
+        return await self._hold.holds(queued, backlogged, self._closing)
 
     def _free_key(self, slot: _Slot) -> tuple[int, int, int]:
         """Free slots by this key: the lowest index over the instances that run at once, then the next."""
@@ -399,6 +405,7 @@ class SequenceBatcher:
             self._reaper = None
         for instance in self.instances:
             await instance.close()
+        await self._hold.close()
 
 
 class _DirectInstance:
@@ -444,8 +451,8 @@ class _DirectInstance:
             ready = self._ready()
             if not ready:
                 return
-            if self.owner.holding():
-                await self._sleep(10_000_000)  # the hold is looked at again every 10 ms, as in Triton
+            if await self.owner.holding():
+                await self._sleep(HOLD_POLL_NS)  # the hold is looked at again every 10 ms, as in Triton
                 continue
             if settings.delay_ns > 0 and settings.minimum_slot_utilization > 0 and not self.owner._closing:
                 oldest = min(item.enqueue_ns for _, item in ready)
@@ -525,6 +532,8 @@ class _OldestInstance:
             owner._execute_gated,
             on_batch=owner._on_batch,
             model_name=model.name,
+            # as tritonserver's per-instance batcher of this strategy: its own queue, never shared
+            hold=FirstBatchHold(first_batch_hold().requests),
         )
 
     @property

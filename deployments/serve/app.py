@@ -29,6 +29,7 @@ from deployments.protocol.dataplane import ModelDataPlane, ServedModel
 from deployments.protocol.log_settings import LogBoard
 from deployments.protocol.region_table import Answer, Region, RegionTable, TableState
 from deployments.protocol.shared_memory import SharedMemory
+from deployments.runtime.batch_execute import HoldBoard
 from deployments.runtime.metrics import HostGauges, merge_model_metrics, render_model_hosts, render_triton
 from deployments.runtime.router import Router
 from deployments.runtime.stats import merge_snapshots
@@ -463,6 +464,7 @@ class ServerDeployment:
         self.deployer = RayDeployer(settings, resources, instance)
         self._stats: Snapshots = {}
         self._sequence_members: dict[str, dict[int, Member]] = {}
+        self._holds = HoldBoard()  # TRITONSERVER_DELAY_SCHEDULER over a model's replicas (testing)
         # the server reads its deployer for a model's instance groups on every call (no Ray call)
         self._calls = ReplicaCalls(ReplicaDirectory())
         self._models = RemoteModels(
@@ -566,6 +568,15 @@ class ServerDeployment:
     async def trace_state(self, replica: str, seen: int, timeout_s: float) -> TraceState | None:
         """A replica's long poll for the trace settings (``deployments.serve.traces.follow_traces``)."""
         return await self._trace_board.wait(replica, seen, timeout_s)
+
+    async def hold_report(
+        self, model: str, reporter: str, queued: int, backlogged: int, requests: int, backlog: int
+    ) -> bool:
+        """A held scheduler's counts (``ServerHolds``): whether its model's totals reach the hold."""
+        return self._holds.report(model, reporter, queued, backlogged, requests, backlog)
+
+    async def hold_forget(self, model: str, reporter: str) -> None:
+        self._holds.forget(model, reporter)
 
     async def reload_order(self, model: str, seen: tuple[int, str], timeout_s: float) -> Order | None:
         """A model replica's long poll for reload orders (``deployments.serve.reloads.follow``)."""

@@ -28,7 +28,7 @@ from deployments.serve.devices import pin_replica_gpu
 from deployments.serve.names import hosted_key, model_app_name, model_route, stats_path
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory
 from deployments.serve.response_writes import coalesce_response_writes
-from deployments.serve.server_api import ServerClient, ServerRegions
+from deployments.serve.server_api import ServerClient, ServerHolds, ServerRegions
 from deployments.serve.traces import RemoteTraces, follow_traces
 from deployments.settings import ServerSettings, compile_header_pattern
 from deployments.tracing import configure as configure_tracing
@@ -72,7 +72,6 @@ class ModelDeployment:
         ray_metrics.export_to_ray()  # Triton's counters of this process's models, through Ray
         keep_latency_windows(settings.metrics_config.summary_latencies)  # the latency summaries' durations
         response_cache.configure(settings.response_cache_bytes)  # one cache for the models of this process
-        batch_execute.hold_first_batches(settings.delay_scheduler, settings.backlog_delay_scheduler)
         self.model = model
         self.settings = settings
         self._route = model_route(model.name)
@@ -85,6 +84,9 @@ class ModelDeployment:
         self.instance_name = instance_name(model.name, context)
         # every other replica is reached through one directory and one session; the router decides
         self.server = ServerClient()
+        # a testing hook: a model's replicas are Triton's instances of it, whose queues it counts together
+        shared = ServerHolds(self.server, self.replica_id) if replicas > 1 else None
+        batch_execute.hold_first_batches(settings.delay_scheduler, settings.backlog_delay_scheduler, shared)
         self._directory = ReplicaDirectory(self.server)
         self._calls = ReplicaCalls(self._directory)
         remote = RemoteModels(calls=self._calls if settings.direct_routes else None, server=self.server)

@@ -10,6 +10,7 @@ method fails there, not on the first call in production.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 from deployments.inference import InferRequest, InferResponse
@@ -171,6 +172,16 @@ class ServerClient:
         found: TraceState | None = await self._call(self.handle.trace_state, replica, seen, timeout_s)
         return found
 
+    async def hold_report(
+        self, model: str, reporter: str, queued: int, backlogged: int, requests: int, backlog: int
+    ) -> bool:
+        return bool(
+            await self._call(self.handle.hold_report, model, reporter, queued, backlogged, requests, backlog)
+        )
+
+    async def hold_forget(self, model: str, reporter: str) -> None:
+        await self._call(self.handle.hold_forget, model, reporter)
+
 
 class ServerRegions:
     """The server application's shared-memory table, as a model replica reaches it (a
@@ -195,6 +206,40 @@ class ServerRegions:
 
     async def status(self, name: str) -> list[dict[str, Any]]:
         return await self.server.shm_status(name)
+
+
+class ServerHolds:
+    """The first-batch hold counted over a model's replicas (``TRITONSERVER_DELAY_SCHEDULER``, a
+    ``deployments.runtime.batch_execute.HeldCounts``): each held scheduler reports its counts to the
+    server application's ``HoldBoard``, which adds up the model's."""
+
+    def __init__(self, server: ServerClient, replica: str) -> None:
+        self.server = server
+        self.replica = replica
+        self._schedulers = itertools.count()
+
+    def __call__(self, model: str, requests: int, backlog: int) -> ServerHeldCount:
+        reporter = f"{self.replica}/{next(self._schedulers)}"
+        return ServerHeldCount(self.server, model, reporter, requests, backlog)
+
+
+class ServerHeldCount:
+    """One scheduler's count on the server application's board (a ``HeldCount``)."""
+
+    def __init__(self, server: ServerClient, model: str, reporter: str, requests: int, backlog: int) -> None:
+        self.server = server
+        self.model = model
+        self.reporter = reporter
+        self.requests = requests
+        self.backlog = backlog
+
+    async def reached(self, queued: int, backlogged: int) -> bool:
+        return await self.server.hold_report(
+            self.model, self.reporter, queued, backlogged, self.requests, self.backlog
+        )
+
+    async def forget(self) -> None:
+        await self.server.hold_forget(self.model, self.reporter)
 
 
 class ReplicaClient:
@@ -246,6 +291,8 @@ __all__ = [
     "Member",
     "ReplicaClient",
     "ServerClient",
+    "ServerHeldCount",
+    "ServerHolds",
     "ServerRegions",
     "replica_client",
     "server_error",

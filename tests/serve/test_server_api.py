@@ -79,6 +79,8 @@ ARGS: dict[str, tuple[Any, ...]] = {
     "trace_update": (None, {"trace_rate": 1}),
     "trace_take": ("m",),
     "trace_state": ("r", 0, 1.0),
+    "hold_report": ("m", "r/0", 1, 0, 2, 0),
+    "hold_forget": ("m", "r/0"),
     "infer_internal": (InferRequest("m", {}),),
     "infer_stream_internal": (InferRequest("m", {}),),
     "load_status": (),
@@ -125,3 +127,21 @@ async def test_a_model_host_answers_the_inference_calls_other_replicas_make() ->
         if inspect.isawaitable(result):
             await result
         inspect.signature(getattr(cls, method)).bind(None, *recorder.calls[0][1])
+
+
+async def test_each_held_scheduler_reports_to_the_server_under_its_own_name() -> None:
+    """``ServerHolds`` (TRITONSERVER_DELAY_SCHEDULER over a model's replicas): a scheduler's counts go to
+    the server application's ``hold_report`` with the hold, under a name no other scheduler has."""
+    from deployments.serve.server_api import ServerHolds
+
+    recorder = Recorder(answer=True)
+    holds = ServerHolds(ServerClient(recorder), "replica-a")
+    first, second = holds("m", 12, 2), holds("m", 12, 2)
+    assert await first.reached(5, 1) is True
+    await second.reached(3, 0)
+    await first.forget()
+    assert recorder.calls == [
+        ("hold_report", ("m", "replica-a/0", 5, 1, 12, 2)),
+        ("hold_report", ("m", "replica-a/1", 3, 0, 12, 2)),
+        ("hold_forget", ("m", "replica-a/0")),
+    ]
