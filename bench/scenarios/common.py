@@ -22,7 +22,7 @@ from bench.env import REPO_ROOT, environment
 from bench.loadgen import run_client
 from bench.measure import MeasureOptions, sweep
 from bench.pa_runner import run_perf_analyzer
-from bench.peers import ServerHandle, launch, wait_ready
+from bench.peers import ServerHandle, launch, start_tritonserver, wait_ready
 from bench.plots import plot_report
 from bench.results import Report, Run, write_csv, write_json
 from deployments.serve.grpc_ingress import wait_until_answering
@@ -247,3 +247,29 @@ def measure(
             )
             runs.append(run_client(sweep(url, model, levels, label=f"{label} (bench)", opts=opts)))
     return runs
+
+
+PEER = "tritonserver"
+THIS = "this server"
+
+
+def peer_and_this(repo: Path, logs: Path, grpc: bool = False) -> list[tuple[str, Callable[[], ServerHandle]]]:
+    """tritonserver and this server on ``repo``, as ``(label, start function)`` pairs in the order they
+    run; each logs into ``logs``. ``grpc``: this server listens for gRPC too (tritonserver always does)."""
+    return [
+        (
+            PEER,
+            lambda: start_tritonserver(
+                repo, free_port(), free_port(), free_port(), log_path=logs / "tritonserver.log"
+            ),
+        ),
+        (
+            THIS,
+            lambda: start_this_server(
+                repo,
+                free_port(),
+                grpc_port=free_port() if grpc else None,
+                log_path=logs / "this_server.log",
+            ),
+        ),
+    ]

@@ -13,16 +13,15 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.pa_runner import run_perf_analyzer
-from bench.peers import PeerSetupError, ServerHandle, log_tail, start_tritonserver
+from bench.peers import PeerSetupError, ServerHandle, log_tail
 from bench.results import Report, Run
 from bench.scenarios.common import (
     BENCH_MODELS,
-    free_port,
     log,
     make_repository,
     new_report,
+    peer_and_this,
     save_report,
-    start_this_server,
     work_dir,
 )
 from bench.scenarios.overhead import ratios
@@ -43,20 +42,7 @@ MODES = (
 
 
 def _servers(repo: Any, logs: Any) -> list[tuple[str, Callable[[], ServerHandle]]]:
-    return [
-        (
-            PEER,
-            lambda: start_tritonserver(
-                repo, free_port(), free_port(), free_port(), log_path=logs / "tritonserver.log"
-            ),
-        ),
-        (
-            THIS,
-            lambda: start_this_server(
-                repo, free_port(), grpc_port=free_port(), log_path=logs / "this_server.log"
-            ),
-        ),
-    ]
+    return peer_and_this(repo, logs, grpc=True)
 
 
 def run(quick: bool = False) -> Report:

@@ -11,17 +11,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from bench.peers import PeerSetupError, ServerHandle, start_tritonserver
+from bench.peers import PeerSetupError, ServerHandle
 from bench.results import Report, Run
 from bench.scenarios.common import (
     BENCH_MODELS,
-    free_port,
     log,
     make_repository,
     measure,
     new_report,
+    peer_and_this,
     save_report,
-    start_this_server,
     work_dir,
 )
 
@@ -34,16 +33,7 @@ THIS = "this server"
 
 
 def _servers(repo: Any, logs: Any) -> list[tuple[str, Callable[[], ServerHandle]]]:
-    """The two servers, as (label, start function) pairs."""
-    return [
-        (
-            PEER,
-            lambda: start_tritonserver(
-                repo, free_port(), free_port(), free_port(), log_path=logs / "tritonserver.log"
-            ),
-        ),
-        (THIS, lambda: start_this_server(repo, free_port(), log_path=logs / "this_server.log")),
-    ]
+    return peer_and_this(repo, logs, grpc=False)
 
 
 def run(quick: bool = False, servers: tuple[str, ...] = (PEER, THIS)) -> Report:

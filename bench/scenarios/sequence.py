@@ -17,16 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.pa_runner import run_perf_analyzer
-from bench.peers import PeerSetupError, ServerHandle, start_tritonserver
+from bench.peers import PeerSetupError, ServerHandle
 from bench.results import Report, Run
 from bench.scenarios.common import (
-    free_port,
     log,
     make_repository,
     new_report,
+    peer_and_this,
     save_report,
     set_instances,
-    start_this_server,
     work_dir,
 )
 
@@ -40,16 +39,8 @@ PEER = "tritonserver"
 THIS = "this server"
 
 
-def _servers(repo: Path, logs: Path) -> list[tuple[str, Callable[[], ServerHandle]]]:
-    return [
-        (
-            PEER,
-            lambda: start_tritonserver(
-                repo, free_port(), free_port(), free_port(), log_path=logs / "tritonserver.log"
-            ),
-        ),
-        (THIS, lambda: start_this_server(repo, free_port(), log_path=logs / "this_server.log")),
-    ]
+def _servers(repo: Any, logs: Any) -> list[tuple[str, Callable[[], ServerHandle]]]:
+    return peer_and_this(repo, logs, grpc=False)
 
 
 def run(quick: bool = False) -> Report:

@@ -15,16 +15,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.pa_runner import run_perf_analyzer
-from bench.peers import PeerSetupError, ServerHandle, start_tritonserver
+from bench.peers import PeerSetupError, ServerHandle
 from bench.results import Report, Run
 from bench.scenarios.common import (
     BENCH_MODELS,
-    free_port,
     log,
     make_repository,
     new_report,
+    peer_and_this,
     save_report,
-    start_this_server,
     work_dir,
 )
 from repository_loader.proto import model_config_pb2
@@ -53,21 +52,7 @@ def _large(config: model_config_pb2.ModelConfig) -> None:
 
 
 def _servers(repo: Path, logs: Path) -> list[tuple[str, Callable[[], ServerHandle]]]:
-    """The two servers, as (label, start function) pairs; both listen for HTTP and gRPC."""
-    return [
-        (
-            PEER,
-            lambda: start_tritonserver(
-                repo, free_port(), free_port(), free_port(), log_path=logs / "tritonserver.log"
-            ),
-        ),
-        (
-            THIS,
-            lambda: start_this_server(
-                repo, free_port(), grpc_port=free_port(), log_path=logs / "this_server.log"
-            ),
-        ),
-    ]
+    return peer_and_this(repo, logs, grpc=True)
 
 
 def run(quick: bool = False, servers: tuple[str, ...] = (PEER, THIS)) -> Report:
