@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import functools
 import logging
 import re
 import time
@@ -257,26 +256,13 @@ class GRPCInferenceServicer:
     async def _read_stream(
         self, requests: AsyncIterator[Any], queue: asyncio.Queue[Any], ends_on_error: bool = False
     ) -> None:
-        """Start one task per request read; when the client half-closes, wait for them, then end.
-
-        The requests of one sequence run in the order they came: each starts once the one before it
-        in the stream has its answer (a sequence runs one request at a time anyway). Without that, the
-        requests of a sequence owned by another replica, sent on there each on its own, could arrive
-        out of order (a later request before its START)."""
+        """Start one task per request read; when the client half-closes, wait for them, then end."""
         tasks: set[asyncio.Task[None]] = set()
-        last: dict[int | str, asyncio.Task[None]] = {}  # each sequence's latest request in the stream
         try:
             async for message in requests:
-                key = _sequence_key(message)
-                before = last.get(key) if key is not None else None
-                task = asyncio.create_task(
-                    self._stream_one(message, queue.put_nowait, ends_on_error, after=before)
-                )
+                task = asyncio.create_task(self._stream_one(message, queue.put_nowait, ends_on_error))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
-                if key is not None:
-                    last[key] = task
-                    task.add_done_callback(functools.partial(_forget_if_latest, last, key))
             if tasks:
                 await asyncio.gather(*tasks)
         finally:
@@ -285,14 +271,8 @@ class GRPCInferenceServicer:
             queue.put_nowait(None)
 
     async def _stream_one(
-        self,
-        message: Any,
-        put: Callable[[Any], None],
-        ends_on_error: bool = False,
-        after: asyncio.Task[None] | None = None,
+        self, message: Any, put: Callable[[Any], None], ends_on_error: bool = False
     ) -> None:
-        if after is not None and not after.done():
-            await asyncio.wait({after})  # its answer, or its end: either way this one may go
         try:
             description, schema = await self.calls.schema(message.model_name, message.model_version)
             request = grpc_codec.decode_infer_request(message)
@@ -593,26 +573,6 @@ def _grpc_error_mode(context: Any) -> bool:
         return False
     metadata = dict(context.invocation_metadata() or ())
     return str(metadata.get(GRPC_ERROR_HEADER, "")).lower() == "true"
-
-
-def _forget_if_latest(
-    latest: dict[int | str, asyncio.Task[None]], key: int | str, done: asyncio.Task[None]
-) -> None:
-    if latest.get(key) is done:
-        del latest[key]
-
-
-def _sequence_key(message: Any) -> int | str | None:
-    """The sequence a streamed ``ModelInferRequest`` belongs to (its ``sequence_id``), None where none."""
-    parameters = message.parameters
-    if "sequence_id" not in parameters:
-        return None
-    value = parameters["sequence_id"]
-    kind = value.WhichOneof("parameter_choice")
-    found: int | str = (
-        value.string_param if kind == "string_param" else getattr(value, kind or "int64_param", 0)
-    )
-    return found or None
 
 
 def _stream_error(message: Any, text: str) -> Any:

@@ -19,6 +19,7 @@ owner's reply comes back as it is (:data:`RawReply`), the one fast path, decided
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
@@ -135,6 +136,8 @@ class Router:
         self.owners = owners
         self.answered_here = 0  # a stateful model's sequence requests answered by this replica
         self.sent_to_owner = 0  # ... and sent on to their owner
+        # each sequence's latest request sent on to its owner, done once that one has its answer
+        self._forwarding: dict[int | str, asyncio.Future[None]] = {}
 
     def serve(self, name: str, runner: Runner) -> None:
         """Run ``name`` here with ``runner`` from now on (a load, or a reload swapping it in)."""
@@ -162,10 +165,32 @@ class Router:
         if placement.where is Where.OWNER:
             if self.owners is None:
                 raise self._owner_unreachable(request, placement.rank)
-            answer = await self.owners.forward(request.model_name, placement.rank, request, raw)
+            answer = await self._forward_in_order(request, placement.rank, raw)
             self.sent_to_owner += 1
             return answer
         return await self._remote(request).infer(request)
+
+    async def _forward_in_order(
+        self, request: InferRequest, rank: int, raw: RawRequest | None
+    ) -> InferResponse | RawReply:
+        """``request`` sent on to the sequence's owner once the sequence's request before it (in the
+        order they came here) has its answer. Each travels on a call of its own, so without the wait a
+        later request could reach the owner first (before its START, say, when a client streams a
+        sequence's requests without waiting for answers). The owner runs a sequence's requests one at
+        a time anyway; the cost is that it holds one of them at a time from here, not several."""
+        assert self.owners is not None
+        key = request.correlation_id
+        before = self._forwarding.get(key)
+        mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._forwarding[key] = mine
+        try:
+            if before is not None and not before.done():
+                await asyncio.wait({before})
+            return await self.owners.forward(request.model_name, rank, request, raw)
+        finally:
+            mine.set_result(None)
+            if self._forwarding.get(key) is mine:
+                del self._forwarding[key]
 
     async def infer(self, request: InferRequest) -> InferResponse:
         """``ModelExecutor.infer``: the response of ``request``, wherever it runs."""

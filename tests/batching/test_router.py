@@ -3,6 +3,7 @@ model's replicas; an HTTP request sent on to an owner travels unchanged (no Ray 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -127,6 +128,43 @@ async def test_a_request_sent_on_to_its_owner_runs_where_it_lands() -> None:
     assert forwarded.forwarded and router.place(_request("m", other), forwarded).where is Where.LOCAL
     answer = await router.route(_request("m", other), forwarded)
     assert isinstance(answer, InferResponse) and answer.id == "here" and owners.sent == []
+
+
+class SlowOwners:
+    """Owners that take each request's STEP input as its way there: the first of a sequence is the
+    slowest to arrive. Records arrivals, and the most requests on their way at once."""
+
+    def __init__(self) -> None:
+        self.arrived: list[tuple[int | str, int]] = []
+        self.on_the_way = self.most_on_the_way = 0
+
+    async def forward(
+        self, model: str, rank: int, request: InferRequest, raw: RawRequest | None
+    ) -> InferResponse:
+        step = int(np.asarray(request.inputs["IN"]).reshape(-1)[0])
+        self.on_the_way += 1
+        self.most_on_the_way = max(self.most_on_the_way, self.on_the_way)
+        await asyncio.sleep(0.2 if step == 0 else 0.01)
+        self.on_the_way -= 1
+        self.arrived.append((request.correlation_id, step))
+        return InferResponse(model_name=model, id=f"{request.correlation_id}-{step}")
+
+
+async def test_a_sequences_requests_reach_their_owner_in_the_order_they_came() -> None:
+    owners = SlowOwners()
+    router = Router({"m": Runner("m")}, ranks=Ranks("m", 0, 2), owners=owners)
+    others = [c for c in range(1, 200) if owner_rank(c, 2) != 0][:2]
+
+    def step(cid: int, n: int) -> InferRequest:
+        return InferRequest("m", {"IN": np.full((1, 1), n, np.int32)}, correlation_id=cid)
+
+    # sent as a stream sends them: every request at once, in order
+    answers = await asyncio.gather(*(router.infer(step(cid, n)) for n in range(3) for cid in others))
+    assert [a.id for a in answers] == [f"{cid}-{n}" for n in range(3) for cid in others]
+    for cid in others:
+        assert [n for c, n in owners.arrived if c == cid] == [0, 1, 2]
+    assert owners.most_on_the_way == 2  # one of each sequence at a time, the two sequences at once
+    assert router._forwarding == {}
 
 
 async def test_a_sequence_whose_owner_cannot_be_reached_never_runs_here() -> None:
