@@ -18,6 +18,7 @@ SCENARIOS = (
     "cluster_ensemble",
     "density",
     "shared_memory",
+    "pooled",
 )
 
 
