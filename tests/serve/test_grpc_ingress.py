@@ -150,6 +150,7 @@ def test_calls_over_http1_run_on_the_deployments_loop(deployment_loop: asyncio.A
         "headers": [(b"grpc-status", b"0")],
         "more_trailers": False,
     }
-    assert pb.ServerLiveResponse.FromString(sent[1]["body"][5:]).live is True
+    body = b"".join(m["body"] for m in sent if m["type"] == "http.response.body")
+    assert pb.ServerLiveResponse.FromString(body[5:]).live is True
     grpc_ingress.withdraw()
     assert ingress._grpc_calls is None
