@@ -2,38 +2,19 @@
 
 from __future__ import annotations
 
-from bench.results import Point, Run
 from bench.scenarios import shared_memory as scenario
-
-
-def _run(label: str, rates: dict[int, float]) -> Run:
-    run = Run(label, "perf_analyzer", "identity_py", "localhost:1")
-    run.points = [
-        Point(
-            concurrency=c,
-            request_rate=None,
-            infer_per_s=r,
-            requests_per_s=r,
-            latency_avg_us=1.0,
-            p50_us=1.0,
-            p90_us=1.0,
-            p95_us=1.0,
-            p99_us=1.0,
-        )
-        for c, r in rates.items()
-    ]
-    return run
+from tests.bench.runs import run_of
 
 
 def test_ratios_compare_with_and_without_shared_memory_and_this_server_with_tritonserver() -> None:
     this, peer = scenario.THIS, scenario.PEER
     model = scenario.MODEL
     runs = [
-        _run(f"{this}: {model}: http", {1: 1000.0, 4: 2000.0}),
-        _run(f"{this}: {model}: http shm", {1: 1100.0, 4: 1000.0}),
-        _run(f"{this}: {model}: grpc", {1: 800.0}),
-        _run(f"{this}: {model}: grpc shm", {1: 400.0, 4: 300.0}),  # no plain run at 4: no ratio
-        _run(f"{peer}: {model}: http shm", {1: 2200.0}),
+        run_of(f"{this}: {model}: http", {1: 1000.0, 4: 2000.0}),
+        run_of(f"{this}: {model}: http shm", {1: 1100.0, 4: 1000.0}),
+        run_of(f"{this}: {model}: grpc", {1: 800.0}),
+        run_of(f"{this}: {model}: grpc shm", {1: 400.0, 4: 300.0}),  # no plain run at 4: no ratio
+        run_of(f"{peer}: {model}: http shm", {1: 2200.0}),
     ]
     assert scenario.ratios(runs) == {
         f"shm_over_plain:{this}:{model}:http:1": 1.1,
