@@ -19,7 +19,6 @@ owner's reply comes back as it is (:data:`RawReply`), the one fast path, decided
 
 from __future__ import annotations
 
-import asyncio
 import zlib
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from enum import Enum
 from typing import Any, Protocol
 
 from deployments.inference import InferRequest, InferResponse, ModelExecutor
+from deployments.runtime.forward_order import SEQUENCE_ORDER, ArrivalGate, Order, SendOrder
 from deployments.tracing import TRACE_STEP_HEADER
 from repository_loader.errors import NotFound, Unavailable, Unsupported
 
@@ -41,7 +41,7 @@ REPLICA_SNAPSHOT = b"x-triton-replica-snapshot"
 """Set on a sibling's request for a replica's own counts now (its statistics and metrics, not summed
 with other replicas'). HAProxy removes these and ``TRACE_STEP_HEADER`` from client requests."""
 
-INTERNAL_HEADERS = (FORWARDED, REPLICA_SNAPSHOT, TRACE_STEP_HEADER)
+INTERNAL_HEADERS = (FORWARDED, SEQUENCE_ORDER, REPLICA_SNAPSHOT, TRACE_STEP_HEADER)
 """Headers only replicas set on their calls to each other."""
 
 
@@ -66,14 +66,20 @@ class RawRequest:
         """Whether another replica sent this request here as the sequence's owner."""
         return any(key == FORWARDED for key, _ in self.headers)
 
+    @property
+    def order(self) -> Order | None:
+        """Its place among the sequence's requests sent here from the same replica, if it has one."""
+        return next((Order.parse(value) for key, value in self.headers if key == SEQUENCE_ORDER), None)
+
 
 class OwnerCalls(Protocol):
     """How a request reaches the replica that holds rank ``rank`` of stateful model ``model``."""
 
     async def forward(
-        self, model: str, rank: int, request: InferRequest, raw: RawRequest | None
+        self, model: str, rank: int, request: InferRequest, raw: RawRequest | None, order: Order
     ) -> InferResponse | RawReply:
-        """The owner's answer: its reply as it came where ``raw`` is given, else a response."""
+        """The owner's answer: its reply as it came where ``raw`` is given, else a response. ``order``
+        travels as the :data:`SEQUENCE_ORDER` header."""
         ...
 
 
@@ -136,8 +142,8 @@ class Router:
         self.owners = owners
         self.answered_here = 0  # a stateful model's sequence requests answered by this replica
         self.sent_to_owner = 0  # ... and sent on to their owner
-        # each sequence's latest request sent on to its owner, done once that one has its answer
-        self._forwarding: dict[int | str, asyncio.Future[None]] = {}
+        self.sending = SendOrder()  # the order of the requests sent on to owners
+        self.arrivals = ArrivalGate()  # ... and of those other replicas sent here
 
     def serve(self, name: str, runner: Runner) -> None:
         """Run ``name`` here with ``runner`` from now on (a load, or a reload swapping it in)."""
@@ -161,36 +167,24 @@ class Router:
         if placement.where is Where.LOCAL:
             if self.ranks is not None and request.correlation_id:
                 self.answered_here += 1
+                order = raw.order if raw is not None and raw.forwarded else None
+                if order is not None:
+                    # queued in the order the sender numbered them: turn() returns once the request
+                    # before it passed, and the runner queues it before its first suspension
+                    await self.arrivals.turn(request.correlation_id, order)
             return await self.local[request.model_name].infer(request)
         if placement.where is Where.OWNER:
             if self.owners is None:
                 raise self._owner_unreachable(request, placement.rank)
-            answer = await self._forward_in_order(request, placement.rank, raw)
+            # sent at once, numbered in the order they came here (deployments/runtime/forward_order.py)
+            order = self.sending.next(request.correlation_id)
+            try:
+                answer = await self.owners.forward(request.model_name, placement.rank, request, raw, order)
+            finally:
+                self.sending.answered(request.correlation_id, order)
             self.sent_to_owner += 1
             return answer
         return await self._remote(request).infer(request)
-
-    async def _forward_in_order(
-        self, request: InferRequest, rank: int, raw: RawRequest | None
-    ) -> InferResponse | RawReply:
-        """``request`` sent on to the sequence's owner once the sequence's request before it (in the
-        order they came here) has its answer. Each travels on a call of its own, so without the wait a
-        later request could reach the owner first (before its START, say, when a client streams a
-        sequence's requests without waiting for answers). The owner runs a sequence's requests one at
-        a time anyway; the cost is that it holds one of them at a time from here, not several."""
-        assert self.owners is not None
-        key = request.correlation_id
-        before = self._forwarding.get(key)
-        mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._forwarding[key] = mine
-        try:
-            if before is not None and not before.done():
-                await asyncio.wait({before})
-            return await self.owners.forward(request.model_name, rank, request, raw)
-        finally:
-            mine.set_result(None)
-            if self._forwarding.get(key) is mine:
-                del self._forwarding[key]
 
     async def infer(self, request: InferRequest) -> InferResponse:
         """``ModelExecutor.infer``: the response of ``request``, wherever it runs."""

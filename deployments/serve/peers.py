@@ -35,6 +35,7 @@ from urllib.parse import quote
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.codec import HEADER_LENGTH, decode_infer_response, encode_infer_request
 from deployments.protocol.dataplane import empty_model_statistics, model_metadata_document
+from deployments.runtime.forward_order import SEQUENCE_ORDER, Order
 from deployments.runtime.router import FORWARDED, REPLICA_SNAPSHOT, RawReply, RawRequest, owner_rank
 from deployments.runtime.stats import merge_snapshots
 from deployments.serve import hooks
@@ -187,7 +188,7 @@ class ReplicaCalls:
                 return None
 
     async def forward(
-        self, model: str, rank: int, request: InferRequest, raw: RawRequest | None
+        self, model: str, rank: int, request: InferRequest, raw: RawRequest | None, order: Order
     ) -> InferResponse | RawReply:
         """``OwnerCalls.forward``: the owner's reply (as it came where ``raw`` is given)."""
         if raw is not None:
@@ -200,6 +201,7 @@ class ReplicaCalls:
             path = found
             body, headers = _encoded(request)
         headers[FORWARDED.decode()] = str(rank)
+        headers[SEQUENCE_ORDER.decode()] = order.header()
         if request.trace is not None:
             headers.update(trace_headers(request.trace))
         reply = await self._to_owner(model, rank, request, path, headers, body)

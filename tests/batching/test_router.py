@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from deployments.inference import InferRequest, InferResponse
+from deployments.runtime.forward_order import SEQUENCE_ORDER, ArrivalGate, Order, SendOrder
 from deployments.runtime.router import (
     FORWARDED,
     Placement,
@@ -66,7 +67,7 @@ class Owners:
         self.sent: list[tuple[int, RawRequest | None]] = []
 
     async def forward(
-        self, model: str, rank: int, request: InferRequest, raw: RawRequest | None
+        self, model: str, rank: int, request: InferRequest, raw: RawRequest | None, order: Order
     ) -> InferResponse | RawReply:
         self.sent.append((rank, raw))
         if raw is not None:
@@ -130,41 +131,107 @@ async def test_a_request_sent_on_to_its_owner_runs_where_it_lands() -> None:
     assert isinstance(answer, InferResponse) and answer.id == "here" and owners.sent == []
 
 
-class SlowOwners:
-    """Owners that take each request's STEP input as its way there: the first of a sequence is the
-    slowest to arrive. Records arrivals, and the most requests on their way at once."""
+class HeldRunner(Runner):
+    """A stateful model held as Triton's delayed qa tests hold it: no request is answered until
+    ``hold`` are queued. Records the order requests are queued in (the synchronous start of ``infer``)."""
 
-    def __init__(self) -> None:
-        self.arrived: list[tuple[int | str, int]] = []
+    def __init__(self, name: str, hold: int) -> None:
+        super().__init__(name)
+        self.queued: list[tuple[int | str, int]] = []
+        self.released = asyncio.Event()
+        self.hold = hold
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        self.queued.append((request.correlation_id, _step(request)))
+        if len(self.queued) >= self.hold:
+            self.released.set()
+        await self.released.wait()
+        return InferResponse(model_name=self.name, id=f"{request.correlation_id}-{_step(request)}")
+
+
+def _step(request: InferRequest) -> int:
+    return int(np.asarray(request.inputs["IN"]).reshape(-1)[0])
+
+
+class SlowWire:
+    """Owners reached over a wire on which each request's STEP input sets its time on the way: a
+    sequence's first request is the slowest to arrive. Hands each to the owner's router as the
+    serving layer does (a raw request with the forwarding headers)."""
+
+    def __init__(self, owner: Router) -> None:
+        self.owner = owner
         self.on_the_way = self.most_on_the_way = 0
 
     async def forward(
-        self, model: str, rank: int, request: InferRequest, raw: RawRequest | None
-    ) -> InferResponse:
-        step = int(np.asarray(request.inputs["IN"]).reshape(-1)[0])
+        self, model: str, rank: int, request: InferRequest, raw: RawRequest | None, order: Order
+    ) -> InferResponse | RawReply:
         self.on_the_way += 1
         self.most_on_the_way = max(self.most_on_the_way, self.on_the_way)
-        await asyncio.sleep(0.2 if step == 0 else 0.01)
+        await asyncio.sleep(0.2 if _step(request) == 0 else 0.01 * (3 - _step(request)))
         self.on_the_way -= 1
-        self.arrived.append((request.correlation_id, step))
-        return InferResponse(model_name=model, id=f"{request.correlation_id}-{step}")
+        headers = [(FORWARDED, str(rank).encode()), (SEQUENCE_ORDER, order.header().encode())]
+        return await self.owner.route(request, RawRequest("/v2/models/m/infer", headers, b""))
 
 
-async def test_a_sequences_requests_reach_their_owner_in_the_order_they_came() -> None:
-    owners = SlowOwners()
-    router = Router({"m": Runner("m")}, ranks=Ranks("m", 0, 2), owners=owners)
-    others = [c for c in range(1, 200) if owner_rank(c, 2) != 0][:2]
+async def test_a_sequences_requests_are_queued_at_their_owner_in_the_order_they_came() -> None:
+    held = HeldRunner("m", hold=6)
+    owner = Router({"m": held}, ranks=Ranks("m", 1, 2))
+    router = Router({"m": Runner("m")}, ranks=Ranks("m", 0, 2), owners=SlowWire(owner))
+    wire = router.owners
+    assert isinstance(wire, SlowWire)
+    others = [c for c in range(1, 200) if owner_rank(c, 2) == 1][:2]
 
     def step(cid: int, n: int) -> InferRequest:
         return InferRequest("m", {"IN": np.full((1, 1), n, np.int32)}, correlation_id=cid)
 
-    # sent as a stream sends them: every request at once, in order
-    answers = await asyncio.gather(*(router.infer(step(cid, n)) for n in range(3) for cid in others))
+    # sent as a stream sends them: every request at once, in order; the owner answers none of them
+    # until all six are queued there (Triton's TRITONSERVER_DELAY_SCHEDULER), so none may wait for
+    # an earlier one's answer on the way
+    answers = await asyncio.wait_for(
+        asyncio.gather(*(router.infer(step(cid, n)) for n in range(3) for cid in others)), 5
+    )
     assert [a.id for a in answers] == [f"{cid}-{n}" for n in range(3) for cid in others]
     for cid in others:
-        assert [n for c, n in owners.arrived if c == cid] == [0, 1, 2]
-    assert owners.most_on_the_way == 2  # one of each sequence at a time, the two sequences at once
-    assert router._forwarding == {}
+        assert [n for c, n in held.queued if c == cid] == [0, 1, 2]
+    assert wire.most_on_the_way == 6
+    assert router.sending.waiting == 0 and owner.arrivals.gaps == 0
+    assert owner.arrivals.remembered == 2  # one entry per (sender, sequence)
+
+
+async def test_a_request_whose_predecessor_never_arrives_is_queued_after_the_gap() -> None:
+    here = Runner("m")
+    owner = Router({"m": here}, ranks=Ranks("m", 1, 2))
+    owner.arrivals = ArrivalGate(gap_s=0.1)
+    _, other = _sequences(1, 2)
+    headers = [(FORWARDED, b"1"), (SEQUENCE_ORDER, b"sender 8 7")]  # request 7 was lost on the way
+    started = asyncio.get_running_loop().time()
+    answer = await owner.route(_request("m", other), RawRequest("/v2/models/m/infer", headers, b""))
+    assert isinstance(answer, InferResponse) and answer.id == "here"
+    assert asyncio.get_running_loop().time() - started >= 0.1 and owner.arrivals.gaps == 1
+    # once 8 passed, a late 7 and anything after 8 pass at once
+    for value in (b"sender 7", b"sender 9 8"):
+        headers = [(FORWARDED, b"1"), (SEQUENCE_ORDER, value)]
+        await asyncio.wait_for(owner.route(_request("m", other), RawRequest("/p", headers, b"")), 0.05)
+    assert owner.arrivals.gaps == 1 and len(here.calls) == 3
+
+
+def test_an_order_header_reads_back_and_anything_else_is_no_order() -> None:
+    sending = SendOrder()
+    first, second = sending.next(5), sending.next(5)
+    assert (first.after, second.after) == (None, first.n)
+    assert Order.parse(second.header().encode()) == second and Order.parse(first.header()) == first
+    sending.answered(5, first)  # not the latest: the next still comes after the second
+    assert sending.next(5).after == second.n
+    assert sending.next("5").after is None  # another sequence
+    for junk in (b"", b"x", b"x y", b"a 1 2 3", b"a 1 b"):
+        assert Order.parse(junk) is None
+
+
+async def test_the_owner_forgets_idle_senders() -> None:
+    gate = ArrivalGate(keep_s=0.0)
+    await gate.turn(1, Order("a", 1))
+    await gate.turn(2, Order("a", 2))
+    assert gate.remembered == 1  # only the latest, every older one idle for keep_s
 
 
 async def test_a_sequence_whose_owner_cannot_be_reached_never_runs_here() -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from deployments.inference import InferRequest, InferResponse
 from deployments.runtime.batching import make_scheduler
+from deployments.runtime.forward_order import SEQUENCE_ORDER, Order
 from deployments.runtime.model import ModelRuntime
 from deployments.runtime.router import FORWARDED, Ranks, RawReply, RawRequest, Router, owner_rank
 from deployments.runtime.sequence import SequenceBatcher
@@ -108,9 +109,10 @@ class InMemoryOwners:
         self.routers: dict[int, Router] = {}
 
     async def forward(
-        self, model: str, rank: int, request: InferRequest, raw: RawRequest | None
+        self, model: str, rank: int, request: InferRequest, raw: RawRequest | None, order: Order
     ) -> InferResponse | RawReply:
-        sent_on = RawRequest(f"/v2/models/{model}/infer", [(FORWARDED, str(rank).encode())], b"")
+        headers = [(FORWARDED, str(rank).encode()), (SEQUENCE_ORDER, order.header().encode())]
+        sent_on = RawRequest(f"/v2/models/{model}/infer", headers, b"")
         return await self.routers[rank].route(request, sent_on)
 
 
