@@ -87,9 +87,13 @@ def owner_rank(correlation_id: int | str, world_size: int) -> int:
     """The rank owning sequence ``correlation_id``; ``5`` and ``"5"`` are different sequences.
 
     Ranks (``0 .. world_size-1``) run over every replica of the model; Serve keeps them stable (a
-    replacement takes the rank it replaces), so every replica computes the owner alone."""
-    key = (b"s" + correlation_id.encode()) if isinstance(correlation_id, str) else b"i%d" % correlation_id
-    return zlib.crc32(key) % world_size
+    replacement takes the rank it replaces), so every replica computes the owner alone. An integer ID
+    goes to rank ``ID mod world_size``: clients number their sequences one after another (perf_analyzer,
+    Triton's own tests), and consecutive IDs then take the replicas in turn, as Triton's first free
+    slots take its instances in turn; a string ID by its CRC-32."""
+    if isinstance(correlation_id, str):
+        return zlib.crc32(b"s" + correlation_id.encode()) % world_size
+    return correlation_id % world_size
 
 
 @dataclass(frozen=True)

@@ -91,10 +91,11 @@ class _Backlog:
 class SequenceBatcher:
     """The sequence batcher of one model in one replica.
 
-    It holds the slots of every instance of the model (``SequenceSettings.instances``, at least
-    ``max_concurrent_batches``): the replica owning a sequence's ID runs it, and may own every live
-    sequence of the model. At most ``max_concurrent_batches`` batches run at once, and a new sequence
-    fills the slots of the instances that run at once before it takes another's, so batches stay full.
+    It holds the slots of ``SequenceSettings.instances`` instances (``replica_instances``: this
+    replica's own one where the backend keeps the sequences' state, every instance of the model where
+    the scheduler does, with at least ``max_concurrent_batches`` then). At most
+    ``max_concurrent_batches`` batches run at once, one per instance, and a new sequence fills the
+    slots of the instances that run at once before it takes another's, so batches stay full.
     """
 
     def __init__(
@@ -112,7 +113,8 @@ class SequenceBatcher:
         self._on_batch = on_batch
         self._concurrent = max(max_concurrent_batches, 1)
         self._gate = asyncio.Semaphore(self._concurrent)  # batches running through ``execute``
-        count = max(self._concurrent, settings.instances)
+        # a backend keeping sequence state sees one instance's slots, one batch at a time (Triton's contract)
+        count = max(self._concurrent, settings.instances) if settings.states else settings.instances
         self.instances: list[_DirectInstance | _OldestInstance]
         if settings.strategy == "oldest":
             if dynamic_batcher is None:

@@ -60,7 +60,7 @@ class SequenceSettings:
     max_candidate_sequences: int = 1
     preferred_batch_size: tuple[int, ...] = ()
     preserve_ordering: bool = False
-    instances: int = 1  # the model's instances over every instance group (model_instances)
+    instances: int = 1  # the instances whose slots one replica holds (replica_instances)
     iterative: bool = False  # iterative_sequence: each request is a sequence of its own
 
     @property
@@ -85,7 +85,7 @@ class SequenceSettings:
             max_candidate_sequences=max(int(seq.max_candidate_sequences), 1),
             preferred_batch_size=tuple(int(p) for p in oldest.get("preferred_batch_size") or ()),
             preserve_ordering=bool(oldest.get("preserve_ordering", False)),
-            instances=model_instances(model),
+            instances=replica_instances(model),
             iterative=seq.iterative,
         )
 
@@ -180,12 +180,26 @@ def model_instances(model: ModelDescription) -> int:
     """How many instances Triton runs of ``model``: every group's count, once per GPU it names.
 
     Triton's sequence slots are the slots of all these instances. Here each instance is a replica and
-    a sequence runs on the replica owning its ID, so one replica may own every live sequence: its
-    batcher holds the slots of every instance, or sequences Triton would run at once wait in its
-    backlog while the other replica's slots stand empty. A KIND_GPU group that names no GPUs counts
-    once (the GPUs of the cluster are not known here).
+    a sequence runs on the replica owning its ID (:func:`replica_instances` says whose slots a replica
+    holds). A KIND_GPU group that names no GPUs counts once (the GPUs of the cluster are not known
+    here).
     """
     return max(sum(g.count * max(len(g.gpus), 1) for g in model.instance_groups), 1)
+
+
+def replica_instances(model: ModelDescription) -> int:
+    """The instances whose sequence slots one replica of ``model`` holds.
+
+    A model that keeps a sequence's state itself (no ``state`` in ``sequence_batching``) relies on
+    Triton's contract: an instance sees no more sequences than its own slots, each always in the same
+    batch slot, and keeps their state by instance and slot (Triton's qa sequence models do). Here one
+    replica is one instance of the model, so its replica holds that one instance's slots; sequences
+    beyond them wait in its backlog. A model with implicit state keeps none: the scheduler hands each
+    sequence its state, so its replica holds the slots of every instance (:func:`model_instances`) and
+    a sequence never waits while this replica could run it.
+    """
+    raw = model.config_json.get("sequence_batching") or {}
+    return model_instances(model) if raw.get("state") else 1
 
 
 def backend_model(model: ModelDescription) -> ModelDescription:

@@ -27,6 +27,9 @@ CONTROLS = """
   ]
 """
 
+SCHEDULER_STATE = 'state [ { input_name: "S_IN" output_name: "S_OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]'
+"""An implicit state (``extra=``): the scheduler keeps the sequences' state, the backend none."""
+
 
 def sequence_model(
     strategy: str = "direct { }",

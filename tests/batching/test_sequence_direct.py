@@ -12,6 +12,7 @@ from deployments.runtime.sequence import SequenceBatcher
 from repository_loader.errors import InvalidArgument, Unavailable
 from tests.batching.fakes import until
 from tests.batching.sequence_models import (
+    SCHEDULER_STATE,
     Accumulator,
     out,
     req,
@@ -23,7 +24,9 @@ from tests.batching.sequence_models import (
 
 async def test_64_interleaved_sequences_each_get_their_own_running_sums() -> None:
     acc = Accumulator(delay=0.001)
-    batcher = SequenceBatcher(sequence_model(max_batch_size=8), acc, max_concurrent_batches=2)
+    # scheduler-held state: the replica may run two instances' batches at once
+    model = sequence_model(max_batch_size=8, extra=SCHEDULER_STATE)
+    batcher = SequenceBatcher(model, acc, max_concurrent_batches=2)
     rng = random.Random(7)
     sequences = {cid: [float(rng.randint(1, 9)) for _ in range(rng.randint(1, 6))] for cid in range(1, 65)}
     got = await run_sequences(batcher, sequences)
@@ -134,11 +137,11 @@ async def test_backlog_times_out_with_the_requests_timeout() -> None:
 async def test_idle_sequence_is_freed_and_its_later_requests_fail() -> None:
     acc = Accumulator()
     batcher = SequenceBatcher(sequence_model(max_batch_size=1, idle_us=50_000), acc)
+    started = time.monotonic()  # before sequence 1's request arrives: its idle clock starts later
     await batcher.submit(req(1, 1.0, start=True))
     backlogged = asyncio.ensure_future(batcher.submit(req(2, 7.0, start=True)))
-    started = time.monotonic()
     assert out(await backlogged) == 7.0  # took the slot once sequence 1 went idle
-    assert time.monotonic() - started >= 0.04
+    assert time.monotonic() - started >= 0.05
     late = await batcher.submit(req(1, 1.0))
     assert "inference request for sequence 1 to model 'seq' must specify the START flag" in str(late.error)
     assert batcher.active_sequences == 1

@@ -21,7 +21,15 @@ from deployments.runtime.router import FORWARDED, Ranks, RawReply, RawRequest, R
 from deployments.runtime.sequence import SequenceBatcher
 from deployments.runtime.sequence_config import SequenceSettings, model_instances
 from tests.batching.fakes import until
-from tests.batching.sequence_models import MODELS, Accumulator, from_text, out, req, sequence_model
+from tests.batching.sequence_models import (
+    MODELS,
+    SCHEDULER_STATE,
+    Accumulator,
+    from_text,
+    out,
+    req,
+    sequence_model,
+)
 
 STEPS = 8
 WORKERS = 8  # client threads: each step of every sequence is sent before the next step starts
@@ -51,7 +59,10 @@ async def _step_by_step(
 def test_the_model_instances_count_every_group_and_named_gpu() -> None:
     assert model_instances(sequence_model()) == 1
     assert model_instances(sequence_model(instances=2)) == 2
-    assert SequenceSettings.from_model(sequence_model(instances=3)).instances == 3
+    # a replica holds one instance's slots where the backend keeps the state, every instance's where
+    # the scheduler does
+    assert SequenceSettings.from_model(sequence_model(instances=3)).instances == 1
+    assert SequenceSettings.from_model(sequence_model(instances=3, extra=SCHEDULER_STATE)).instances == 3
     text = (
         'name: "g" backend: "python" max_batch_size: 8 '
         'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ] '
@@ -62,9 +73,24 @@ def test_the_model_instances_count_every_group_and_named_gpu() -> None:
     assert model_instances(from_text(text, Path("/nonexistent/g"))) == 5
 
 
-async def test_a_replica_of_a_two_instance_model_holds_the_slots_of_both() -> None:
+async def test_a_replica_of_a_model_keeping_its_own_state_holds_one_instances_slots() -> None:
+    """Triton's contract: an instance sees no more sequences than its slots, each in its own batch slot
+    (a model without batching keeps one sequence's state per instance). The ninth sequence waits."""
     acc = Accumulator()
     batcher = SequenceBatcher(sequence_model(max_batch_size=8, instances=2), acc)
+    starts = await asyncio.gather(*(batcher.submit(req(cid, 1.0, start=True)) for cid in range(1, 9)))
+    assert [out(r) for r in starts] == [1.0] * 8
+    ninth = asyncio.ensure_future(batcher.submit(req(9, 5.0, start=True)))
+    await until(lambda: batcher.backlog_size == 1)
+    assert batcher.active_sequences == 8 and len(batcher.instances) == 1
+    assert out(await batcher.submit(req(1, 1.0, end=True))) == 2.0
+    assert out(await ninth) == 5.0
+    await batcher.close(drain=False)
+
+
+async def test_a_replica_of_a_two_instance_model_with_scheduler_state_holds_the_slots_of_both() -> None:
+    acc = Accumulator()
+    batcher = SequenceBatcher(sequence_model(max_batch_size=8, instances=2, extra=SCHEDULER_STATE), acc)
     starts = await asyncio.gather(*(batcher.submit(req(cid, 1.0, start=True)) for cid in range(1, 17)))
     assert [out(r) for r in starts] == [1.0] * 16
     assert batcher.active_sequences == 16 and batcher.backlog_size == 0
@@ -87,7 +113,7 @@ async def test_twelve_sequences_step_by_step_on_one_replica_of_a_two_instance_mo
     """12 sequences, 8 steps, 8 workers, Triton's 1 s idle limit, every sequence on this replica: a
     replica with one instance's 8 slots backlogged 4 STARTs until the 8 sequences holding the slots
     went idle, and those then failed their second step for want of a START."""
-    model = sequence_model(strategy, max_batch_size=8, idle_us=1_000_000, instances=2)
+    model = sequence_model(strategy, max_batch_size=8, idle_us=1_000_000, instances=2, extra=SCHEDULER_STATE)
     batcher = make_scheduler(model, Accumulator(delay=0.001))
     assert isinstance(batcher, SequenceBatcher)
 
@@ -133,7 +159,9 @@ async def test_two_replicas_behind_their_routers_run_twelve_sequences_step_by_st
 ) -> None:
     """The failing setup without Ray: two replicas of the Python accumulator (count 2, max_batch_size
     8), each a runtime behind a router ranked 0 and 1 of 2; requests land on either replica and go on
-    to their owner; 10 of the 12 sequences are owned by rank 1."""
+    to their owner. The sequences are numbered one after another, as clients number them, so each
+    replica owns six and holds them in its own eight slots (with IDs owned 10 to 2, four backlogged
+    STARTs held client threads until the sequences holding the slots went idle)."""
     model = _two_instance_accumulator(tmp_path, strategy)
     owners = InMemoryOwners()
     runtimes = []
@@ -143,11 +171,11 @@ async def test_two_replicas_behind_their_routers_run_twelve_sequences_step_by_st
         owners.routers[rank] = Router(ranks=Ranks(model.name, rank, 2), owners=owners)
         owners.routers[rank].serve(model.name, runtime)
         runtimes.append(runtime)
-    ids = range(1, 100)
-    cids = [c for c in ids if owner_rank(c, 2) == 1][:10] + [c for c in ids if owner_rank(c, 2) == 0][:2]
+    cids = list(range(1001, 1013))
+    assert sorted(owner_rank(c, 2) for c in cids) == [0] * 6 + [1] * 6
 
     async def send(cid: int, step: int, start: bool, end: bool) -> InferResponse:
-        landed = owners.routers[(cid + step) % 2]  # either replica, as HAProxy picks
+        landed = owners.routers[(cid // 2 + step) % 2]  # either replica, as HAProxy picks
         request = InferRequest(
             model.name,
             {"IN": np.array([[step + 1]], dtype=np.int32)},
@@ -165,5 +193,5 @@ async def test_two_replicas_behind_their_routers_run_twelve_sequences_step_by_st
     for cid, responses in answers.items():
         assert [r.error for r in responses] == [None] * STEPS, cid
         assert [int(r.outputs["OUT"][0, 0]) for r in responses] == list(np.cumsum(range(1, STEPS + 1))), cid
-    assert owners.routers[1].answered_here == 10 * STEPS
-    assert owners.routers[0].answered_here == 2 * STEPS
+    assert owners.routers[1].answered_here == 6 * STEPS
+    assert owners.routers[0].answered_here == 6 * STEPS
