@@ -250,6 +250,9 @@ class RayDeployer:
         errors = [status["error"] for status in statuses if status["error"]]
         if errors:
             raise Unavailable(errors[0])
+        if previous is not None:  # replicas a count change kept were built from the old description
+            replicas = sum(e.num_replicas for e in entries)
+            await self.board.describe(model, replicas, min(self.settings.deploy_timeout_s, 10.0))
 
     def _built_with(
         self, entry: DeploymentEntry, composing: dict[str, ModelDescription] | None
