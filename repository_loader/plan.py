@@ -33,8 +33,12 @@ not an ensemble) is *pooled*: it gets no entry of its own and is served by the o
 
 CPU shares are sized so every replica fits at once: on a 2-core machine the
 default of one CPU per replica would leave the third replica waiting forever.
-GPU fractions aimed at one GPU are scaled down the same way when they add up
-to more than that GPU.
+They are sized for :data:`SCALE_HEADROOM` times the replicas there are, so that a
+model's ``instance_group`` count may double in place (its running replicas keep
+their share: Serve restarts a replica whose resources change, :func:`keep_shares`)
+and a rolling update's new replicas fit beside the old ones (docs/compatibility.md,
+Model updates). GPU fractions aimed at one GPU are scaled down the same way when
+they add up to more than that GPU.
 """
 
 from __future__ import annotations
@@ -65,6 +69,8 @@ logger = logging.getLogger(__name__)
 CONTROL_APP_CPUS = 0.1
 MIN_CPU_SHARE = 0.01
 MIN_ONGOING_REQUESTS = 64
+# CPU shares are planned for this many times the replicas there are: room to add instances in place
+SCALE_HEADROOM = 2
 ENSEMBLE_KIND = "ensemble"
 
 
@@ -516,7 +522,8 @@ def plan_deployments(
         )
         control_app_cpus += host.most_replicas * host.resources.num_cpus
     every = [p for _, placements in placed for p in placements]
-    share = cpu_share(resources.num_cpus, sum(p.num_replicas for p in every), control_app_cpus)
+    replicas = sum(p.num_replicas for p in every)
+    share = cpu_share(resources.num_cpus, SCALE_HEADROOM * replicas, control_app_cpus)
     gpu_scale = _gpu_scale(every)
     entries = [
         entry for model, placements in placed for entry in _entries(model, placements, share, gpu_scale)
@@ -573,17 +580,36 @@ def cpu_share(num_cpus: float, total_replicas: int, control_app_cpus: float = CO
 
 def within_cpus(entries: tuple[DeploymentEntry, ...], free_cpus: float) -> tuple[DeploymentEntry, ...]:
     """``entries`` (a model loaded beside running ones) with their CPU share lowered, where needed, so
-    that all their replicas fit in the ``free_cpus`` the running models left (never below
-    ``MIN_CPU_SHARE``): the running replicas keep their shares, and a share the cluster cannot give
-    would leave the new replicas waiting forever."""
+    that :data:`SCALE_HEADROOM` times their replicas fit in the ``free_cpus`` the running models left
+    (never below ``MIN_CPU_SHARE``): the running replicas keep their shares, and a share the cluster
+    cannot give would leave the new replicas waiting forever."""
     replicas = sum(e.num_replicas for e in entries)
     if replicas <= 0:
         return entries
-    share = max(MIN_CPU_SHARE, math.floor(max(free_cpus, 0.0) / replicas * 100) / 100)
+    share = max(MIN_CPU_SHARE, math.floor(max(free_cpus, 0.0) / (SCALE_HEADROOM * replicas) * 100) / 100)
     return tuple(
         e if e.resources.num_cpus <= share else replace(e, resources=replace(e.resources, num_cpus=share))
         for e in entries
     )
+
+
+def keep_shares(
+    running: tuple[DeploymentEntry, ...], planned: tuple[DeploymentEntry, ...], free_cpus: float
+) -> tuple[DeploymentEntry, ...]:
+    """``planned`` (a model redeployed, its ``running`` entries deployed now) with each group's CPU
+    share that of its running group, where every replica of ``planned`` fits in ``free_cpus`` (what
+    the other models left) at those shares; else ``planned`` as it is.
+
+    A replica whose resources change is restarted by Serve, so a count change that keeps the running
+    share adds or removes replicas and leaves the others serving; one that cannot keep it (the
+    count grew past what the share leaves room for) restarts every replica at the planned share."""
+    shares = {e.app_name: e.resources.num_cpus for e in running}
+    kept = tuple(
+        replace(e, resources=replace(e.resources, num_cpus=shares[e.app_name])) if e.app_name in shares else e
+        for e in planned
+    )
+    needed = sum(e.num_replicas * e.resources.num_cpus for e in kept)
+    return kept if needed <= free_cpus + 1e-9 else planned
 
 
 def max_ongoing_requests(model: ModelDescription) -> int:

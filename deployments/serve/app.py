@@ -60,10 +60,12 @@ from repository_loader.plan import (
     DeploymentPlan,
     fitted,
     hosts_hint,
+    keep_shares,
     plan_deployments,
     pooled,
     within_cpus,
 )
+from repository_loader.revision import code_version, files_digest
 
 logger = logging.getLogger("ray.serve")
 
@@ -166,7 +168,10 @@ class RayDeployer:
             raise Unavailable(f"model '{model.name}' could not be planned")
         others = [e for name, entries in self.deployed.items() if name != model.name for e in entries]
         used = sum(e.num_replicas * e.resources.num_cpus for e in others)
-        return within_cpus(found, self.resources.num_cpus - self.settings.control_app_cpus - used)
+        free = self.resources.num_cpus - self.settings.control_app_cpus - used
+        running = self.deployed.get(model.name)
+        placed = within_cpus(found, free)
+        return placed if not running else keep_shares(running, placed, free)
 
     def group_apps(self, name: str) -> GroupApps:
         """The applications model ``name`` is deployed as, one per instance group in group order, with
@@ -182,8 +187,11 @@ class RayDeployer:
     async def reload(self, old: ModelDescription, new: ModelDescription) -> None:
         """A serving model moved to ``new``: inside its running replicas when it keeps their shape
         (groups, counts, kinds, resources), so it is never unserved and ``old`` serves on if ``new``
-        fails; else by redeploying its applications (Serve stops a one-replica application's old
-        replica before the new one starts)."""
+        fails; else by redeploying its applications. A redeploy that changes only instance counts
+        keeps the deployments' Serve versions and the running replicas' CPU shares, so Serve adds or
+        removes replicas and the others serve on (``repository_loader.revision``); any other
+        redeploy replaces every replica (Serve stops a one-replica application's old replica before
+        the new one starts)."""
         if self.is_pooled(new):
             await self._pool(new)  # hosts load the new description on the model's next request
             return
@@ -212,14 +220,20 @@ class RayDeployer:
         # An access-log line per request costs a trivial model about a tenth of its throughput.
         logging_config = {"enable_access_log": self.settings.access_log}
         previous = self.deployed.get(model.name)
+        files = await asyncio.to_thread(files_digest, model.path)
         self.deployed[model.name] = entries  # before its replicas start: HAProxy asks how to route it then
         try:
             for entry in entries:
+                version = code_version(model, files, self._built_with(entry, composing))
 
-                def build(entry: DeploymentEntry = entry) -> Any:
-                    return ModelDeployment.options(  # type: ignore[attr-defined]
+                def build(entry: DeploymentEntry = entry, version: str = version) -> Any:
+                    deployment = ModelDeployment.options(  # type: ignore[attr-defined]
                         logging_config=logging_config, **entry.serve_options()
-                    ).bind(model, settings=self.settings, composing=composing, **entry.init_kwargs)
+                    )
+                    # a stable version: a count-only change scales the deployment (repository_loader.revision)
+                    return hooks.with_version(deployment, version).bind(
+                        model, settings=self.settings, composing=composing, **entry.init_kwargs
+                    )
 
                 await asyncio.to_thread(hooks.run_application, build, entry.app_name, entry.route_prefix)
         except BaseException:
@@ -236,6 +250,24 @@ class RayDeployer:
         errors = [status["error"] for status in statuses if status["error"]]
         if errors:
             raise Unavailable(errors[0])
+        if previous is not None:  # replicas a count change kept were built from the old description
+            replicas = sum(e.num_replicas for e in entries)
+            await self.board.describe(model, replicas, min(self.settings.deploy_timeout_s, 10.0))
+
+    def _built_with(
+        self, entry: DeploymentEntry, composing: dict[str, ModelDescription] | None
+    ) -> dict[str, Any]:
+        """The constructor arguments of ``entry``'s replicas that hold for every count of the model
+        (what its Serve version holds besides the model, ``repository_loader.revision``)."""
+        holds = bool(self.settings.delay_scheduler or self.settings.backlog_delay_scheduler)
+        return {
+            "group": entry.group_index,
+            "kind": entry.instance_kind,
+            "settings": self.settings,
+            "composing": composing,
+            # the testing hook's shared holds exist only in a model of more than one replica
+            "shared_holds": holds and entry.model_replicas > 1,
+        }
 
     async def _load_status(self, entry: DeploymentEntry) -> dict[str, Any]:
         handle = serve.get_deployment_handle(entry.deployment_name, app_name=entry.app_name)

@@ -532,6 +532,24 @@ def add_request_timeout(lines: list[str], seconds: int | None = None) -> list[st
     return out
 
 
+def keep_idle_connections_on_reload(lines: list[str]) -> list[str]:
+    """``lines`` with ``option idle-close-on-response`` in the ``defaults`` section.
+
+    Serve reloads HAProxy whenever a model's replicas change (an instance count changed in place);
+    the old process then closed its idle client connections, and a client that had just sent a
+    request on one got "connection closed". With the option it answers that request and closes the
+    connection after the response (``Connection: close``), within ``hard-stop-after``."""
+    out = list(lines)
+    for i, line in enumerate(out):
+        if line.strip() != "defaults":
+            continue
+        end = next((j for j in range(i + 1, len(out)) if out[j] and not out[j][0].isspace()), len(out))
+        if not any(out[j].split()[:2] == ["option", "idle-close-on-response"] for j in range(i + 1, end)):
+            out.insert(i + 1, "    option idle-close-on-response")
+        break
+    return out
+
+
 def rewrite(text: str, error_dir: Path, slots: dict[str, int] | None = None) -> str:
     """Serve's HAProxy configuration with every wildcard bind on the ingress host, JSON error pages, the
     replicas of a model's later instance groups in the model's own backend, gRPC routed by model, and
@@ -543,6 +561,7 @@ def rewrite(text: str, error_dir: Path, slots: dict[str, int] | None = None) -> 
     lines = route_model_hosts(route_grpc_by_model(merge_group_backends(text.splitlines())))
     lines = concentrate_batching_models(lines, fetch_routing_slots(lines) if slots is None else slots)
     lines = strip_internal_headers(raise_connection_limit(add_request_timeout(lines)))
+    lines = keep_idle_connections_on_reload(lines)
     host = frontend_host(lines)
     out = []
     for line in lines:

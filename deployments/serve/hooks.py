@@ -22,6 +22,8 @@ versions without starting Ray, so an upgrade that moves one fails there, by name
   under :func:`run_application`'s lock (:func:`serve_status`).
 * ``delete_blocking``: ``serve.delete(name, _blocking=True)`` returns once the
   application is gone.
+* ``with_version``: ``Deployment.options(_internal=True, version=...)`` gives a deployment a stable
+  code version, so that a redeploy changing only ``num_replicas`` scales it and keeps its replicas.
 * ``serve_details``: the controller client's ``get_serve_details()`` (what is
   deployed, with its options); read by tests and diagnostics only.
 * ``replica_http_targets``: the controller's ``get_target_groups(app,
@@ -91,6 +93,7 @@ HOOKS = (
     "run_nonblocking",
     "status_serializes_routers",
     "delete_blocking",
+    "with_version",
     "serve_details",
     "replica_http_targets",
     "uvicorn_cycle_send",
@@ -148,6 +151,14 @@ def run_application(build: Callable[[], Any], name: str, route_prefix: str) -> N
 
     with _RUN_LOCK:
         _run(build(), name=name, route_prefix=route_prefix, _blocking=False)
+
+
+def with_version(deployment: Any, version: str) -> Any:
+    """``deployment`` with Serve's code ``version`` set (``Deployment.options`` refuses it unless
+    ``_internal``; without one each deploy gets a random version). Serve keeps the running replicas of a
+    deployment redeployed with the same version and resources, adding or removing replicas where only
+    ``num_replicas`` changed (``DeploymentVersion.requires_actor_restart``)."""
+    return deployment.options(_internal=True, version=version)
 
 
 def serve_status() -> Any:

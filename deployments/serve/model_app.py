@@ -34,6 +34,7 @@ from deployments.settings import ServerSettings, compile_header_pattern
 from deployments.tracing import configure as configure_tracing
 from repository_loader.errors import Unavailable
 from repository_loader.model import InstanceKind, ModelDescription
+from repository_loader.revision import uncounted
 
 logger = logging.getLogger("ray.serve")
 
@@ -216,6 +217,7 @@ class ModelDeployment:
             self._prepare_runtime,
             self._commit_runtime,
             self._discard_runtime,
+            self._describe,
         )
 
     async def _prepare_runtime(
@@ -247,6 +249,14 @@ class ModelDeployment:
 
     async def _discard_runtime(self, runtime: ModelRuntime) -> None:
         await runtime.close()
+
+    async def _describe(self, model: ModelDescription) -> None:
+        """The model's new description after its instance counts changed (this replica stays): what
+        its config reports; a description that differs in more is not this replica's to take."""
+        if uncounted(model) != uncounted(self.runtime.model):
+            logger.warning("model '%s': a new description that changes more than counts, ignored", model.name)
+            return
+        self.runtime.model = self.model = model
 
     def load_status(self) -> dict[str, Any]:
         return {"ready": self.load_error is None and self.runtime.is_ready(), "error": self.load_error}

@@ -15,7 +15,12 @@ order that every replica of the model follows:
 
 Replicas long-poll the server for orders (:meth:`ReloadBoard.wait`); a replica that
 starts later (Serve replaced one) finds the last committed order and applies it before
-anything else. Plain asyncio, no Ray: the server deployment and the model deployment
+anything else.
+
+A count-only change scales the model's deployments in place (``RayDeployer.reload``): the
+replicas that stay were built from the old description, so a **describe** order hands them
+the new one, which differs only in its instance counts (what the model's config reports);
+nothing is loaded again. Plain asyncio, no Ray: the server deployment and the model deployment
 call it through their handles.
 """
 
@@ -35,7 +40,7 @@ from repository_loader.model import ModelDescription
 
 logger = logging.getLogger("ray.serve")
 
-PREPARE, COMMIT, ABORT = "prepare", "commit", "abort"
+PREPARE, COMMIT, ABORT, DESCRIBE = "prepare", "commit", "abort", "describe"
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,7 @@ class ReloadBoard:
         reports = self._reports.setdefault((name, generation), _Reports())
         if phase == PREPARE:
             reports.prepared[replica] = error
-        elif phase == COMMIT:
+        elif phase in (COMMIT, DESCRIBE):
             reports.committed.add(replica)
         self._notify()
 
@@ -138,10 +143,26 @@ class ReloadBoard:
         finally:
             self._reports.pop((name, gen), None)
 
+    async def describe(self, model: ModelDescription, replicas: int, timeout_s: float) -> None:
+        """Hand every replica of ``model.name`` the description ``model`` (the same model with other
+        instance counts) and wait, at most ``timeout_s``, for ``replicas`` of them to take it."""
+        self._generation += 1
+        gen, name = self._generation, model.name
+        reports = self._reports.setdefault((name, gen), _Reports())
+        try:
+            await self._post(Order(gen, DESCRIBE, model))
+            if not await self._until(
+                lambda: len(reports.committed) >= replicas, time.monotonic() + timeout_s
+            ):
+                logger.warning("model '%s': not every replica took its new instance counts in time", name)
+        finally:
+            self._reports.pop((name, gen), None)
+
 
 Prepare = Callable[[ModelDescription, "dict[str, ModelDescription] | None"], Awaitable[Any]]
 Commit = Callable[[Any], Awaitable[None]]
 Discard = Callable[[Any], Awaitable[None]]
+Describe = Callable[[ModelDescription], Awaitable[None]]
 
 
 async def follow(
@@ -151,12 +172,14 @@ async def follow(
     prepare: Prepare,
     commit: Commit,
     discard: Discard,
+    describe: Describe,
     poll_timeout_s: float = 20.0,
 ) -> None:
     """The replica side: wait for orders for ``name`` and carry them out, for the replica's life.
 
     ``server`` calls the server application; ``prepare`` builds and loads a runtime
-    (raising with the reason), ``commit`` swaps to it, ``discard`` closes one not used."""
+    (raising with the reason), ``commit`` swaps to it, ``discard`` closes one not used, ``describe``
+    takes a description that differs only in instance counts."""
     seen: tuple[int, str] = (0, "")
     applied = 0  # the generation this replica serves (0: its deployment's arguments)
     prepared: tuple[int, Any] | None = None
@@ -196,4 +219,8 @@ async def follow(
                 await commit(runtime)
                 applied = order.generation
             await server.reload_report(name, order.generation, replica, COMMIT, None)
+        elif order.phase == DESCRIBE and order.generation > applied:
+            await describe(order.model)
+            applied = order.generation
+            await server.reload_report(name, order.generation, replica, DESCRIBE, None)
         seen = order.key

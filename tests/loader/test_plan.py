@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,9 +12,11 @@ from repository_loader.plan import (
     CONTROL_APP_CPUS,
     MIN_CPU_SHARE,
     MIN_ONGOING_REQUESTS,
+    SCALE_HEADROOM,
     ClusterResources,
     cpu_share,
     is_group_app,
+    keep_shares,
     plan_deployments,
     within_cpus,
 )
@@ -76,22 +79,25 @@ def test_cpu_group_and_shares_that_fit_two_cores() -> None:
     plan = plan_deployments(models, ClusterResources(num_cpus=2, num_gpus=0))
     assert [e.num_replicas for e in plan.entries] == [3, 2]
     assert all(e.resources.num_gpus == 0 for e in plan.entries)
-    assert plan.total_cpus <= 2 - CONTROL_APP_CPUS
-    assert plan.entries[0].resources.num_cpus == pytest.approx(0.38)
+    assert plan.total_cpus <= (2 - CONTROL_APP_CPUS) / SCALE_HEADROOM
+    assert plan.entries[0].resources.num_cpus == pytest.approx(0.19)  # 1.9 CPUs for 2 x 5 replicas
 
 
 def test_a_model_loaded_later_fits_in_the_cpus_the_running_ones_left() -> None:
     running = plan_deployments(
         {"a": _model("a", (InstanceGroup("a_0", InstanceKind.CPU, 2),))}, ClusterResources(2)
     )
-    assert running.total_cpus == pytest.approx(1.9)  # 0.95 each: 0.0 left beside the server app
+    assert running.total_cpus == pytest.approx(0.94)  # 0.47 each: room for 2 more beside the server app
     later = plan_deployments(
         {"a": _model("a", (InstanceGroup("a_0", InstanceKind.CPU, 2),)), "b": _model("b")},
         ClusterResources(2),
     ).for_model("b")
-    assert later[0].resources.num_cpus == pytest.approx(0.47)  # what a fresh plan of both gives it
-    fitted = within_cpus(later, 2 - CONTROL_APP_CPUS - running.total_cpus)
-    assert [e.resources.num_cpus for e in fitted] == [MIN_CPU_SHARE] * len(later)
+    assert later[0].resources.num_cpus == pytest.approx(0.23)  # what a fresh plan of both gives it
+    fitted = within_cpus(later, 2 - CONTROL_APP_CPUS - 2 * running.total_cpus)  # a as if doubled
+    assert [e.resources.num_cpus for e in fitted] == [0.01] * len(later)
+    assert within_cpus(later, 0.0)[0].resources.num_cpus == MIN_CPU_SHARE
+    half = within_cpus(later, 0.5)  # room for twice its two replicas at 0.12
+    assert [e.resources.num_cpus for e in half] == [0.12]
     assert fitted[0].serve_options()["ray_actor_options"]["num_cpus"] == MIN_CPU_SHARE
     roomy = within_cpus(later, 10.0)  # room enough: the share is kept
     assert roomy == later
@@ -175,7 +181,7 @@ def test_cpu_shares_count_every_replica_of_every_group() -> None:
     groups = (InstanceGroup("a", InstanceKind.CPU, 2), InstanceGroup("b", InstanceKind.CPU, 3))
     plan = plan_deployments({"m": _model("m", groups)}, ClusterResources(2, 0))
     assert [e.num_replicas for e in plan.entries] == [2, 3]
-    assert {e.resources.num_cpus for e in plan.entries} == {cpu_share(2, 5)}
+    assert {e.resources.num_cpus for e in plan.entries} == {cpu_share(2, SCALE_HEADROOM * 5)}
     assert plan.total_cpus <= 2 - CONTROL_APP_CPUS
 
 
@@ -238,8 +244,8 @@ def test_unsafe_model_names_get_safe_application_names() -> None:
 
 def test_cpus_kept_for_the_server_app_are_a_parameter() -> None:
     model = _model("m", (InstanceGroup("g", InstanceKind.CPU, 1),))
-    (entry,) = plan_deployments({"m": model}, ClusterResources(2, 0), control_app_cpus=1.5).entries
-    assert entry.resources.num_cpus == 0.5
+    (entry,) = plan_deployments({"m": model}, ClusterResources(2, 0), control_app_cpus=1.0).entries
+    assert entry.resources.num_cpus == 0.5  # the one CPU left, for twice the one replica
     assert (
         plan_deployments({"m": model}, ClusterResources(2, 0)).entry("m")
         == plan_deployments({"m": model}, ClusterResources(2, 0)).entries[0]
@@ -448,3 +454,44 @@ def test_many_poolable_models_without_hosts_get_a_hint_naming_the_flag() -> None
     assert "--model-hosts 1" in hint
     assert hosts_hint(dict(list(many.items())[1:]), HostPolicy()) is None  # too few to matter
     assert hosts_hint(many, HostPolicy(replicas=1)) is None  # hosts already on
+
+
+def _counted(count: int, running: float | None = None, free: float = 1.9) -> tuple[float, ...]:
+    """The CPU shares model m's one group gets at ``count`` instances, where it runs now at share
+    ``running`` (None: not running) and the other models left ``free`` CPUs."""
+    model = _model("m", (InstanceGroup("g", InstanceKind.CPU, count),))
+    planned = within_cpus(plan_deployments({"m": model}, ClusterResources(2)).for_model("m"), free)
+    if running is None:
+        return tuple(e.resources.num_cpus for e in planned)
+    current = _model("m", (InstanceGroup("g", InstanceKind.CPU, 1),))
+    now = plan_deployments({"m": current}, ClusterResources(2)).for_model("m")
+    now = tuple(replace(e, resources=replace(e.resources, num_cpus=running)) for e in now)
+    return tuple(e.resources.num_cpus for e in keep_shares(now, planned, free))
+
+
+def test_a_count_change_keeps_the_running_share_while_the_new_count_fits() -> None:
+    # planned alone on 2 CPUs, 1.9 beside the server: room for twice each count at its share
+    assert [_counted(n)[0] for n in (1, 2, 3, 4, 8)] == [0.95, 0.47, 0.31, 0.23, 0.11]
+    assert _counted(2, running=0.95) == (0.95,)  # 1 -> 2 in place: 1.9 CPUs
+    assert _counted(4, running=0.31) == (0.31,)  # 3 -> 4 in place
+    assert _counted(1, running=0.11) == (0.11,)  # 8 -> 1: the survivor keeps its share
+    assert _counted(8, running=0.11) == (0.11,)  # and 1 -> 8 fits at it again
+    # past what the running share leaves room for: the planned share (every replica restarts)
+    assert _counted(3, running=0.95) == (0.31,)
+    # the other models' CPUs count: no room for a second replica at 0.95 beside them
+    assert _counted(2, running=0.95, free=1.0) == (0.25,)
+
+
+def test_kept_shares_follow_each_group_by_its_application() -> None:
+    groups = (InstanceGroup("a", InstanceKind.CPU, 2), InstanceGroup("b", InstanceKind.CPU, 1))
+    running = plan_deployments({"m": _model("m", groups)}, ClusterResources(2)).for_model("m")
+    running = (running[0], replace(running[1], resources=replace(running[1].resources, num_cpus=0.05)))
+    grown = (InstanceGroup("a", InstanceKind.CPU, 3), *groups[1:], InstanceGroup("c", InstanceKind.CPU, 1))
+    planned = plan_deployments({"m": _model("m", grown)}, ClusterResources(2)).for_model("m")
+    kept = keep_shares(running, planned, 1.9)
+    assert [e.resources.num_cpus for e in kept] == [
+        running[0].resources.num_cpus,
+        0.05,
+        planned[2].resources.num_cpus,  # a new group: the planned share
+    ]
+    assert [e.num_replicas for e in kept] == [3, 1, 1]

@@ -506,6 +506,7 @@ class FakeReplica:
         self.board, self.name, self.replica, self.fail = board, name, replica, fail
         self.serving = "old"
         self.closed: list[str] = []
+        self.described: list[int] = []  # the max_batch_size of each description taken
 
     def server(self) -> Any:
         board = self.board
@@ -532,6 +533,9 @@ class FakeReplica:
     async def discard(self, runtime: str) -> None:
         self.closed.append(runtime)
 
+    async def describe(self, model: ModelDescription) -> None:
+        self.described.append(model.max_batch_size)
+
     def run(self) -> asyncio.Task[None]:
         return asyncio.get_running_loop().create_task(
             follow(
@@ -541,6 +545,7 @@ class FakeReplica:
                 self.prepare,
                 self.commit,
                 self.discard,
+                self.describe,
                 0.2,
             )
         )
@@ -571,6 +576,22 @@ def test_the_board_commits_when_every_replica_prepared_and_aborts_on_one_failure
         tasks.append(late.run())
         await asyncio.sleep(0.1)
         assert late.serving == "v4"
+        for t in tasks:
+            t.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_a_describe_order_reaches_every_replica_without_loading_anything(repo: Path) -> None:
+    async def scenario() -> None:
+        board = ReloadBoard()
+        replicas = [FakeReplica(board, "a", f"r{i}") for i in range(2)]
+        tasks = [r.run() for r in replicas]
+        await board.describe(_model(repo, 4), 2, 5.0)  # returns once both took it
+        assert [r.described for r in replicas] == [[4], [4]]
+        assert [r.serving for r in replicas] == ["old", "old"] and replicas[0].closed == []
+        await board.swap(_model(repo, 2), 2, 5.0)  # a later reload still reaches them
+        assert [r.serving for r in replicas] == ["v2", "v2"]
         for t in tasks:
             t.cancel()
 

@@ -78,6 +78,24 @@ def _check_run_nonblocking() -> None:
     assert "register_pickle_by_value" in serialize and "unregister_pickle_by_value" in serialize
 
 
+def _check_deployment_version() -> None:
+    """A deployment's version set through ``_internal`` reaches Serve, and one that keeps it and its
+    resources keeps its replicas (a ``num_replicas`` change scales)."""
+    from ray import serve
+    from ray.serve._private import client, version
+
+    @serve.deployment
+    class Probe:
+        pass
+
+    versioned = hooks.with_version(Probe.options(num_replicas=2), "v1")
+    assert versioned.version == "v1" and versioned.num_replicas == 2
+    assert "version=deployment._version" in inspect.getsource(
+        client.ServeControllerClient.deploy_applications
+    )
+    assert "code_version" in inspect.getsource(version.DeploymentVersion.requires_actor_restart)
+
+
 def _check_delete_blocking() -> None:
     from ray import serve
 
@@ -251,6 +269,7 @@ CHECKS = {
     "run_nonblocking": _check_run_nonblocking,
     "status_serializes_routers": _check_status_serializes_routers,
     "delete_blocking": _check_delete_blocking,
+    "with_version": _check_deployment_version,
     "serve_details": _check_serve_details,
     "replica_http_targets": _check_replica_http_targets,
     "uvicorn_cycle_send": _check_uvicorn_cycle_send,

@@ -83,6 +83,13 @@ def test_haproxy_gets_a_request_timeout_and_the_connections_its_file_limit_allow
     assert haproxy_shim.add_request_timeout(written, 7) == written  # a timeout already set stays
 
 
+def test_a_reloaded_haproxy_answers_a_request_sent_on_an_idle_connection() -> None:
+    lines = ["global", "    maxconn 10", "defaults", "    mode http", "frontend f"]
+    out = haproxy_shim.keep_idle_connections_on_reload(lines)
+    assert out[2:4] == ["defaults", "    option idle-close-on-response"] and out[-1] == "frontend f"
+    assert haproxy_shim.keep_idle_connections_on_reload(out) == out  # once
+
+
 def test_a_path_no_application_serves_answers_tritons_json_404(tmp_path: Path) -> None:
     """``/V2/health/ready`` or ``//v2/...`` reach Serve's default backend: Triton's 404, not Serve's text;
     a ``/v2`` path there means the server application's backend is missing (a restart): 503, retried.
