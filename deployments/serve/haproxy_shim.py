@@ -38,6 +38,9 @@ and ``deployments.serve.launch`` point it at ``deployments/serve/bin/haproxy``, 
   with no replica up) goes to the server application's backend instead of Serve's "application
   metadata not set" answer (``deployments.serve.grpc_ingress``). Serve's proxy, every backend's
   ``backup`` server, is taken out of these backends: it does not serve this service.
+* **The server application answers or refuses, never holds.** Serve's proxy is taken out of the
+  server application's HTTP backend too (:func:`server_answers_or_refuses`): while that replica
+  restarts, ``/v2/health/ready`` and the repository API answer 503 at once instead of waiting there.
 * **A batched model's requests meet in one batcher.** Serve balances every backend by least
   connections, which spreads a dynamically batched model's concurrent requests one per replica, where
   each replica's batcher then waits its queue delay alone (Triton has one queue per model). The
@@ -405,6 +408,20 @@ def route_model_hosts(lines: list[str]) -> list[str]:
     return out
 
 
+def server_answers_or_refuses(lines: list[str]) -> list[str]:
+    """``lines`` without Serve's proxy as the ``backup`` of the server application's HTTP backend.
+
+    While the server application's replica is restarting, Serve's proxy would take its requests and
+    hold them until the new replica runs (seconds, more on a busy node): a readiness probe or a
+    repository call then hangs. Without the backup HAProxy answers them 503 at once (Triton's JSON
+    error page), which clients retry; model backends keep the backup, which holds a model's requests
+    while its replica restarts."""
+    from deployments.serve.hooks import HTTP_BACKEND_PREFIX, haproxy_backend
+    from repository_loader.plan import SERVER_APP
+
+    return _without_backups(lines, [haproxy_backend(HTTP_BACKEND_PREFIX, SERVER_APP)])
+
+
 def strip_internal_headers(lines: list[str]) -> list[str]:
     """``lines`` with the headers replicas set on their calls to each other
     (``deployments.runtime.router.INTERNAL_HEADERS``) removed from every client request: a client
@@ -559,6 +576,7 @@ def rewrite(text: str, error_dir: Path, slots: dict[str, int] | None = None) -> 
     if text.startswith(MARK):
         return text
     lines = route_model_hosts(route_grpc_by_model(merge_group_backends(text.splitlines())))
+    lines = server_answers_or_refuses(lines)
     lines = concentrate_batching_models(lines, fetch_routing_slots(lines) if slots is None else slots)
     lines = strip_internal_headers(raise_connection_limit(add_request_timeout(lines)))
     lines = keep_idle_connections_on_reload(lines)

@@ -162,7 +162,10 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited: {self.log.read_text()[-3000:]}")
             try:
-                if all(http(f"{self.url}/v2/models/{m}/ready", timeout=2)[0] == 200 for m in models):
+                # the models answer from their replicas, the server's own routes (metadata, the
+                # repository API) from the server application's, which HAProxy may route a moment later
+                ready = all(http(f"{self.url}/v2/models/{m}/ready", timeout=2)[0] == 200 for m in models)
+                if ready and http(f"{self.url}/v2", timeout=2)[0] == 200:
                     self.track()
                     return
             except OSError:

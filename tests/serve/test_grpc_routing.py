@@ -359,6 +359,9 @@ def test_serves_proxy_is_no_longer_a_backup(tmp_path: Path) -> None:
     assert "server r-model-m 127.0.0.1:2 proto h2" in section("grpc-model-m")
     assert "fallback-" not in section("grpc-model-m") and "fallback-" not in section("grpc-triton")
     assert "fallback-model-m 127.0.0.1:11 check backup" in section("http-model-m")  # left as Serve wrote it
+    # the server application's HTTP backend refuses (503 at once) while its replica restarts
+    triton = section("http-triton")
+    assert "server r-triton 127.0.0.1:20 check" in triton and "fallback-" not in triton
 
 
 def test_a_compressed_message_reaches_the_server_application(front: str) -> None:

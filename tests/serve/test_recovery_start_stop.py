@@ -302,6 +302,9 @@ def test_plain_serve_run_on_the_config_is_on_the_fast_path_too(tmp_path: Path) -
         serving = {processes.command(pid) for pid, _, port in listeners if port == server.port}
         assert serving and all(".triton.cfg" in command for command in serving), serving
         assert one_request(server.url, "add_one", 1.0).correct
+        # the server's readiness holds until HAProxy routes every protocol; a model's own readiness over
+        # HTTP comes from its replica, which can answer before HAProxy's gRPC side routes to it
+        _wait_server_ready(server)
         _grpc_add_one(server)
     finally:
         left = server.stop(signal.SIGINT)
