@@ -40,7 +40,9 @@ and ``deployments.serve.launch`` point it at ``deployments/serve/bin/haproxy``, 
   ``backup`` server, is taken out of these backends: it does not serve this service.
 * **The server application answers or refuses, never holds.** Serve's proxy is taken out of the
   server application's HTTP backend too (:func:`server_answers_or_refuses`): while that replica
-  restarts, ``/v2/health/ready`` and the repository API answer 503 at once instead of waiting there.
+  restarts, ``/v2/health/ready`` and the repository API answer 503 instead of waiting there, and
+  both server backends connect within a quarter second, so the first requests after a crash are
+  refused within a second (Serve's 5 s connect timeout is also HAProxy's pause between retries).
 * **A batched model's requests meet in one batcher.** Serve balances every backend by least
   connections, which spreads a dynamically batched model's concurrent requests one per replica, where
   each replica's batcher then waits its queue delay alone (Triton has one queue per model). The
@@ -408,6 +410,10 @@ def route_model_hosts(lines: list[str]) -> list[str]:
     return out
 
 
+SERVER_CONNECT_TIMEOUT = "250ms"
+"""How long HAProxy waits to connect to the server application's replica (and between retries)."""
+
+
 def server_answers_or_refuses(lines: list[str]) -> list[str]:
     """``lines`` without Serve's proxy as the ``backup`` of the server application's HTTP backend.
 
@@ -415,11 +421,23 @@ def server_answers_or_refuses(lines: list[str]) -> list[str]:
     hold them until the new replica runs (seconds, more on a busy node): a readiness probe or a
     repository call then hangs. Without the backup HAProxy answers them 503 at once (Triton's JSON
     error page), which clients retry; model backends keep the backup, which holds a model's requests
-    while its replica restarts."""
-    from deployments.serve.hooks import HTTP_BACKEND_PREFIX, haproxy_backend
+    while its replica restarts.
+
+    Until a health check or the third refused connection marks the dead replica down, HAProxy retries a
+    refused connection after ``min(timeout connect, 1 s)``: with Serve's 5 s that held the first
+    requests about three seconds. The server's backends (HTTP and gRPC) connect within
+    :data:`SERVER_CONNECT_TIMEOUT` instead (a replica on the cluster's network accepts in
+    milliseconds), so they are refused within a second."""
+    from deployments.serve.hooks import GRPC_BACKEND_PREFIX, HTTP_BACKEND_PREFIX, haproxy_backend
     from repository_loader.plan import SERVER_APP
 
-    return _without_backups(lines, [haproxy_backend(HTTP_BACKEND_PREFIX, SERVER_APP)])
+    http_backend = haproxy_backend(HTTP_BACKEND_PREFIX, SERVER_APP)
+    out = _without_backups(lines, [http_backend])
+    for name in (http_backend, haproxy_backend(GRPC_BACKEND_PREFIX, SERVER_APP)):
+        found = _backends(out).get(name)
+        if found is not None:
+            out.insert(found[0], f"    timeout connect {SERVER_CONNECT_TIMEOUT}")
+    return out
 
 
 def strip_internal_headers(lines: list[str]) -> list[str]:

@@ -362,6 +362,10 @@ def test_serves_proxy_is_no_longer_a_backup(tmp_path: Path) -> None:
     # the server application's HTTP backend refuses (503 at once) while its replica restarts
     triton = section("http-triton")
     assert "server r-triton 127.0.0.1:20 check" in triton and "fallback-" not in triton
+    # ... and a dead replica's refused connections are retried within a quarter second, not Serve's 5 s
+    for name in ("http-triton", "grpc-triton"):
+        assert section(name).splitlines()[1] == "    timeout connect 250ms", section(name)
+    assert "timeout connect" not in section("http-model-m")
 
 
 def test_a_compressed_message_reaches_the_server_application(front: str) -> None:
