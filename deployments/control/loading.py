@@ -19,6 +19,7 @@ from deployments.control.overlay import Overlays
 from deployments.control.registry import UNLOADED, ModelEntry, Registry, reason_of
 from repository_loader.errors import InvalidArgument, ServerError, Unavailable
 from repository_loader.model import ModelDescription, ModelState
+from repository_loader.revision import files_digest
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +118,11 @@ class ModelLoader(Registry):
     async def _reload(self, entry: ModelEntry, model: ModelDescription) -> None:
         assert entry.model is not None
         entry.requested = True
+        files = await asyncio.to_thread(files_digest, model.path)
+        if model == entry.model and files and files == entry.files:
+            # Triton loads a model again only where its configuration or files changed
+            logger.info("model '%s' is unchanged: it serves on as it is", model.name)
+            return
         try:
             await self.deployer.reload(entry.model, model)
         except Exception as exc:
@@ -125,7 +131,7 @@ class ModelLoader(Registry):
                 "model '%s' failed to reload, the loaded version keeps serving: %s", model.name, reason
             )
             raise InvalidArgument(f"failed to load '{model.name}': {reason}") from None
-        entry.model, entry.reason = model, ""
+        entry.model, entry.reason, entry.files = model, "", files
         logger.info("model '%s' reloaded (versions %s)", model.name, list(model.versions))
 
     async def _load(self, model: ModelDescription) -> None:
@@ -140,7 +146,7 @@ class ModelLoader(Registry):
                         f"ensemble '{model.name}' depends on '{step.model_name}' which is not available"
                     )
             await self.deployer.deploy(model)
-            entry.state = ModelState.READY
+            entry.state, entry.files = ModelState.READY, await asyncio.to_thread(files_digest, model.path)
         except Exception as exc:
             entry.state = ModelState.UNAVAILABLE
             entry.reason = self._scrub(reason_of(exc), model.path.parent)

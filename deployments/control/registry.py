@@ -85,6 +85,7 @@ class ModelEntry:
     reason: str = ""
     model: ModelDescription | None = None
     requested: bool = False  # asked to be served (counts for readiness) until unloaded
+    files: str = ""  # the digest of the model's files when it was last deployed (revision.files_digest)
 
     def index_rows(self) -> list[dict[str, Any]]:
         versions = [str(v) for v in self.model.versions] if self.model else [""]

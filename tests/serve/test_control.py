@@ -315,6 +315,27 @@ def test_file_upload_is_refused_unless_allowed(repo: Path) -> None:
     assert not d.deployed["up"].path.exists()  # the uploaded files go with the controller
 
 
+def test_loading_an_unchanged_model_again_leaves_it_serving_as_it_is(repo: Path) -> None:
+    """Triton's L0_model_update counts initializations: a load with nothing changed runs none; a
+    changed file or configuration reloads."""
+    c, d = controller([repo], model_control_mode="explicit")
+    asyncio.run(c.start())
+    asyncio.run(c.load("a"))
+    asyncio.run(c.load("a"))
+    assert d.calls == [("deploy", "a")]
+    with (repo / "a" / "1" / "model.py").open("a") as f:
+        f.write("# changed\n")
+    asyncio.run(c.load("a"))
+    assert d.calls == [("deploy", "a"), ("reload", "a")]
+    asyncio.run(c.load("a"))
+    (repo / "a" / "config.pbtxt").write_text(
+        _config("a", 'parameters { key: "k" value: { string_value: "v" } }\n')
+    )
+    asyncio.run(c.load("a"))
+    assert d.calls == [("deploy", "a"), ("reload", "a"), ("reload", "a")]
+    assert states(c)["a"] == "READY"
+
+
 def test_a_failed_reload_keeps_the_serving_version(repo: Path) -> None:
     c, d = controller([repo], model_control_mode="explicit", load_model=["*"])
     asyncio.run(c.start())
