@@ -117,7 +117,14 @@ def main(workdir: str) -> int:
     try:
         launch.start(
             ServerSettings.from_args(
-                {"model_repository": str(repo), "http_port": port, "model_hosts": 1, "model_host_gpus": 1}
+                {
+                    "model_repository": str(repo),
+                    "http_port": port,
+                    "grpc_port": free_port(),  # never Triton's 8001/8002, which another server may hold
+                    "metrics_port": free_port(),
+                    "model_hosts": 1,
+                    "model_host_gpus": 1,
+                }
             ),
             ray_init={
                 "num_cpus": 2,
