@@ -26,7 +26,7 @@ Across models (:func:`check_ensemble_members`):
 
 :func:`composing_models` is an ensemble's closure: the models it needs, nested
 ensembles included (the server loads and unloads them with it, and gives them
-to its application).
+to its application); :func:`nested_first` is the order in which ensembles load.
 """
 
 from __future__ import annotations
@@ -103,6 +103,29 @@ def composing_models(ensemble: ModelDescription, models: ModelLookup) -> list[st
     ``models`` holds the descriptions to follow; a name it does not know is listed, not followed.
     """
     return reached(step_models_of(models), [s.model_name for s in ensemble.ensemble_steps])
+
+
+def nested_first(ensembles: Sequence[ModelDescription]) -> list[ModelDescription]:
+    """``ensembles`` in an order that puts each after the ensembles of the list its steps name, so
+    that a nested ensemble is loaded before one that runs it; otherwise in the order given (a
+    circular dependency, which validation refuses, is left in that order)."""
+    by_name = {m.name: m for m in ensembles}
+    ordered: dict[str, ModelDescription] = {}
+    visiting: set[str] = set()
+
+    def visit(model: ModelDescription) -> None:
+        if model.name in ordered or model.name in visiting:
+            return
+        visiting.add(model.name)
+        for step in model.ensemble_steps:
+            nested = by_name.get(step.model_name)
+            if nested is not None:
+                visit(nested)
+        ordered[model.name] = model
+
+    for model in ensembles:
+        visit(model)
+    return list(ordered.values())
 
 
 def step_models_of(models: ModelLookup) -> StepModels:

@@ -23,7 +23,7 @@ from deployments.control.listing import list_repositories, local_model_folder
 from deployments.control.loading import ModelLoader
 from deployments.control.overlay import parse_overrides
 from deployments.control.registry import UNLOADED, ModelEntry, check_model_name, reason_of
-from repository_loader.ensemble_rules import composing_models
+from repository_loader.ensemble_rules import composing_models, nested_first
 from repository_loader.errors import InvalidArgument, NotFound, ServerError, Unavailable
 from repository_loader.model import ModelDescription, ModelState
 
@@ -188,7 +188,7 @@ class ModelController(ModelLoader):
                     and any(s.model_name in touched for s in m.ensemble_steps)
                 ):
                     ensembles.append(m)
-            for m in ensembles:
+            for m in nested_first(ensembles):
                 await self._apply_held(m)
             return changed
 

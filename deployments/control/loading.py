@@ -17,6 +17,7 @@ from pathlib import Path
 
 from deployments.control.overlay import Overlays
 from deployments.control.registry import UNLOADED, ModelEntry, Registry, reason_of
+from repository_loader.ensemble_rules import nested_first
 from repository_loader.errors import InvalidArgument, ServerError, Unavailable
 from repository_loader.model import ModelDescription, ModelState
 from repository_loader.revision import files_digest
@@ -98,7 +99,7 @@ class ModelLoader(Registry):
         # first (Ray may otherwise fill a GPU node's CPUs with CPU-only replicas, and a GPU replica
         # then waits there forever)
         plain = [m for m in models if not m.is_ensemble]
-        ensembles = [m for m in models if m.is_ensemble]
+        ensembles = nested_first([m for m in models if m.is_ensemble])
         on_gpus = [m for m in plain if self.deployer.needs_gpu(m)]
         await asyncio.gather(*(self._load(m) for m in on_gpus))
         await asyncio.gather(*(self._load(m) for m in plain if m not in on_gpus))

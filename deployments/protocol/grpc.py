@@ -290,7 +290,9 @@ class GRPCInferenceServicer:
                     if response.final and not response.outputs and not empty_final:
                         continue
                     response.parameters[_FINAL] = response.final
-                    encoded = grpc_codec.encode_infer_response(response, outputs, schema)
+                    # a flags-only final response goes out as it is, with none of the requested outputs
+                    asked = outputs if response.outputs or not response.final else []
+                    encoded = grpc_codec.encode_infer_response(response, asked, schema)
                     put(pb.ModelStreamInferResponse(infer_response=encoded))
         except ServerError as e:
             put(

@@ -3,8 +3,10 @@
 A model opts in with ``response_cache { enable: true }`` and the server with
 ``cache_config: local,size=<bytes>`` (Triton's ``--cache-config``). One cache
 serves every model of a replica process, as Triton's local cache serves every
-model of its server; it holds at most ``size`` bytes of output data and drops
-the least recently used entries to make room.
+model of its server; its entries hold at most ``size`` bytes of memory (each
+output's data, its array header and its name: Triton's size bounds its buffer,
+bookkeeping included, so a 200-byte cache keeps no response of two 64-byte
+outputs there either), and it drops the least recently used entries to make room.
 
 The key is what Triton's documentation names: the model, its version and every
 input (name, data type, shape and bytes); the names of the requested outputs
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import sys
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -39,10 +42,13 @@ class CachedResponse:
     nbytes: int
 
 
-def _nbytes(array: np.ndarray) -> int:
+def _held_bytes(name: str, array: np.ndarray) -> int:
+    """The memory one kept output holds: its name, the copy's header and data, and for BYTES each
+    element object (``array`` owns its data, so ``getsizeof`` counts it)."""
+    held = len(name) + sys.getsizeof(array)
     if array.dtype == np.object_:
-        return sum(len(x) if isinstance(x, (bytes, str)) else 8 for x in array.reshape(-1)) + 8 * array.size
-    return int(array.nbytes)
+        held += sum(sys.getsizeof(x) for x in array.reshape(-1))
+    return held
 
 
 def _frozen_copy(array: np.ndarray) -> np.ndarray:
@@ -98,7 +104,7 @@ class ResponseCache:
         if not all(tensors.is_host(t) for t in response.outputs.values()):
             return False
         outputs = {name: _frozen_copy(tensors.to_numpy(t)) for name, t in response.outputs.items()}
-        nbytes = sum(_nbytes(a) for a in outputs.values())
+        nbytes = sum(_held_bytes(name, a) for name, a in outputs.items())
         if nbytes > self.size:
             logger.error(
                 "Failed to insert key into the response cache: the response holds %d bytes, the cache %d",

@@ -116,19 +116,35 @@ async def test_failures_are_not_cached_and_models_without_the_flag_never_are(
         await plain.close()
 
 
+def _answer(n: int) -> InferResponse:
+    return InferResponse(outputs={"Y": np.zeros(n, np.uint8)})
+
+
 def test_least_recently_used_entries_make_room() -> None:
-    cache = ResponseCache(size=100)
-
-    def answer(n: int) -> InferResponse:
-        return InferResponse(outputs={"Y": np.zeros(n, np.uint8)})
-
-    assert cache.put(b"a", answer(40)) and cache.put(b"b", answer(40))
+    probe = ResponseCache(size=10_000)
+    assert probe.put(b"p", _answer(40))
+    entry = probe.used  # 40 bytes of data, the copy's header and the output's name
+    cache = ResponseCache(size=2 * entry + entry // 2)
+    assert cache.put(b"a", _answer(40)) and cache.put(b"b", _answer(40))
     assert cache.get(b"a") is not None  # a is now the most recent
-    assert cache.put(b"c", answer(40))
-    assert cache.get(b"b") is None and cache.get(b"a") is not None and cache.used == 80
-    assert not cache.put(b"huge", answer(101)) and cache.get(b"huge") is None
+    assert cache.put(b"c", _answer(40))
+    assert cache.get(b"b") is None and cache.get(b"a") is not None and cache.used == 2 * entry
+    assert not cache.put(b"huge", _answer(cache.size)) and cache.get(b"huge") is None
     words = InferResponse(outputs={"S": np.array([b"x" * 10], dtype=np.object_)})
-    assert cache.put(b"w", words) and cache.used <= 100
+    assert cache.put(b"w", words) and cache.used <= cache.size
+
+
+def test_an_entry_counts_the_memory_it_holds_not_only_its_data(caplog: pytest.LogCaptureFixture) -> None:
+    """L0_response_cache's insertion failure: two (1, 16) FP32 outputs are 128 bytes of data, but kept
+    they hold more than a 200-byte cache; the response is not kept, and the log says so."""
+    two = InferResponse(outputs={n: np.ones((1, 16), np.float32) for n in ("OUTPUT0", "OUTPUT1")})
+    small = ResponseCache(size=200)
+    with caplog.at_level("ERROR", logger="deployments.runtime.response_cache"):
+        assert not small.put(b"k", two)
+    assert small.get(b"k") is None and small.used == 0 and len(small) == 0
+    assert "Failed to insert key" in caplog.text
+    roomy = ResponseCache(size=10_840)  # the size the suite's other tests run with
+    assert roomy.put(b"k", two) and roomy.get(b"k") is not None and 200 < roomy.used < 1000
 
 
 @pytest.mark.parametrize(

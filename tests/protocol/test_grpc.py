@@ -657,6 +657,35 @@ def test_stream_decoupled_sync_client(client):
     assert answers[-1].get_response().outputs == [] and len(answers) == 4
 
 
+@pytest.mark.parametrize("count", [0, 2])
+def test_an_empty_final_response_asked_for_carries_no_outputs_whatever_outputs_were_requested(client, count):
+    """The flags-only final response of a request that names its outputs (or of one the model answers
+    with no data at all) is sent as it is: no outputs, ``triton_final_response`` true."""
+    answers: list[Any] = []
+    done = threading.Event()
+
+    def callback(result: Any, error: Any) -> None:
+        answers.append(result if error is None else error)
+        if error is not None or result.get_response().parameters["triton_final_response"].bool_param:
+            done.set()
+
+    client.start_stream(callback)
+    client.async_stream_infer(
+        "repeat",
+        [int_input("COUNT", [count]), int_input("VALUE", [7])],
+        request_id="x",
+        outputs=[grpcclient.InferRequestedOutput("INDEX"), grpcclient.InferRequestedOutput("VALUE")],
+        enable_empty_final_response=True,
+    )
+    assert done.wait(10)
+    client.stop_stream()
+    assert len(answers) == count + 1 and all(not isinstance(a, Exception) for a in answers), answers
+    assert [r.as_numpy("INDEX").tolist() for r in answers[:-1]] == [[i] for i in range(count)]
+    final = answers[-1].get_response()
+    assert final.outputs == [] and final.id == "x"
+    assert final.parameters["triton_final_response"].bool_param
+
+
 async def test_decoupled_streams_run_concurrently_with_nothing_crossed(url):
     streams, per_stream, count = 6, 8, 5
 

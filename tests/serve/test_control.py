@@ -382,6 +382,16 @@ def test_unload_dependents_follows_nested_ensembles_and_keeps_what_another_ensem
     }
 
 
+def test_at_start_a_nested_ensemble_loads_before_the_ensemble_that_runs_it(repo: Path) -> None:
+    add_ensemble(repo, "z_inner", "a")  # sorts after the ensemble that runs it
+    add_ensemble(repo, "a_outer", "z_inner", keys=("IN", "OUT"))
+    c, d = controller([repo])
+    asyncio.run(c.start())
+    deployed = [n for kind, n in d.calls if kind == "deploy"]
+    assert deployed.index("z_inner") < deployed.index("a_outer")
+    assert states(c) == {"a": "READY", "a_outer": "READY", "b": "READY", "z_inner": "READY"}
+
+
 def test_poll_picks_up_each_kind_of_change(repo: Path) -> None:
     c, d = controller([repo], model_control_mode="poll")
 
