@@ -68,10 +68,12 @@ def test_a_count_change_adds_or_removes_only_those_replicas_and_loses_no_request
         assert len(shrunk) == 1 and set(shrunk) <= set(grown)
         (survivor,) = shrunk
         assert shrunk[survivor] == grown[survivor]
-    # Every replica change makes Serve reload HAProxy, whose old process closes the keep-alive
-    # connections it holds idle; a client that sent on one just then reads "connection closed" (no
-    # answer, nothing ran). Known, docs/operations.md; anything else is a failure of the change.
-    answered_wrong = [f for f in load.failures if f != "connection closed."]
+    # Every replica change makes Serve reload HAProxy: its old process closes the keep-alive
+    # connections it holds idle (a client that sent on one just then reads "connection closed", no
+    # answer, nothing ran), and for a moment the new one may have no server of the model up (503, try
+    # again). Both are retryable and known (docs/operations.md); any other outcome fails the change.
+    retryable = ("connection closed.", "[503] no replica of the model is available yet; try again")
+    answered_wrong = [f for f in load.failures if f not in retryable]
     assert answered_wrong == [], answered_wrong[:5]
     assert len(load.failures) <= 8, load.failures  # at most one per client and change
     assert load.ok > 20
