@@ -9,7 +9,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -23,7 +23,7 @@ from tritonclient.utils import InferenceServerException
 from deployments.protocol import codec, grpc_codec, shared_memory
 from deployments.protocol.http import ServerHTTPApp
 from deployments.protocol.proto import grpc_service_pb2 as pb
-from deployments.protocol.region_table import RegionTable, open_region
+from deployments.protocol.region_table import Answer, RegionTable, open_region
 from deployments.protocol.shared_memory import MappedRegion, SharedInput, SharedMemory, SharedRef
 from repository_loader.errors import AlreadyExists, InternalError, InvalidArgument, NotFound
 from tests.protocol.grpc_fakes import StreamingFakeDataPlane, grpc_models
@@ -247,21 +247,37 @@ async def test_unregistering_every_region_keeps_and_names_the_ones_in_use(region
 
 async def test_a_request_that_starts_while_the_table_asks_waits_for_the_verdict(region_file):
     path, _ = region_file
-    table = RegionTable(settle_timeout_s=0.3)
+    table = RegionTable()
     await table.register("r", path, 0, 64)
     view = await _following(table, "replica-1", "r")
-    await table.region("r", "silent")  # a follower that never answers: the question stays open 0.3 s
+    _, seen = await table.region("r", "replica-2")  # a follower that answers when the test says
     unregister = asyncio.ensure_future(table.unregister("r"))
-    await asyncio.sleep(0.05)  # replica-1 answered "not in use"
+    question = (await table.follow("replica-2", seen, 30)).question
+    assert question is not None and question.names == ("r",)
+    await _until(lambda: view._fenced == {"r"})  # replica-1 answered "not in use"
     assert not unregister.done()
     with view.using(["r"]):  # a request in replica-1 after its answer: waits, then finds r gone
+        lookup = asyncio.ensure_future(view.mapped("r"))
+        await asyncio.sleep(0)
+        assert not lookup.done()
+        state = await table.follow("replica-2", seen, 30, Answer(question.id, ()))
+        assert state.generation > seen  # r is dropped; replica-2 acknowledges it
+        await table.follow("replica-2", state.generation, 30)
         with pytest.raises(NotFound, match="Unable to find shared memory region: 'r'"):
-            await view.mapped("r")
+            await lookup
         assert unregister.done()
     with pytest.raises(NotFound):
-        await table.region("r", "replica-2")
+        await table.region("r", "replica-3")
     await unregister
     view.close()
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Until ``condition()`` holds (other tasks run meanwhile); fails after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        await asyncio.sleep(0.001)
 
 
 async def test_a_lookup_while_the_table_asks_waits_and_then_finds_the_region_kept(region_file):
