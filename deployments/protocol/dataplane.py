@@ -242,6 +242,8 @@ class ModelDataPlane:
         return self.registry.get(name)
 
     async def model_ready(self, name: str, version: str = "") -> bool:
+        if self._front_ends_ready is not None and not self._front_ends_ready():
+            return False  # a model ready over one protocol is ready over every one
         try:
             model = await self._get(name)
         except Unavailable:

@@ -204,6 +204,18 @@ async def test_the_server_data_plane_is_the_one_data_plane_over_the_controller()
         )
 
 
+async def test_server_and_models_are_ready_only_once_every_front_end_answers() -> None:
+    controller = ModelController(ServerSettings("/r", "explicit"), _Deployer(), remote=_Remote)
+    controller.entries = {}
+    controller.started = True
+    await controller._load(_model("up"))
+    answering = [False]  # gRPC not taken up yet
+    plane = ModelDataPlane(controller, Router(), front_ends_ready=lambda: answering[0])
+    assert not await plane.ready() and not await plane.model_ready("up")
+    answering[0] = True
+    assert await plane.ready() and await plane.model_ready("up")
+
+
 def test_tritons_delay_scheduler_variable_is_read_from_the_environment() -> None:
     from deployments.settings import SettingsError
 
