@@ -556,15 +556,7 @@ def add_request_timeout(lines: list[str], seconds: int | None = None) -> list[st
     """``lines`` with ``timeout http-request`` in the ``defaults`` section where Serve wrote none."""
     if seconds is None:
         seconds = int(os.environ.get(REQUEST_TIMEOUT_ENV, REQUEST_TIMEOUT_S))
-    out = list(lines)
-    for i, line in enumerate(out):
-        if line.strip() != "defaults":
-            continue
-        end = next((j for j in range(i + 1, len(out)) if out[j] and not out[j][0].isspace()), len(out))
-        if not any(out[j].split()[:2] == ["timeout", "http-request"] for j in range(i + 1, end)):
-            out.insert(i + 1, f"    timeout http-request {seconds}s")
-        break
-    return out
+    return _in_defaults(lines, f"timeout http-request {seconds}s")
 
 
 def keep_idle_connections_on_reload(lines: list[str]) -> list[str]:
@@ -574,13 +566,20 @@ def keep_idle_connections_on_reload(lines: list[str]) -> list[str]:
     the old process then closed its idle client connections, and a client that had just sent a
     request on one got "connection closed". With the option it answers that request and closes the
     connection after the response (``Connection: close``), within ``hard-stop-after``."""
+    return _in_defaults(lines, "option idle-close-on-response")
+
+
+def _in_defaults(lines: list[str], setting: str) -> list[str]:
+    """``lines`` with ``setting`` first in the ``defaults`` section, unless a line there already sets
+    its keyword (its first two words)."""
+    keyword = setting.split()[:2]
     out = list(lines)
     for i, line in enumerate(out):
         if line.strip() != "defaults":
             continue
         end = next((j for j in range(i + 1, len(out)) if out[j] and not out[j][0].isspace()), len(out))
-        if not any(out[j].split()[:2] == ["option", "idle-close-on-response"] for j in range(i + 1, end)):
-            out.insert(i + 1, "    option idle-close-on-response")
+        if not any(out[j].split()[:2] == keyword for j in range(i + 1, end)):
+            out.insert(i + 1, f"    {setting}")
         break
     return out
 
