@@ -8,6 +8,7 @@ example models with their ``config.pbtxt`` rewritten through the model-config pr
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import socket
 import sys
@@ -204,7 +205,9 @@ def save_report(report: Report, title: str = "") -> Path:
 def new_report(name: str, **extra: Any) -> Report:
     """An empty report for scenario ``name`` with the environment filled in."""
     args = sys.argv[1:] if sys.argv[1:2] == ["scenario"] else ["scenario", name]
-    command = "python -m bench " + " ".join(args)
+    # the BENCH_* variables a scenario reads are part of the command that reproduces it
+    settings = [f"{k}={shlex.quote(v)}" for k, v in sorted(os.environ.items()) if k.startswith("BENCH_")]
+    command = " ".join([*settings, "python -m bench", *args])
     return Report(name, environment(command=command, **extra))
 
 

@@ -7,12 +7,15 @@ shared pages count once), and, for every model in turn, the latency of its first
 on a model host) and of a second one (warm), and the memory after that walk. ``BENCH_DENSITY_MODELS``
 sets the number of models (default 60; 20 with ``--quick``), ``BENCH_DENSITY_HOSTS`` the host replicas
 (default 1), ``BENCH_DENSITY_SERVERS`` which servers run (``tritonserver,this``; a repository of a
-thousand Python models would start a thousand stub processes in tritonserver). The results go to
-``bench/results/density/`` (``density-<N>.json`` beside ``results.json`` where N is not 60). The
-notes hold this server's figures over tritonserver's.
+thousand Python models would start a thousand stub processes in tritonserver), and
+``BENCH_DENSITY_KIND`` which models: ``python`` (the default), ``onnx`` (an ONNX Runtime identity
+model of the same inputs and outputs, written here with ``onnx``, as a Triton user writes one: no
+``instance_group``) or ``mixed`` (the two in turn). The results go to ``bench/results/density/``
+(``density-<N>.json`` beside ``results.json`` where N is not 60 or the kind is not ``python``:
+``density-<kind>-<N>.json``). The notes hold this server's figures over tritonserver's.
 
 tritonserver's wheel here has only its Python backend, so the ONNX half of the density comparison
-(issue: 60 small ONNX models) cannot run against it on this machine.
+(issue: 60 small ONNX models) runs on this server alone (``BENCH_DENSITY_SERVERS=this``).
 """
 
 from __future__ import annotations
@@ -79,6 +82,42 @@ def _index_ready(url: str, names: list[str]) -> bool:
     return set(names) <= ready
 
 
+KINDS = ("python", "onnx", "mixed")
+
+
+def onnx_identity(dest: Path) -> Path:
+    """An ONNX Runtime model folder at ``dest`` with ``identity_py``'s inputs and outputs (``INPUT0`` to
+    ``OUTPUT0``, FP32 [16], batched), its config without ``instance_group`` as most repositories have
+    it (Triton's default then: two CPU instances; pooled on a model host)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    (dest / "1").mkdir(parents=True, exist_ok=True)
+    tensor_in = helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, [None, 16])
+    tensor_out = helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, [None, 16])
+    node = helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])
+    graph = helper.make_graph([node], "identity", [tensor_in], [tensor_out])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(dest / "1" / "model.onnx"))
+    (dest / "config.pbtxt").write_text(
+        f'name: "{dest.name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 64\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
+    )
+    return dest
+
+
+def sources(kind: str, count: int, work: Path) -> list[tuple[Path, str]]:
+    """The model folder each of the ``count`` models is copied from, and its name."""
+    if kind not in KINDS:
+        raise ValueError(f"BENCH_DENSITY_KIND must be one of {', '.join(KINDS)}, not {kind!r}")
+    python = BENCH_MODELS / MODEL
+    onnx_model = onnx_identity(work / "templates" / "identity_onnx") if kind != "python" else python
+    picked = {"python": [python], "onnx": [onnx_model], "mixed": [python, onnx_model]}[kind]
+    return [(picked[i % len(picked)], f"m{i:03d}") for i in range(count)]
+
+
 def _infer_ms(client: Any, name: str) -> float:
     import tritonclient.http as httpclient
 
@@ -136,9 +175,12 @@ def run(quick: bool = False) -> Report:
     work = work_dir(NAME)
     count = int(os.environ.get("BENCH_DENSITY_MODELS", "20" if quick else "60"))
     hosts = int(os.environ.get("BENCH_DENSITY_HOSTS", "1"))
-    names = [f"m{i:03d}" for i in range(count)]
-    repo = make_repository(work / "repo", [(BENCH_MODELS / MODEL, name, None) for name in names])
-    report = new_report(NAME, model=MODEL, models=count, host_replicas=hosts)
+    kind = os.environ.get("BENCH_DENSITY_KIND", "python")
+    models = sources(kind, count, work)
+    names = [name for _, name in models]
+    repo = make_repository(work / "repo", [(source, name, None) for source, name in models])
+    model = MODEL if kind == "python" else f"{kind}: {', '.join(sorted({s.name for s, _ in models}))}"
+    report = new_report(NAME, model=model, models=count, host_replicas=hosts, kind=kind)
     servers: list[tuple[str, Callable[[], ServerHandle]]] = [
         (
             PEER,
@@ -178,10 +220,12 @@ def run(quick: bool = False) -> Report:
             "pss_after_walk": this["pss_after_walk_bytes"] / peer["pss_after_walk_bytes"],
             "warm_request_median": this["warm_request_ms"]["median"] / peer["warm_request_ms"]["median"],
         }
-    if count == 60:
+    if count == 60 and kind == "python":
         log(f"{NAME}: results in {save_report(report, 'Model density')}")
     else:
-        path = RESULTS / NAME / f"density-{count}.json"
+        path = (
+            RESULTS / NAME / (f"density-{count}.json" if kind == "python" else f"density-{kind}-{count}.json")
+        )
         write_json(report, path)
         log(f"{NAME}: results in {path}")
     return report
