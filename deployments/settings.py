@@ -311,6 +311,10 @@ class ServerSettings:
     model_repositories: tuple[str, ...] = ()  # every repository (Triton's repeated --model-repository)
     repository_poll_secs: float = 15.0  # poll mode: how often the repositories are compared
     exit_on_error: bool = True  # a model failing at startup fails the server (Triton's default)
+    # Triton's --exit-timeout-secs: how long a model replica that stops (the server stopping, a model
+    # unloaded, an instance removed) waits for its requests in flight before it is ended
+    exit_timeout_secs: float = 30.0
+    server_id: str = "triton"  # Triton's --id: the server's name in its metadata (GET /v2, ServerMetadata)
     allow_model_file_upload: bool = False  # load with ``file:<version>/<name>`` contents (runs code)
     http_restricted_api: tuple[RestrictedApi, ...] = ()
     grpc_restricted_api: tuple[RestrictedApi, ...] = ()
@@ -399,6 +403,10 @@ class ServerSettings:
         for name in ("deploy_timeout_s", "stats_push_interval_s", "placement_timeout_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive, not {getattr(self, name)}")
+        if self.exit_timeout_secs < 0:
+            raise SettingsError(f"exit_timeout_secs must not be negative, not {self.exit_timeout_secs}")
+        if not self.server_id:
+            raise SettingsError("server_id must not be empty")
         if self.control_app_cpus < 0:
             raise SettingsError(f"control_app_cpus must not be negative, not {self.control_app_cpus}")
         if self.model_host_placement not in (POOLED, DEDICATED):
@@ -425,7 +433,7 @@ class ServerSettings:
         list), ``model_config_name``, ``disable_auto_complete_config``, ``strict_readiness``,
         ``access_log``, ``http_host``, ``http_port``, ``allow_grpc``, ``grpc_host``, ``grpc_port``,
         ``grpc_max_receive_message_bytes``, ``grpc_max_send_message_bytes``, ``grpc_compression``,
-        ``deploy_timeout_s``, ``stats_push_interval_s``,
+        ``deploy_timeout_s``, ``stats_push_interval_s``, ``exit_timeout_secs``, ``server_id``,
         ``control_app_cpus``, ``model_hosts``, ``model_host_cpus``, ``model_host_memory_bytes``, ``model_host_gpus``,
         ``model_host_gpu_memory_bytes``, ``model_host_placement``, ``model_host_max_per_node``, ``model_host_autoscaling`` (a mapping, or
         ``field=value`` texts), and the :class:`RequestLimits` by their field names (``max_input_size``,
@@ -478,6 +486,8 @@ class ServerSettings:
         }
         for name, kind in (
             ("repository_poll_secs", float),
+            ("exit_timeout_secs", float),
+            ("server_id", str),
             ("log_verbose", int),
             ("http_host", str),
             ("http_port", int),
@@ -521,6 +531,8 @@ class ServerSettings:
             "disable_auto_complete_config": not self.auto_complete,
             "strict_readiness": self.strict_readiness,
             "exit_on_error": self.exit_on_error,
+            "exit_timeout_secs": self.exit_timeout_secs,
+            "server_id": self.server_id,
             "allow_model_file_upload": self.allow_model_file_upload,
             "http_restricted_api": [r.to_text() for r in self.http_restricted_api],
             "grpc_restricted_api": [r.to_text() for r in self.grpc_restricted_api],
@@ -579,6 +591,8 @@ _ARG_NAMES = {
     "disable_auto_complete_config",
     "strict_readiness",
     "exit_on_error",
+    "exit_timeout_secs",
+    "server_id",
     "allow_model_file_upload",
     "http_restricted_api",
     "grpc_restricted_api",

@@ -204,6 +204,7 @@ class ModelDataPlane:
         notices: Mapping[str, Any] | None = None,
         describe_elsewhere: Describe | None = None,
         front_ends_ready: Callable[[], bool] | None = None,
+        server_name: str = SERVER_NAME,
         discover: Callable[[str], Awaitable[bool]] | None = None,
         logs: LogBoard | None = None,
         shared_memory: SharedMemory | None = None,
@@ -220,9 +221,10 @@ class ModelDataPlane:
         self.notices = dict(notices or {})
         self._describe_elsewhere = describe_elsewhere
         self._front_ends_ready = front_ends_ready
+        self.server_name = server_name  # Triton's --id
 
     async def server_metadata(self) -> dict[str, Any]:
-        return {**server_metadata_document(), **self.notices}
+        return {**server_metadata_document(self.server_name), **self.notices}
 
     async def live(self) -> bool:
         return True

@@ -118,7 +118,9 @@ class RayDeployer:
 
             def build() -> Any:
                 return ModelHostDeployment.options(  # type: ignore[attr-defined]
-                    logging_config={"enable_access_log": self.settings.access_log}, **host.serve_options()
+                    logging_config={"enable_access_log": self.settings.access_log},
+                    graceful_shutdown_timeout_s=self.settings.exit_timeout_secs,
+                    **host.serve_options(),
                 ).bind(self.settings, host.memory_bytes, host.gpu_memory_bytes)
 
             await asyncio.to_thread(hooks.run_application, build, host.app_name, host.route_prefix)
@@ -228,7 +230,9 @@ class RayDeployer:
 
                 def build(entry: DeploymentEntry = entry, version: str = version) -> Any:
                     deployment = ModelDeployment.options(  # type: ignore[attr-defined]
-                        logging_config=logging_config, **entry.serve_options()
+                        logging_config=logging_config,
+                        graceful_shutdown_timeout_s=self.settings.exit_timeout_secs,
+                        **entry.serve_options(),
                     )
                     # a stable version: a count-only change scales the deployment (repository_loader.revision)
                     return hooks.with_version(deployment, version).bind(
@@ -519,6 +523,7 @@ class ServerDeployment:
             Router(remote=self._models),
             notices=request_path.request_path_notice(logger),
             front_ends_ready=lambda: self._grpc_answers,
+            server_name=settings.server_id,
             logs=self.logs,
             shared_memory=SharedMemory(self._regions),
             traces=self._traces,

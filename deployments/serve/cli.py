@@ -27,7 +27,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="another repository (Triton's flag; repeatable)",
     )
     p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--host", default="127.0.0.1", help="address HAProxy binds (0.0.0.0 for every interface)")
+    p.add_argument(
+        "--host",
+        "--http-address",
+        default="127.0.0.1",
+        help="address HAProxy binds, HTTP and gRPC (0.0.0.0 for every interface)",
+    )
     p.add_argument("--model-control-mode", choices=CONTROL_MODES, default="none")
     p.add_argument(
         "--load-model", action="append", default=[], help="explicit mode: model to load at start ('*': all)"
@@ -37,6 +42,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--exit-on-error", default="true", help="true: a model failing at startup fails the server (Triton's)"
+    )
+    p.add_argument(
+        "--exit-timeout-secs",
+        type=float,
+        default=None,
+        help="how long a stopping model replica waits for its requests in flight (Triton's; default 30)",
+    )
+    p.add_argument("--id", default=None, help="the server's name in its metadata (Triton's; default triton)")
+    p.add_argument(
+        "--strict-model-config",
+        default=None,
+        metavar="BOOL",
+        help="true: the same as --disable-auto-complete-config (Triton's older flag)",
     )
     p.add_argument(
         "--allow-model-file-upload",
@@ -165,6 +183,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="Serve's autoscaling of the host replicas, <field>=<value> (max_replicas is required; "
         "min_replicas defaults to --model-hosts; target_ongoing_requests 8): docs/hosts.md",
     )
+    tritonserver_flags(p)
     p.set_defaults(func=run)
     r = subparsers.add_parser(
         "ray-start",
@@ -205,7 +224,10 @@ def server_args(args: argparse.Namespace) -> dict[str, Any]:
         "http_header_forward_pattern": args.http_header_forward_pattern,
         "grpc_header_forward_pattern": args.grpc_header_forward_pattern,
         "model_config_name": args.model_config_name,
-        "disable_auto_complete_config": args.disable_auto_complete_config,
+        "disable_auto_complete_config": args.disable_auto_complete_config
+        or _true(args.strict_model_config, "--strict-model-config"),
+        "exit_timeout_secs": args.exit_timeout_secs,
+        "server_id": args.id,
         "strict_readiness": "false" if args.no_strict_readiness else args.strict_readiness,
         "access_log": args.access_log,
         "cache_config": args.cache_config,
@@ -223,14 +245,100 @@ def server_args(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+# tritonserver flags with no effect here, and why: accepted (a Triton command line starts as it is),
+# and named at start, so that none is taken as applied
+NO_EFFECT: dict[str, str] = {
+    "--backend-config": "backends run in the model replica's own process (no stub, no shared-memory "
+    "pool to size); thread counts come from each model's config parameters",
+    "--backend-directory": "the backends are this server's own (ONNX Runtime, PyTorch, TensorRT, Python)",
+    "--repoagent-directory": "repository agents are not run",
+    "--cache-directory": "remote repositories are copied to the storage layer's folder",
+    "--pinned-memory-pool-byte-size": "tensors are not staged through a pinned pool",
+    "--cuda-memory-pool-byte-size": "GPU memory is the frameworks' own allocators'",
+    "--cuda-virtual-address-size": "GPU memory is the frameworks' own allocators'",
+    "--min-supported-compute-capability": "every GPU Ray lends a replica is used",
+    "--buffer-manager-thread-count": "requests are decoded in each replica's own event loop",
+    "--model-load-thread-count": "models load in their own replicas, all at once",
+    "--model-load-retry-count": "a model that fails to load is not retried at start",
+    "--http-thread-count": "HAProxy and each replica's event loop serve HTTP",
+    "--rate-limit": "instances are Ray replicas, scheduled by Ray's resources",
+    "--rate-limit-resource": "instances are Ray replicas, scheduled by Ray's resources",
+    "--allow-cpu-metrics": "Ray's dashboard and metrics carry the nodes' CPU and memory",
+    "--allow-gpu-metrics": "Ray's dashboard and metrics carry the GPUs",
+    "--metrics-interval-ms": "model metrics are counted as requests are answered",
+    "--host-policy": "placement is Ray's (instance_group and ray.* parameters)",
+    "--grpc-keepalive-time": "HAProxy terminates gRPC connections with its own keep-alive",
+    "--grpc-keepalive-timeout": "HAProxy terminates gRPC connections with its own keep-alive",
+    "--grpc-keepalive-permit-without-calls": "HAProxy terminates gRPC connections",
+    "--grpc-http2-max-pings-without-data": "HAProxy terminates gRPC connections",
+    "--grpc-http2-min-recv-ping-interval-without-data": "HAProxy terminates gRPC connections",
+    "--grpc-http2-max-ping-strikes": "HAProxy terminates gRPC connections",
+    "--reuse-http-port": "HAProxy binds the port",
+    "--reuse-grpc-port": "HAProxy binds the port",
+}
+# tritonserver flags whose only accepted value is the one this server always has: (value, why not)
+FIXED: dict[str, tuple[bool, str]] = {
+    "--allow-http": (True, "HTTP carries the health, repository and model routes of every protocol"),
+    "--grpc-use-ssl": (False, "terminate TLS in front of HAProxy (a load balancer or an ingress)"),
+    "--model-namespacing": (False, "model names are one namespace across repositories"),
+}
+
+
+def tritonserver_flags(p: argparse.ArgumentParser) -> None:
+    """tritonserver's other flags (docs/compatibility.md, Server flags): each takes a value, as there."""
+    group = p.add_argument_group(
+        "tritonserver flags",
+        "accepted so that a tritonserver command line starts as it is; those with no effect here are "
+        f"named at start: {', '.join(NO_EFFECT)}; "
+        + "; ".join(f"{flag} only {str(only).lower()}" for flag, (only, _) in FIXED.items()),
+    )
+    for flag in NO_EFFECT:
+        group.add_argument(flag, action="append", default=[], metavar="VALUE", help=argparse.SUPPRESS)
+    for flag in FIXED:
+        group.add_argument(flag, default=None, metavar="BOOL", help=argparse.SUPPRESS)
+
+
+def _true(value: str | None, flag: str) -> bool:
+    """A tritonserver boolean flag's value (None: not given)."""
+    if value is None:
+        return False
+    text = value.strip().lower()
+    if text in ("1", "true", "on", "yes"):
+        return True
+    if text in ("0", "false", "off", "no"):
+        return False
+    raise SettingsError(f"{flag} must be true or false, not '{value}'")
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def unapplied_flags(args: argparse.Namespace) -> list[str]:
+    """A line for each tritonserver flag given that has no effect here; SettingsError for one whose
+    value this server cannot honour."""
+    for flag, (only, why) in FIXED.items():
+        value = getattr(args, _dest(flag), None)
+        if value is not None and _true(value, flag) != only:
+            raise SettingsError(f"{flag}={value} is not supported: {why}")
+    return [
+        f"{flag}={','.join(getattr(args, _dest(flag)))} has no effect here: {why}"
+        for flag, why in NO_EFFECT.items()
+        if getattr(args, _dest(flag), None)
+    ]
+
+
 def run(args: argparse.Namespace) -> int:
     from deployments.serve import launch
 
     try:
+        unapplied = unapplied_flags(args)
         settings = ServerSettings.from_args(server_args(args))
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    for line in unapplied:
+        print(f"note: {line}", file=sys.stderr, flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -222,7 +222,8 @@ def serve_details() -> dict[str, Any]:
 
 
 def deployed_options(app_name: str, deployment: str) -> dict[str, Any]:
-    """The route prefix and deployment config Serve holds for one deployment of one application."""
+    """The route prefix and deployment config Serve holds for one deployment of one application (the
+    plan's options, and how long a stopping replica waits for its requests: ``exit_timeout_secs``)."""
     app = serve_details()["applications"][app_name]
     config = app["deployments"][deployment]["deployment_config"]
     return {
@@ -230,6 +231,7 @@ def deployed_options(app_name: str, deployment: str) -> dict[str, Any]:
         "num_replicas": config.get("num_replicas"),
         "max_ongoing_requests": config.get("max_ongoing_requests"),
         "ray_actor_options": config.get("ray_actor_options") or {},
+        "graceful_shutdown_timeout_s": config.get("graceful_shutdown_timeout_s"),
     }
 
 

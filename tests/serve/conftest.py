@@ -19,6 +19,7 @@ from tests.serve.streaming_models import add_streaming_models
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "model_repository"
 BLS_MODELS = ROOT / "tests" / "backends" / "python_models"
+SESSION_EXIT_TIMEOUT_S = 7.0  # the shared server's exit_timeout_secs (above Serve's 6 s floor)
 
 IDENTITY_PY = textwrap.dedent(
     """
@@ -418,6 +419,9 @@ def server_url(test_repository: Path, session_ports: dict[str, int]) -> Iterator
             "exit_on_error": False,  # broken_config and failing_init are meant to fail
             "cache_config": ["local,size=1048576"],
             "placement_timeout_s": 5,  # test_model_control_e2e: a load no node can place fails soon
+            # Triton's --exit-timeout-secs (default 30): a replica stopping with a request the test left
+            # hanging ends after this long
+            "exit_timeout_secs": SESSION_EXIT_TIMEOUT_S,
             # tracing (OFF until a test turns it on): spans to tests/serve/test_tracing_e2e.py's receiver
             "trace_config": [
                 "mode=opentelemetry",

@@ -8,6 +8,7 @@ import pytest
 
 from repository_loader import load_repository
 from repository_loader.plan import ClusterResources, plan_deployments
+from tests.serve.conftest import SESSION_EXIT_TIMEOUT_S
 
 pytestmark = pytest.mark.serve
 
@@ -39,4 +40,5 @@ def test_deployed_serve_options_equal_the_plan(server_url: str, tmp_path: Path) 
                 "num_cpus": entry["num_cpus_per_replica"],
                 "num_gpus": entry["num_gpus_per_replica"],
             },
+            "graceful_shutdown_timeout_s": SESSION_EXIT_TIMEOUT_S,  # --exit-timeout-secs
         }, entry["app_name"]

@@ -11,7 +11,7 @@ import pytest
 from deployments.control import ModelController
 from deployments.protocol.dataplane import DataPlane, ModelDataPlane
 from deployments.runtime.router import Router
-from deployments.serve.cli import add_parser, server_args
+from deployments.serve.cli import NO_EFFECT, add_parser, server_args, unapplied_flags
 from deployments.settings import DIRECT_ROUTES_ENV, ServerSettings, SettingsError
 from repository_loader.autoscaling import Autoscaling
 from repository_loader.errors import NotFound, Unavailable
@@ -124,6 +124,67 @@ def test_tritons_own_strict_readiness_flag_is_accepted(flags: list[str], strict:
     add_parser(parser.add_subparsers())
     settings = ServerSettings.from_args(server_args(parser.parse_args(["serve", "/repo", *flags])), {})
     assert settings.strict_readiness is strict
+
+
+def test_a_tritonserver_command_line_starts_as_it_is() -> None:
+    """Flags as a Triton user's scripts pass them: those that map are applied, the others named."""
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    ns = parser.parse_args(
+        [
+            "serve",
+            "--model-repository=/models",
+            "--exit-timeout-secs=120",
+            "--id=edge-7",
+            "--strict-model-config=true",
+            "--http-address=0.0.0.0",
+            "--log-verbose=1",
+            "--backend-config=python,shm-default-byte-size=5242880",
+            "--backend-config=onnxruntime,enable-global-threadpool=1",
+            "--pinned-memory-pool-byte-size=0",
+            "--allow-http=true",
+            "--grpc-use-ssl=false",
+        ]
+    )
+    settings = ServerSettings.from_args(server_args(ns), {})
+    assert (settings.exit_timeout_secs, settings.server_id, settings.auto_complete) == (
+        120.0,
+        "edge-7",
+        False,
+    )
+    assert (settings.http_host, settings.log_verbose) == ("0.0.0.0", 1)
+    assert ServerSettings.from_args(settings.to_args(), {}) == settings
+    assert unapplied_flags(ns) == [
+        "--backend-config=python,shm-default-byte-size=5242880,onnxruntime,enable-global-threadpool=1 "
+        "has no effect here: " + NO_EFFECT["--backend-config"],
+        "--pinned-memory-pool-byte-size=0 has no effect here: " + NO_EFFECT["--pinned-memory-pool-byte-size"],
+    ]
+    defaults = ServerSettings.from_args(server_args(parser.parse_args(["serve", "/m"])), {})
+    assert (defaults.exit_timeout_secs, defaults.server_id, defaults.auto_complete) == (30.0, "triton", True)
+    assert unapplied_flags(parser.parse_args(["serve", "/m"])) == []
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        ("--allow-http=false", "--allow-http=false is not supported: HTTP carries"),
+        ("--grpc-use-ssl=1", "--grpc-use-ssl=1 is not supported: terminate TLS in front of HAProxy"),
+        ("--model-namespacing=true", "--model-namespacing=true is not supported"),
+        ("--allow-http=maybe", "--allow-http must be true or false, not 'maybe'"),
+    ],
+)
+def test_a_tritonserver_flag_this_server_cannot_honour_stops_the_start(flag: str, message: str) -> None:
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    with pytest.raises(SettingsError, match=message):
+        unapplied_flags(parser.parse_args(["serve", "/m", flag]))
+
+
+async def test_the_server_metadata_carries_the_server_id() -> None:
+    controller = ModelController(ServerSettings("/r"), _Deployer())
+    assert (await ModelDataPlane(controller, Router()).server_metadata())["name"] == "triton"
+    named = ModelDataPlane(controller, Router(), server_name="edge-7")
+    assert (await named.server_metadata())["name"] == "edge-7"
 
 
 class _Deployer:
