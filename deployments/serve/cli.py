@@ -22,6 +22,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--model-repository",
+        "--model-store",
         action="append",
         default=[],
         help="another repository (Triton's flag; repeatable)",
@@ -115,6 +116,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--allow-grpc", default="true", help="false: no gRPC service (Triton's flag)")
     p.add_argument("--grpc-infer-response-compression", default="none", help="none | gzip | deflate")
+    p.add_argument(
+        "--grpc-infer-response-compression-level",
+        default=None,
+        choices=("none", "low", "medium", "high"),
+        help="Triton's: none, or gzip at any other level",
+    )
     p.add_argument("--metrics-port", type=int, default=8002, help="port of Triton's /metrics")
     p.add_argument("--metrics-address", default=None, help="address /metrics binds (default: --host)")
     p.add_argument("--allow-metrics", default="true", help="false: no metrics endpoint (Triton's flag)")
@@ -204,7 +211,7 @@ def server_args(args: argparse.Namespace) -> dict[str, Any]:
         "allow_grpc": args.allow_grpc,
         "grpc_host": args.grpc_host,
         "grpc_port": args.grpc_port,
-        "grpc_compression": args.grpc_infer_response_compression,
+        "grpc_compression": _compression(args),
         "allow_metrics": args.allow_metrics,
         "metrics_host": args.metrics_address,
         "metrics_port": args.metrics_port,
@@ -232,7 +239,12 @@ def server_args(args: argparse.Namespace) -> dict[str, Any]:
         "access_log": args.access_log,
         "cache_config": args.cache_config,
         "metrics_config": args.metrics_config,
-        "trace_config": args.trace_config,
+        "trace_config": [
+            f"{setting}{value}"
+            for flag, setting in OLD_TRACE_FLAGS.items()
+            for value in getattr(args, _dest(flag), [])
+        ]
+        + args.trace_config,
         "response_cache_byte_size": args.response_cache_byte_size,
         "model_hosts": args.model_hosts,
         "model_host_cpus": args.model_host_cpus,
@@ -275,12 +287,38 @@ NO_EFFECT: dict[str, str] = {
     "--grpc-http2-max-ping-strikes": "HAProxy terminates gRPC connections",
     "--reuse-http-port": "HAProxy binds the port",
     "--reuse-grpc-port": "HAProxy binds the port",
+    "--grpc-address": "HAProxy serves gRPC on the --host address",
+    "--grpc-max-connection-age": "HAProxy terminates gRPC connections",
+    "--grpc-max-connection-age-grace": "HAProxy terminates gRPC connections",
+    "--grpc-infer-allocation-pool-size": "responses are not drawn from a pool",
+    "--grpc-root-cert": "TLS is terminated in front of HAProxy",
+    "--grpc-server-cert": "TLS is terminated in front of HAProxy",
+    "--grpc-server-key": "TLS is terminated in front of HAProxy",
+    "--enable-peer-access": "GPU tensors move through DLPack and CUDA IPC",
+    "--model-load-gpu-limit": "GPU memory is Ray's to place (instance_group gpus, model host budgets)",
+    "--sagemaker-port": "no SageMaker endpoint",
+    "--sagemaker-safe-port-range": "no SageMaker endpoint",
+    "--sagemaker-thread-count": "no SageMaker endpoint",
+    "--vertex-ai-port": "no Vertex AI endpoint",
+    "--vertex-ai-thread-count": "no Vertex AI endpoint",
+    "--vertex-ai-default-model": "no Vertex AI endpoint",
 }
 # tritonserver flags whose only accepted value is the one this server always has: (value, why not)
 FIXED: dict[str, tuple[bool, str]] = {
     "--allow-http": (True, "HTTP carries the health, repository and model routes of every protocol"),
     "--grpc-use-ssl": (False, "terminate TLS in front of HAProxy (a load balancer or an ingress)"),
     "--model-namespacing": (False, "model names are one namespace across repositories"),
+    "--grpc-use-ssl-mutual": (False, "terminate TLS in front of HAProxy (a load balancer or an ingress)"),
+    "--allow-sagemaker": (False, "no SageMaker endpoint"),
+    "--allow-vertex-ai": (False, "no Vertex AI endpoint"),
+}
+# tritonserver's older trace flags, as the --trace-config settings they are: flag -> setting prefix
+OLD_TRACE_FLAGS = {
+    "--trace-file": "triton,file=",
+    "--trace-level": "level=",
+    "--trace-rate": "rate=",
+    "--trace-count": "count=",
+    "--trace-log-frequency": "triton,log-frequency=",
 }
 
 
@@ -288,7 +326,8 @@ def tritonserver_flags(p: argparse.ArgumentParser) -> None:
     """tritonserver's other flags (docs/compatibility.md, Server flags): each takes a value, as there."""
     group = p.add_argument_group(
         "tritonserver flags",
-        "accepted so that a tritonserver command line starts as it is; those with no effect here are "
+        "accepted so that a tritonserver command line starts as it is; "
+        f"{', '.join(OLD_TRACE_FLAGS)} are --trace-config settings; those with no effect here are "
         f"named at start: {', '.join(NO_EFFECT)}; "
         + "; ".join(f"{flag} only {str(only).lower()}" for flag, (only, _) in FIXED.items()),
     )
@@ -296,6 +335,8 @@ def tritonserver_flags(p: argparse.ArgumentParser) -> None:
         group.add_argument(flag, action="append", default=[], metavar="VALUE", help=argparse.SUPPRESS)
     for flag in FIXED:
         group.add_argument(flag, default=None, metavar="BOOL", help=argparse.SUPPRESS)
+    for flag in OLD_TRACE_FLAGS:
+        group.add_argument(flag, action="append", default=[], metavar="VALUE", help=argparse.SUPPRESS)
 
 
 def _true(value: str | None, flag: str) -> bool:
@@ -308,6 +349,14 @@ def _true(value: str | None, flag: str) -> bool:
     if text in ("0", "false", "off", "no"):
         return False
     raise SettingsError(f"{flag} must be true or false, not '{value}'")
+
+
+def _compression(args: argparse.Namespace) -> str:
+    """The response compression: Triton's level flag (any level but none is gzip) or this server's."""
+    level = args.grpc_infer_response_compression_level
+    if level is None:
+        return str(args.grpc_infer_response_compression)
+    return "none" if level == "none" else "gzip"
 
 
 def _dest(flag: str) -> str:

@@ -164,6 +164,59 @@ def test_a_tritonserver_command_line_starts_as_it_is() -> None:
     assert unapplied_flags(parser.parse_args(["serve", "/m"])) == []
 
 
+# tritonserver 2.51's options (its --help), each with a value it accepts; --cache-config, which it
+# refuses beside --response-cache-byte-size as this server does, is in the shared server's settings
+TRITONSERVER_2_51_FLAGS = {
+    "allow-cpu-metrics": "true", "allow-gpu-metrics": "true", "allow-grpc": "true", "allow-http": "true",
+    "allow-metrics": "true", "allow-sagemaker": "false", "allow-vertex-ai": "false",
+    "backend-config": "python,shm-default-byte-size=1048576", "backend-directory": "/opt/tritonserver/backends",
+    "buffer-manager-thread-count": "0", "cache-directory": "/tmp/c",
+    "cuda-memory-pool-byte-size": "0:67108864", "cuda-virtual-address-size": "0:1073741824",
+    "disable-auto-complete-config": None, "enable-peer-access": "true", "exit-on-error": "false",
+    "exit-timeout-secs": "30", "grpc-address": "0.0.0.0", "grpc-header-forward-pattern": "x-.*",
+    "grpc-http2-max-ping-strikes": "2", "grpc-http2-max-pings-without-data": "2",
+    "grpc-http2-min-recv-ping-interval-without-data": "300000", "grpc-infer-allocation-pool-size": "8",
+    "grpc-infer-response-compression-level": "high", "grpc-keepalive-permit-without-calls": "false",
+    "grpc-keepalive-time": "7200000", "grpc-keepalive-timeout": "20000", "grpc-max-connection-age": "0",
+    "grpc-max-connection-age-grace": "0", "grpc-port": "8001", "grpc-restricted-protocol": "health:k=v",
+    "grpc-root-cert": "/c", "grpc-server-cert": "/c", "grpc-server-key": "/k", "grpc-use-ssl": "false",
+    "grpc-use-ssl-mutual": "false", "host-policy": "gpu_0,numa-node=0", "http-address": "0.0.0.0",
+    "http-header-forward-pattern": "x-.*", "http-port": "8000", "http-restricted-api": "health:k=v",
+    "http-thread-count": "8", "id": "triton", "load-model": "m", "log-error": "true", "log-file": "/tmp/l",
+    "log-format": "ISO8601", "log-info": "true", "log-verbose": "1", "log-warning": "true",
+    "metrics-address": "0.0.0.0", "metrics-config": "summary_latencies=true", "metrics-interval-ms": "2000",
+    "metrics-port": "8002", "model-config-name": "h100", "model-control-mode": "explicit",
+    "model-load-gpu-limit": "0:0.5", "model-load-retry-count": "1", "model-load-thread-count": "4",
+    "model-namespacing": "false", "model-repository": "/models", "model-store": "/models2",
+    "pinned-memory-pool-byte-size": "0", "rate-limit": "off", "rate-limit-resource": "R1:10",
+    "repoagent-directory": "/opt/r", "repository-poll-secs": "5", "response-cache-byte-size": "1048576",
+    "reuse-grpc-port": "false", "reuse-http-port": "false", "sagemaker-port": "8080",
+    "sagemaker-safe-port-range": "8081-9000", "sagemaker-thread-count": "8", "strict-model-config": "false",
+    "strict-readiness": "true", "trace-config": "rate=100", "trace-count": "-1", "trace-file": "/tmp/t.json",
+    "trace-level": "TIMESTAMPS", "trace-log-frequency": "0", "trace-rate": "1000", "vertex-ai-default-model": "m",
+    "vertex-ai-port": "8080", "vertex-ai-thread-count": "8",
+}  # fmt: skip
+
+
+def test_every_tritonserver_flag_is_taken() -> None:
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    argv = [f"--{k}" if v is None else f"--{k}={v}" for k, v in TRITONSERVER_2_51_FLAGS.items()]
+    ns = parser.parse_args(["serve", *argv])
+    settings = ServerSettings.from_args(server_args(ns), {})
+    assert settings.model_repositories == ("/models", "/models2") and settings.grpc_compression == "gzip"
+    # the older trace flags are --trace-config settings, before the --trace-config flags themselves
+    assert settings.trace.flags == (
+        "triton,file=/tmp/t.json", "level=TIMESTAMPS", "rate=1000", "count=-1", "triton,log-frequency=0",
+        "rate=100",
+    )  # fmt: skip
+    assert settings.trace.rate == 100 and settings.trace.level == ("TIMESTAMPS",)
+    named = {line.split("=", 1)[0] for line in unapplied_flags(ns)}
+    # every flag given that has no effect is named at start (NO_EFFECT also has older releases' flags)
+    assert named == {f for f in NO_EFFECT if f.removeprefix("--") in TRITONSERVER_2_51_FLAGS}
+    assert len(named) == 40
+
+
 @pytest.mark.parametrize(
     ("flag", "message"),
     [
