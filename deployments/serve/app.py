@@ -466,6 +466,9 @@ def _same_shape(a: tuple[DeploymentEntry, ...], b: tuple[DeploymentEntry, ...]) 
     return shape(a) == shape(b)
 
 
+SERVER_HEALTH_CHECK_PERIOD_S = 0.25
+
+
 # The constructor loads the initial models (Triton opens its endpoints after that); a failure with
 # exit_on_error is final, not retried.
 @serve.deployment(
@@ -473,9 +476,10 @@ def _same_shape(a: tuple[DeploymentEntry, ...], b: tuple[DeploymentEntry, ...]) 
     ray_actor_options={"num_cpus": 0.05},
     max_ongoing_requests=1000,
     max_constructor_retry_count=1,
-    # a dead server replica is found within a second (Serve's default: 10 s), as a model replica is:
-    # /v2 answers 503 from then until the new one has adopted what runs
-    health_check_period_s=1.0,
+    # a dead server replica is found within a quarter of a second (Serve's default period: 10 s; a
+    # model replica's: 1 s): Serve learns of it at its next check. /v2 answers 503 from then until the
+    # new one has adopted what runs. One replica, so the checks cost the controller little
+    health_check_period_s=SERVER_HEALTH_CHECK_PERIOD_S,
     health_check_timeout_s=10.0,
 )
 @serve.ingress()
