@@ -78,7 +78,7 @@ class _Slot:
         self.index = index
         self.queue: deque[Any] = deque()  # _Item or _RELEASE
         self.states: dict[str, Any] | None = None  # implicit state inputs of the sequence in the slot
-        self.busy = False  # oldest: a request of this slot is in the dynamic batcher
+        self.busy = False  # a request of this slot is in the dynamic batcher (oldest) or a running batch
 
 
 @dataclasses.dataclass(eq=False)
@@ -125,7 +125,8 @@ class SequenceBatcher:
         self._free = [self._free_key(slot) for inst in self.instances for slot in inst.slots]
         heapq.heapify(self._free)
         self._bound: dict[int | str, _Slot] = {}  # sequences holding a slot (until their END is queued)
-        self._last_ns: dict[int | str, int] = {}  # their last request's arrival, for the idle reaper
+        # when each last had nothing queued (its last request's arrival or answer), for the idle reaper
+        self._last_ns: dict[int | str, int] = {}
         self._backlog: deque[_Backlog] = deque()
         self._backlog_open: dict[int | str, _Backlog] = {}  # backlogged sequences whose END has not come
         self._reaper: asyncio.TimerHandle | None = None
@@ -321,6 +322,11 @@ class SequenceBatcher:
             if taken and response.error is None and not item.request.sequence_end and slot.states is not None:
                 slot.states.update(taken)
         _resolve(item.future, response)
+        cid = item.request.correlation_id
+        if self._bound.get(cid) is slot:  # the sequence goes on: its idle clock starts again now
+            now = time.monotonic_ns()
+            self._last_ns[cid] = now
+            self._arm_reaper(now + self.settings.idle_ns)
         self._notify()
 
     def record(self, rows: int, queue_ns: list[int]) -> None:
@@ -343,6 +349,12 @@ class SequenceBatcher:
         self._reaper = asyncio.get_running_loop().call_later(delay, self._reap)
 
     def _reap(self) -> None:
+        """Release the slots of idle sequences and fail backlogged sequences whose timeout expired.
+
+        A sequence is idle, as Triton's ``max_sequence_idle_microseconds`` defines it, when it has no
+        request queued: one with a request waiting in its slot, in the dynamic batcher or in a running
+        batch is not reaped, and its clock starts again when that request is answered (``finish``).
+        """
         self._reaper, self._reaper_at = None, NEVER
         now = time.monotonic_ns()
         next_at = NEVER
@@ -351,9 +363,13 @@ class SequenceBatcher:
             if deadline > now:
                 next_at = min(next_at, deadline)
                 continue
+            slot = self._bound[cid]
+            if slot.busy or slot.queue:  # not idle: ``finish`` restarts its clock; looked at again meanwhile
+                next_at = min(next_at, now + self.settings.idle_ns)
+                continue
             logger.info("sequence %s of model '%s' idle too long; its slot is released", cid, self.model_name)
             del self._last_ns[cid]
-            slot = self._bound.pop(cid)
+            del self._bound[cid]
             slot.queue.append(_RELEASE)
             slot.instance.wake(slot)
         for backlog in list(self._backlog):
@@ -482,12 +498,18 @@ class _DirectInstance:
                 continue
             slot, item = by_index[index]
             slot.queue.popleft()
+            slot.busy = True
             requests.append(owner.prepare(slot, item))
             taken.append((slot, item))
             if item.request.sequence_end:
                 owner.release(slot)
         owner.record(len(requests), [now - e[1].enqueue_ns for e in taken if e is not None])
-        responses = await run_batch(owner._execute, requests, owner.model_name)
+        try:
+            responses = await run_batch(owner._execute, requests, owner.model_name)
+        finally:
+            for entry in taken:
+                if entry is not None:
+                    entry[0].busy = False
         for entry, response in zip(taken, responses, strict=True):
             if entry is not None:
                 owner.finish(entry[0], entry[1], response)

@@ -6,7 +6,8 @@ import asyncio
 import random
 
 from deployments.runtime.batching import make_scheduler
-from tests.batching.sequence_models import Accumulator, req, run_sequences, running_sums, sequence_model
+from deployments.runtime.sequence import SequenceBatcher
+from tests.batching.sequence_models import Accumulator, out, req, run_sequences, running_sums, sequence_model
 
 
 def oldest(candidates: int = 8, preferred: str = "", delay_us: int = 0) -> str:
@@ -59,3 +60,37 @@ async def test_more_sequences_than_candidates_wait_in_the_backlog() -> None:
     sequences = {cid: [1.0, 2.0, 3.0] for cid in range(1, 7)}
     assert await run_sequences(batcher, sequences) == {cid: [1.0, 3.0, 6.0] for cid in sequences}
     assert max(len(b) for b in acc.batches) <= 2
+
+
+async def test_a_sequence_waiting_in_the_dynamic_batcher_is_not_idle() -> None:
+    """Triton counts a sequence idle only while it has no request queued: a lone sequence whose requests
+    each wait out a queue delay as long as the idle limit keeps its slot, step after step."""
+    acc = Accumulator()
+    model = sequence_model(
+        strategy=oldest(2, "preferred_batch_size: [ 2 ]", delay_us=60_000), max_batch_size=4, idle_us=50_000
+    )
+    batcher = make_scheduler(model, acc)
+    assert isinstance(batcher, SequenceBatcher)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    sequences: dict[object, list[float]] = {7: [1.0, 2.0, 3.0]}
+    assert await run_sequences(batcher, sequences) == {7: [1.0, 3.0, 6.0]}
+    assert loop.time() - started >= 0.18  # each step waited out the 60 ms delay, past the 50 ms limit
+    assert [len(b) for b in acc.batches] == [1, 1, 1]
+    await batcher.close()
+
+
+async def test_the_idle_clock_starts_when_the_last_request_is_answered() -> None:
+    """A gap longer than the idle limit, counted from the answer, frees the slot; requests queued then
+    run first."""
+    acc = Accumulator(delay=0.03)
+    batcher = make_scheduler(sequence_model(strategy=oldest(1), max_batch_size=4, idle_us=50_000), acc)
+    assert isinstance(batcher, SequenceBatcher)
+    await batcher.submit(req(1, 1.0, start=True))
+    await asyncio.sleep(0.035)  # 35 ms after the answer, 65 ms after the request came
+    assert out(await batcher.submit(req(1, 2.0))) == 3.0
+    await asyncio.sleep(0.08)
+    late = await batcher.submit(req(1, 4.0))
+    assert "inference request for sequence 1 to model 'seq' must specify the START flag" in str(late.error)
+    assert batcher.active_sequences == 0
+    await batcher.close()

@@ -11,6 +11,7 @@ import pytest
 from tools.triton_qa import (
     batcher,
     decoupled,
+    dyna_sequence,
     infer_variable,
     infer_zero,
     log_settings,
@@ -22,7 +23,7 @@ from tools.triton_qa import (
     unittest_junit,
 )
 from tools.triton_qa.junit import TestOutcome, parse_junit_text
-from tools.triton_qa.models import apply_edit, build_repository
+from tools.triton_qa.models import OWN_MODELS, apply_edit, build_repository
 from tools.triton_qa.report import RunRecord, write_results
 from tools.triton_qa.runner import (
     REFERENCE,
@@ -583,3 +584,109 @@ def test_model_update_runs_each_rate_limit_mode_with_the_log_folder_in_the_suite
         "config.pbtxt",
         "util.py",
     ]
+
+
+def test_dyna_sequence_runs_follow_test_shs_loops_per_backend() -> None:
+    """Each backend runs test.sh's loops, a server per test, with NO_BATCHING as each loop sets it and no
+    scheduler delay (the tests assert it is unset)."""
+    runs = {r.label: r for r in dyna_sequence.L0_DYNA_SEQUENCE_BATCHER.runs}
+    assert len(runs) == len(dyna_sequence.L0_DYNA_SEQUENCE_BATCHER.runs)
+    for label, run in runs.items():
+        assert run.server_per_test and run.test_file == "dyna_sequence_batcher_test.py"
+        assert "TRITONSERVER_DELAY_SCHEDULER" not in run.env
+        assert run.env["NO_BATCHING"] == ("1" if label.endswith("no batching") else "0")
+        assert run.env["IMPLICIT_STATE"] == ("1" if "implicit" in label else "0")
+        assert run.env["BACKENDS"] == ("custom custom_string" if label.startswith("custom") else "onnx")
+    methods = {label: [t.split(".")[1] for t in run.tests] for label, run in runs.items()}
+    assert methods["custom, no batching"] == ["test_simple_sequence", "test_length1_sequence"]
+    assert methods["custom, queue delay"] == list(dyna_sequence.QUEUE_DELAY_TESTS)
+    assert methods["custom, ragged"] == ["test_multi_sequence_different_shape_allow_ragged"]
+    # the different-shape test has custom trials only: on onnx it would pass without a request
+    assert methods["onnx, queue delay"] == list(dyna_sequence.QUEUE_DELAY_TESTS[1:])
+
+
+def test_dyna_sequence_custom_models_are_test_shs_copies_on_the_python_stand_in(tmp_path: Path) -> None:
+    checkout = tmp_path / "checkout"
+    src = checkout / "qa" / "custom_models" / "custom_dyna_sequence_int32"
+    src.mkdir(parents=True)
+    (src / "config.pbtxt").write_text(
+        'name: "custom_dyna_sequence_int32"\nbackend: "dyna_sequence"\nmax_batch_size: 8\n'
+        'default_model_filename: "libtriton_dyna_sequence.so"\n'
+        "sequence_batching {\n  oldest {\n    max_candidate_sequences: 6\n"
+        "    max_queue_delay_microseconds: 0\n  }\n"
+        '  control_input [ { name: "CORRID"\n control [ { kind: CONTROL_SEQUENCE_CORRID\n'
+        "          data_type: TYPE_UINT64\n } ] } ]\n}\n"
+        'input [ {\n    name: "INPUT"\n    data_type: TYPE_INT32\n  } ]\n'
+        "instance_group [ {\n    kind: KIND_CPU\n  } ]\n"
+    )
+    ragged = {r.label: r for r in dyna_sequence.L0_DYNA_SEQUENCE_BATCHER.runs}["custom, ragged"]
+    models = (*dyna_sequence.custom_models(*dyna_sequence.QUEUE_DELAY), *ragged.models)
+    repo = tmp_path / "repo"
+    built = build_repository(models[:2], checkout, tmp_path / "cache", repo)
+    assert not built.skipped
+    plain = (repo / "custom_dyna_sequence_int32" / "config.pbtxt").read_text()
+    string = (repo / "custom_string_dyna_sequence_int32" / "config.pbtxt").read_text()
+    for text in (plain, string):
+        assert 'backend: "python"' in text and "default_model_filename" not in text
+        assert "kind: KIND_CPU\ncount: 1\n" in text
+        assert "max_candidate_sequences:4\n" in text and "max_queue_delay_microseconds:5000000\n" in text
+    assert "TYPE_UINT64" in plain and 'name: "custom_string_dyna_sequence_int32"' in string
+    assert "data_type: TYPE_STRING" in string and "TYPE_UINT64" not in string
+    assert (repo / "custom_string_dyna_sequence_int32" / "1" / "model.py").exists()
+    build_repository(models[2:], checkout, tmp_path / "cache", repo)
+    text = (repo / "custom_dyna_sequence_int32" / "config.pbtxt").read_text()
+    assert 'name: "INPUT"\nallow_ragged_batch: true\n' in text
+
+
+class _Tensor:
+    def __init__(self, name: str, array: object) -> None:
+        self.name, self.array = name, array
+
+    def as_numpy(self) -> object:
+        return self.array
+
+
+class _Request:
+    def __init__(self, **inputs: object) -> None:
+        self.inputs = inputs
+
+
+def _dyna_sequence_stand_in(monkeypatch: pytest.MonkeyPatch) -> object:
+    """The stand-in's ``TritonPythonModel`` over a fake ``triton_python_backend_utils``."""
+    import types
+
+    fake = types.ModuleType("triton_python_backend_utils")
+    fake.Tensor = _Tensor  # type: ignore[attr-defined]
+    fake.get_input_tensor_by_name = lambda r, n: _Tensor(n, r.inputs[n])  # type: ignore[attr-defined]
+    fake.InferenceResponse = lambda tensors=(), error=None: (list(tensors), error)  # type: ignore[attr-defined]
+    fake.TritonError = str  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake)
+    space: dict[str, object] = {}
+    exec(OWN_MODELS["dyna_sequence"]["model.py"], space)
+    model = space["TritonPythonModel"]()  # type: ignore[operator]
+    model.initialize({"model_config": json.dumps({"parameters": {}})})
+    return model
+
+
+def test_dyna_sequence_stand_in_keeps_an_accumulator_per_correlation_id(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import numpy as np
+
+    model = _dyna_sequence_stand_in(monkeypatch)
+
+    def step(corrid: object, values: list[int], start: int = 0, end: int = 0) -> _Request:
+        ctrl = {n: np.array([[v]], dtype=np.int32) for n, v in (("START", start), ("END", end), ("READY", 1))}
+        return _Request(INPUT=np.array([values], dtype=np.int32), CORRID=np.array([[corrid]]), **ctrl)
+
+    def outputs(*requests: _Request) -> list[object]:
+        answers = model.execute(list(requests))  # type: ignore[attr-defined]
+        return [a[1] if a[1] else a[0][0].array.tolist() for a in answers]
+
+    assert outputs(step(np.uint64(7), [1, 2], start=1), step(b"9", [5], start=1)) == [[[3, 3]], [[5]]]
+    assert outputs(step(np.uint64(7), [4]), step(b"9", [6], end=1)) == [[[7]], [[20]]]  # 5 + 6 + ID 9
+    assert outputs(step(np.uint64(7), [1], end=1)) == [[[15]]]  # 7 + 1 + ID 7, then forgotten
+    assert outputs(step(np.uint64(7), [2])) == [[[2]]]
+    (twice, same) = outputs(step(np.uint64(3), [1], start=1), step(np.uint64(3), [1]))
+    assert twice == [[1]] and "multiple inferences requests for the same Correlation ID" in str(same)
+    assert "decodable into an integer" in str(outputs(step(b"x", [1], start=1))[0])

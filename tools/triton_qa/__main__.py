@@ -16,6 +16,7 @@ from typing import Any
 from tools.triton_qa import (  # noqa: F401
     batcher,
     decoupled,
+    dyna_sequence,
     infer_variable,
     infer_zero,
     input_validation,
