@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -42,6 +43,15 @@ def _backend(name: str, decoupled: bool) -> PythonBackend:
         [spec("OUT", "INT32", [1])],
         decoupled=decoupled,
     )
+    run = backend._run
+
+    async def run_then_release(*args: Any) -> None:  # the model's thread sends once this is done
+        try:
+            await run(*args)
+        finally:
+            backend._instance.delivered.set()
+
+    backend._run = run_then_release  # type: ignore[method-assign]
     return backend
 
 
