@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -45,9 +44,11 @@ def _backend(name: str, decoupled: bool) -> PythonBackend:
     )
     run = backend._run
 
-    async def run_then_release(*args: Any) -> None:  # the model's thread sends once this is done
+    async def run_then_release(  # the model's thread sends once this is done
+        pb_requests: list[InferenceRequest], channels: list[ResponseChannel]
+    ) -> None:
         try:
-            await run(*args)
+            await run(pb_requests, channels)
         finally:
             backend._instance.delivered.set()
 
