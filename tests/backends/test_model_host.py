@@ -8,6 +8,8 @@ footprints are the process's real resident memory, not numbers the test made up.
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -21,9 +23,11 @@ from repository_loader.model import ModelDescription
 from tests.backends.helpers import describe, request, spec
 
 MIB = 2**20
-# holds MIB mebibytes (written, so resident) while loaded; answers Y = X + 1 after DELAY seconds
+# holds MIB mebibytes (written, so resident) while loaded; answers Y = X + 1 after X milliseconds, or
+# for X < 0 once the test has made the file GATE beside this model.py
 ALLOCATING_PY = """
 import json
+import os
 import time
 
 import numpy as np
@@ -41,7 +45,12 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
-            time.sleep(float(x.reshape(-1)[0]) / 1000.0)
+            delay_ms = float(x.reshape(-1)[0])
+            gate = os.path.join(os.path.dirname(__file__), "GATE")
+            deadline = time.monotonic() + 60
+            while delay_ms < 0 and not os.path.exists(gate) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(max(delay_ms, 0.0) / 1000.0)
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x + 1)]))
         return responses
 
@@ -121,16 +130,27 @@ async def test_the_least_recently_used_idle_model_is_evicted_to_fit_the_budget(t
 
 async def test_a_model_with_a_request_inside_is_never_evicted(tmp_path: Path) -> None:
     host = _host(sized_models(tmp_path, {"a": 40, "b": 40, "c": 40}), budget_mib=100)
+    gate = tmp_path / "b" / "1" / "GATE"
     try:
         await _ask(host, "b")
-        await _ask(host, "a")
-        slow = asyncio.ensure_future(_ask(host, "b", delay_ms=1500))  # b, the LRU, is busy
-        await asyncio.sleep(0.3)
+        held = asyncio.ensure_future(_ask(host, "b", delay_ms=-1))  # answers once the gate is there
+        await _until(lambda: "b" in host.resident and host.resident["b"].inside == 1)
+        await _ask(host, "a")  # b, with its request inside, is now the least recently used
         await _ask(host, "c")
         assert "b" in host.resident and "a" not in host.resident
-        assert await slow == 1501.0  # answered, not dropped
+        gate.touch()
+        assert await asyncio.wait_for(held, 30) == 0.0  # answered, not dropped
     finally:
+        gate.touch()
         await host.close()
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Until ``condition()`` holds (other tasks run meanwhile); fails after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        await asyncio.sleep(0.001)
 
 
 async def test_a_model_larger_than_the_budget_fails_its_load_naming_the_budget(tmp_path: Path) -> None:
@@ -305,15 +325,18 @@ async def test_a_name_the_host_does_not_pool_gets_the_servers_answer(tmp_path: P
 async def test_a_requester_that_leaves_does_not_abort_the_load_others_wait_for(tmp_path: Path) -> None:
     host = _host(sized_models(tmp_path, {"a": 20}), budget_mib=200)
 
+    loading = asyncio.Event()
+
     class Slow(ModelRuntime):
         async def load(self) -> None:
+            loading.set()
             await asyncio.sleep(0.3)
             await super().load()
 
     host._make_runtime = lambda model: Slow(model)  # type: ignore[method-assign]
     try:
         first = asyncio.ensure_future(_ask(host, "a"))
-        await asyncio.sleep(0.05)  # the load is under way
+        await asyncio.wait_for(loading.wait(), 10)  # the load is under way
         second = asyncio.ensure_future(_ask(host, "a"))
         first.cancel()
         assert await second == 1.0

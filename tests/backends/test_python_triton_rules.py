@@ -42,6 +42,17 @@ def _backend(name: str, decoupled: bool) -> PythonBackend:
         [spec("OUT", "INT32", [1])],
         decoupled=decoupled,
     )
+    run = backend._run
+
+    async def run_then_release(  # the model's thread sends once this is done
+        pb_requests: list[InferenceRequest], channels: list[ResponseChannel]
+    ) -> None:
+        try:
+            await run(pb_requests, channels)
+        finally:
+            backend._instance.delivered.set()
+
+    backend._run = run_then_release  # type: ignore[method-assign]
     return backend
 
 

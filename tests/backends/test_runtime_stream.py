@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,11 +86,7 @@ async def test_closing_the_stream_cancels_the_request(tmp_path: Path, batched: b
         seen = [await stream.__anext__() for _ in range(3)]
         assert [int(r.outputs["Y"][0]) for r in seen] == [0, 1, 2]
         await asyncio.wait_for(stream.aclose(), 10)
-        for _ in range(200):  # the model's thread looks every 10 ms
-            if (tmp_path / "9.cancelled").exists():
-                break
-            await asyncio.sleep(0.01)
-        assert (tmp_path / "9.cancelled").exists()
+        await _until((tmp_path / "9.cancelled").exists)  # the model's thread looks every 10 ms
     finally:
         await runtime.close()
 
@@ -169,13 +167,19 @@ async def test_decoupled_requests_share_a_dynamic_batch_and_each_gets_its_own_an
         seen = sorted(tuple(a[0].outputs["SEEN"][0]) for a in answers if a[0].error is None)
         assert seen == [(1, 3), (2, 3)]  # one batch of three
         assert all(a[-1].final for a in answers)
-        for _ in range(100):  # the batch is counted when ``execute`` returns, which may follow the answers
-            stats = runtime.statistics()[0]
-            if stats["execution_count"]:
-                break
-            await asyncio.sleep(0.01)
+        # the batch is counted when ``execute`` returns, which may follow the answers
+        await _until(lambda: runtime.statistics()[0]["execution_count"] > 0)
+        stats = runtime.statistics()[0]
         assert stats["execution_count"] == 1 and stats["inference_count"] == 3
         assert stats["inference_stats"]["success"]["count"] == 2
         assert stats["inference_stats"]["fail"]["count"] == 1
     finally:
         await runtime.close()
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Until ``condition()`` holds (other tasks and threads run meanwhile); fails after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        await asyncio.sleep(0.01)

@@ -88,13 +88,15 @@ class Accumulator:
 
     Records every batch as a list of (corrid, start, end, ready) rows, and
     fails a test if a row arrives for a sequence that was never started.
+    ``gate``: batches wait for it before answering.
     """
 
-    def __init__(self, delay: float = 0.0) -> None:
+    def __init__(self, delay: float = 0.0, gate: asyncio.Event | None = None) -> None:
         self.sums: dict[object, float] = {}
         self.batches: list[list[tuple[object, int, float, bool]]] = []
         self.inputs: list[list[dict[str, np.ndarray]]] = []
         self.delay = delay
+        self.gate = gate
         self.active = 0
         self.max_active = 0
 
@@ -122,6 +124,8 @@ class Accumulator:
                 responses.append(InferResponse(outputs={"OUT": np.array([[out]], dtype=np.float32)}, id=r.id))
             self.batches.append(rows)
             self.inputs.append([dict(r.inputs) for r in requests])
+            if self.gate is not None:
+                await self.gate.wait()
             if self.delay:
                 await asyncio.sleep(self.delay)
             return responses

@@ -50,13 +50,15 @@ async def test_requests_queued_while_a_batch_runs_form_the_next_batch() -> None:
 
 
 async def test_queue_delay_lets_a_batch_grow_from_trickling_requests() -> None:
+    """The first request waits for more (the delay, 30 s, is past the test's limit): the batch runs
+    once the trickle fills it."""
     rec = Recorder()
-    batcher = DynamicBatcher(config(max_queue_delay_microseconds=400_000), 16, INPUTS, rec)
+    batcher = DynamicBatcher(config(max_queue_delay_microseconds=30_000_000), 4, INPUTS, rec)
     tasks = []
     for i in range(4):
         tasks.append(asyncio.ensure_future(batcher.submit(request(str(i)))))
         await asyncio.sleep(0.002)
-    await asyncio.gather(*tasks)
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
     assert rec.batches == [["0", "1", "2", "3"]]
 
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from deployments.runtime.sequence import SequenceBatcher
 from repository_loader.errors import InvalidArgument, Unavailable
+from repository_loader.model import ModelDescription
 from tests.batching.fakes import until
 from tests.batching.sequence_models import (
     SCHEDULER_STATE,
@@ -159,23 +160,27 @@ async def test_start_on_a_running_sequence_restarts_it_in_its_slot() -> None:
     assert batcher.active_sequences == 0
 
 
-async def test_minimum_slot_utilization_holds_a_batch_until_the_delay() -> None:
-    extra = ""
-    model = sequence_model(
-        strategy="direct { max_queue_delay_microseconds: 100000 minimum_slot_utilization: 0.75 }",
+def _utilization_model(delay_us: int) -> ModelDescription:
+    return sequence_model(
+        strategy=f"direct {{ max_queue_delay_microseconds: {delay_us} minimum_slot_utilization: 0.75 }}",
         max_batch_size=4,
-        extra=extra,
     )
+
+
+async def test_minimum_slot_utilization_holds_a_batch_until_the_delay() -> None:
     acc = Accumulator()
-    batcher = SequenceBatcher(model, acc)
+    batcher = SequenceBatcher(_utilization_model(100_000), acc)
     started = time.monotonic()
     await asyncio.gather(*(batcher.submit(req(c, 1.0, start=True)) for c in (1, 2)))
     assert time.monotonic() - started >= 0.09  # 2 of 4 slots: waited for the delay
     assert len(acc.batches) == 1
-    started = time.monotonic()
-    await asyncio.gather(*(batcher.submit(req(c, 1.0, start=c in (3,))) for c in (1, 2, 3)))
-    assert time.monotonic() - started < 0.09  # 3 of 4 slots meet the utilization
-    assert len(acc.batches) == 2 and len(acc.batches[-1]) == 3
+    # 3 of 4 slots meet the utilization: they run at once, not after a delay longer than the wait here
+    acc = Accumulator()
+    batcher = SequenceBatcher(_utilization_model(60_000_000), acc)
+    for starting in (True, False):
+        calls = (batcher.submit(req(c, 1.0, start=starting)) for c in (1, 2, 3))
+        await asyncio.wait_for(asyncio.gather(*calls), 10)
+    assert [len(b) for b in acc.batches] == [3, 3]
 
 
 async def test_a_cancelled_request_is_skipped_and_the_sequence_goes_on() -> None:
@@ -209,16 +214,21 @@ async def test_close_drains_and_then_refuses_new_sequences() -> None:
 
 
 async def test_close_without_drain_rejects_queued_and_backlogged_requests() -> None:
-    batcher = SequenceBatcher(sequence_model(max_batch_size=1), Accumulator(delay=0.05))
+    gate = asyncio.Event()
+    acc = Accumulator(gate=gate)
+    batcher = SequenceBatcher(sequence_model(max_batch_size=1), acc)
     running = asyncio.ensure_future(batcher.submit(req(1, 1.0, start=True)))
-    await asyncio.sleep(0.01)
+    await until(lambda: acc.active == 1)  # its batch runs (until the gate opens)
     queued = asyncio.ensure_future(batcher.submit(req(1, 1.0)))
     backlogged = asyncio.ensure_future(batcher.submit(req(2, 1.0, start=True)))
     await asyncio.sleep(0)
-    await batcher.close(drain=False)
-    assert out(await running) == 1.0
+    closing = asyncio.ensure_future(batcher.close(drain=False))
     assert isinstance((await queued).error, Unavailable)
     assert isinstance((await backlogged).error, Unavailable)
+    assert not closing.done()  # the running batch is waited for
+    gate.set()
+    await closing
+    assert out(await running) == 1.0
 
 
 async def test_a_held_sequence_batcher_waits_for_requests_and_backlog_before_its_first_batch() -> None:

@@ -118,7 +118,7 @@ async def test_failing_step_fails_its_request_only() -> None:
 
     async def right(inputs: dict) -> dict:
         try:
-            await asyncio.sleep(0.2 if inputs["X"][0] < 0 else 0)
+            await asyncio.sleep(60 if inputs["X"][0] < 0 else 0)  # the failed request's: until cancelled
         except asyncio.CancelledError:
             cancelled.append(float(inputs["X"][0]))
             raise

@@ -4,7 +4,8 @@
 :class:`tests.protocol.fakes.FakeDataPlane`, and two models: ``repeat`` (decoupled:
 answers a request with ``COUNT`` responses, then an empty final one) and
 ``echo_slow`` (not decoupled: waits a random moment, then echoes its input,
-so that concurrent requests complete out of order). Like the model runtime,
+so that concurrent requests complete out of order; with the parameter ``hold``,
+until the test sets ``released``). Like the model runtime,
 it checks each request against its model's schema before running it (the
 decoders only parse).
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
+import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -33,6 +36,7 @@ class StreamingFakeDataPlane(FakeDataPlane):
     def __init__(self, models: list[FakeModel]) -> None:
         super().__init__(models)
         self.cancelled: list[str] = []
+        self.released = threading.Event()  # ends the wait of echo_slow's requests with ``hold`` set
 
     async def infer(self, request: InferRequest, raw: Any = None) -> InferResponse:
         model = self._model(request.model_name)
@@ -43,6 +47,10 @@ class StreamingFakeDataPlane(FakeDataPlane):
             # 2 to 10 ms, or the request's ``delay_s``: a test that needs its deadline to pass first asks
             # for a second (a loaded machine's client timer fired after a 10 ms answer, at random)
             await asyncio.sleep(float(request.parameters.get("delay_s", random.uniform(0.002, 0.01))))
+            deadline = time.monotonic() + 60
+            while request.parameters.get("hold") and not self.released.is_set():
+                assert time.monotonic() < deadline, "echo_slow held for a minute: never released"
+                await asyncio.sleep(0.01)
         return await super().infer(request)
 
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:

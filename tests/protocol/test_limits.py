@@ -289,8 +289,10 @@ class GatedDataPlane(FakeDataPlane):
     def __init__(self, models: Any) -> None:
         super().__init__(models)
         self.gate = asyncio.Event()
+        self.waiting = 0
 
     async def infer(self, request: Any, raw: Any = None) -> Any:
+        self.waiting += 1
         await self.gate.wait()
         return await super().infer(request)
 
@@ -299,7 +301,12 @@ async def test_concurrent_inferences_over_the_cap_are_429(tmp_path):
     plane = GatedDataPlane(all_models(tmp_path))
     app = ModelHTTPApp(plane, "add_sub", RequestLimits(max_concurrent_requests=2))
     held = [asyncio.ensure_future(call(app, "POST", "/infer", add_sub_body())) for _ in range(2)]
-    await asyncio.sleep(0.01)
+
+    async def both_inside() -> None:
+        while plane.waiting < 2:
+            await asyncio.sleep(0.001)
+
+    await asyncio.wait_for(both_inside(), 10)
     reply, _ = await call(app, "POST", "/infer", add_sub_body())
     assert_json_error(reply, 429, "max_concurrent_requests")
     meta, _ = await call(app, "GET", "/v2/models/add_sub")  # only inferences count

@@ -9,6 +9,8 @@ import json
 import shutil
 import tempfile
 import textwrap
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -503,14 +505,17 @@ def test_a_load_that_waits_holds_up_no_other_models_action_nor_its_override_fold
         placed = asyncio.Event()
         deploy = d.deploy
 
+        waiting = asyncio.Event()
+
         async def waiting_deploy(model: ModelDescription) -> None:
             if model.name == "a":
+                waiting.set()
                 await placed.wait()
             await deploy(model)
 
         d.deploy = waiting_deploy  # type: ignore[method-assign]
         slow = asyncio.create_task(c.load("a", {"config": _override("a", 2)}))
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(waiting.wait(), 5)  # a's deploy waits
         await asyncio.wait_for(c.load("c"), 5)  # another model: not behind a's load
         await asyncio.wait_for(c.unload("b"), 5)
         assert states(c)["c"] == "READY" and states(c)["b"] == "UNAVAILABLE"
@@ -582,6 +587,14 @@ class FakeReplica:
         )
 
 
+async def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Until ``condition()`` holds (other tasks run meanwhile); fails after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        await asyncio.sleep(0.001)
+
+
 def _model(repo: Path, batch: int) -> ModelDescription:
     from repository_loader import load_model
 
@@ -601,12 +614,11 @@ def test_the_board_commits_when_every_replica_prepared_and_aborts_on_one_failure
         replicas[1].fail = True
         with pytest.raises(Unavailable, match="warmup 'w' failed"):
             await board.swap(_model(repo, 2), 2, 5.0)
-        await asyncio.sleep(0.05)
-        assert [r.serving for r in replicas] == ["v4", "v4"] and replicas[0].closed == ["v2"]
+        await _until(lambda: replicas[0].closed == ["v2"])  # r0 prepared it, then took the abort
+        assert [r.serving for r in replicas] == ["v4", "v4"]
         late = FakeReplica(board, "a", "r9")  # a replica Serve started later catches up
         tasks.append(late.run())
-        await asyncio.sleep(0.1)
-        assert late.serving == "v4"
+        await _until(lambda: late.serving == "v4")
         for t in tasks:
             t.cancel()
 

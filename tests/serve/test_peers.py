@@ -213,15 +213,17 @@ def test_a_registered_owner_missing_from_serves_targets_is_waited_for_then_given
         return dict(listed)
 
     monkeypatch.setattr(peers.hooks, "replica_http_targets", targets)
-    monkeypatch.setattr(peers, "OWNER_WAIT_S", 1.0)
+    monkeypatch.setattr(peers, "OWNER_WAIT_S", 60.0)  # longer than the test waits, until the last part
     directory = peers.ReplicaDirectory(Server())  # type: ignore[arg-type]
 
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
         loop.call_later(0.5, listed.update, {"a1": ("127.0.0.1", 9001)})
-        assert await directory.owner("s", 1) == ("127.0.0.1", 9001)  # waited until it was listed
+        owner = await asyncio.wait_for(directory.owner("s", 1), 10)
+        assert owner == ("127.0.0.1", 9001)  # waited until it was listed
         with pytest.raises(Unavailable, match="no replica holds rank 2"):
-            await asyncio.wait_for(directory.owner("s", 2), 0.5)  # nobody holds it: at once
+            await asyncio.wait_for(directory.owner("s", 2), 10)  # nobody holds it: at once
+        monkeypatch.setattr(peers, "OWNER_WAIT_S", 1.0)
         started = loop.time()
         with pytest.raises(Unavailable, match="no replica holds rank 0"):
             await directory.owner("s", 0)  # registered, never listed

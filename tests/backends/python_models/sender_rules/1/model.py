@@ -5,11 +5,12 @@ a response returned from ``execute`` (0/1), responses sent by a thread after
 returning, FINAL from that thread (0/1), and what ``execute`` returns instead of
 a list (0: a list, 1: a tuple, 2: a list holding an int). OUT is 100 + n for the
 n-th response sent before returning, 0 for the returned one, 200 + n after
-returning. Every error ``send`` raises is kept in ``refusals``.
+returning. Every error ``send`` raises is kept in ``refusals``. The thread sends
+once ``delivered`` is set: the test sets it when ``execute`` has returned and the
+backend has delivered what it returned.
 """
 
 import threading
-import time
 
 import numpy as np
 
@@ -24,6 +25,7 @@ class TritonPythonModel:
     def initialize(self, args):
         self.refusals = []
         self.threads = []
+        self.delivered = threading.Event()
 
     def _send_all(self, sender, count, offset, final):
         for n in range(count):
@@ -32,13 +34,14 @@ class TritonPythonModel:
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def _later(self, sender, count, final):
-        time.sleep(0.5)  # after execute has returned and its results were delivered
+        self.delivered.wait(30)  # after execute has returned and its results were delivered
         try:
             self._send_all(sender, count, 200, final)
         except pb_utils.TritonModelException as error:
             self.refusals.append(str(error))
 
     def execute(self, requests):
+        self.delivered.clear()
         returned = []
         shape = 0
         for request in requests:
