@@ -47,7 +47,7 @@ import hashlib
 import logging
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -232,7 +232,10 @@ class DeploymentEntry:
 
     @property
     def instance_kind(self) -> str:
-        """The Triton instance kind the replicas run as (an ensemble's replica runs on the CPU)."""
+        """The Triton instance kind the replicas run as (an ensemble's replica runs on the GPU it was
+        given for its steps, :func:`ensemble_gpu`, else on the CPU)."""
+        if self.kind == ENSEMBLE_KIND:
+            return "KIND_GPU" if self.replica_gpu_ids else "KIND_CPU"
         return self.kind if self.kind in ("KIND_GPU", "KIND_CPU", "KIND_MODEL") else "KIND_CPU"
 
     @property
@@ -503,7 +506,7 @@ def plan_deployments(
             pooled_names.append(name)
             continue
         try:
-            placed.append((model, _placements(model, resources)))
+            placed.append((model, _placements(model, resources, models)))
         except _CannotPlace as exc:
             problems[name] = tuple(exc.reasons)
     host: HostEntry | None = None
@@ -623,10 +626,19 @@ class _CannotPlace(Exception):
         self.reasons = reasons
 
 
-def _placements(model: ModelDescription, resources: ClusterResources) -> list[_Placement]:
+def _placements(
+    model: ModelDescription, resources: ClusterResources, models: Mapping[str, ModelDescription]
+) -> list[_Placement]:
     if model.is_ensemble:
+        gpu = ensemble_gpu(model, models, resources)
         placements = [
-            _Placement(group="", kind=ENSEMBLE_KIND, num_replicas=1, gpus_per_replica=0.0, gpu_ids=())
+            _Placement(
+                group="",
+                kind=ENSEMBLE_KIND,
+                num_replicas=1,
+                gpus_per_replica=0.0 if gpu is None else 1.0,
+                gpu_ids=() if gpu is None else (gpu,),
+            )
         ]
     else:
         placements = _place_groups(model, resources)
@@ -642,6 +654,39 @@ def _placements(model: ModelDescription, resources: ClusterResources) -> list[_P
             autoscaling=scaling,
         )
     return placements
+
+
+def ensemble_gpu(
+    model: ModelDescription, models: Mapping[str, ModelDescription], resources: ClusterResources
+) -> int | None:
+    """The GPU an ensemble's replica takes, so that its ``KIND_GPU`` steps run in that replica and hand
+    their device tensors on through DLPack rather than through host memory: the first GPU its first
+    ``KIND_GPU`` step names (nested ensembles flattened). None where the cluster has no GPU, where no
+    step known in ``models`` runs on one, or where the ensemble's ``placement`` parameter is
+    ``separate`` (each step then runs on its own model's replicas)."""
+    if resources.num_gpus <= 0 or str(model.parameters.get("placement", "")).strip() == "separate":
+        return None
+    for step in _leaf_steps(model, models, set()):
+        kinds = {g.kind for g in step.instance_groups} or {InstanceKind.AUTO}
+        if InstanceKind.MODEL in kinds:
+            continue  # places itself: never run in the ensemble's replica
+        if InstanceKind.GPU in kinds or (InstanceKind.AUTO in kinds and step.kind != "python"):
+            return min((gpu for g in step.instance_groups for gpu in g.gpus), default=0)
+    return None
+
+
+def _leaf_steps(
+    model: ModelDescription, models: Mapping[str, ModelDescription], seen: set[str]
+) -> Iterator[ModelDescription]:
+    for step in model.ensemble_steps:
+        inner = models.get(step.model_name)
+        if inner is None or inner.name in seen:
+            continue
+        seen.add(inner.name)
+        if inner.is_ensemble:
+            yield from _leaf_steps(inner, models, seen)
+        else:
+            yield inner
 
 
 def _place_groups(model: ModelDescription, resources: ClusterResources) -> list[_Placement]:

@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from repository_loader.model import DynamicBatching, InstanceGroup, InstanceKind, ModelDescription, TensorSpec
+from repository_loader.model import (
+    DynamicBatching,
+    EnsembleStep,
+    InstanceGroup,
+    InstanceKind,
+    ModelDescription,
+    TensorSpec,
+)
 from repository_loader.plan import (
     CONTROL_APP_CPUS,
     MIN_CPU_SHARE,
@@ -235,6 +242,64 @@ def test_ensemble_entry_runs_as_a_cpu_replica() -> None:
     ).entries
     assert entry.kind == "ensemble" and entry.init_kwargs["instance_kind"] == "KIND_CPU"
     assert entry.init_kwargs["gpu_ids"] == [None] and entry.resources.num_gpus == 0.0
+
+
+def _ensemble_of(*steps: str, parameters: dict[str, str] | None = None) -> ModelDescription:
+    return replace(
+        _model("e", backend="", platform="ensemble"),
+        ensemble_steps=tuple(EnsembleStep(name) for name in steps),
+        parameters=parameters or {},
+    )
+
+
+def test_an_ensemble_of_gpu_steps_takes_a_share_of_their_gpu_to_run_them_in_process() -> None:
+    gpu = (InstanceGroup("g", InstanceKind.GPU, 1, gpus=(1,)),)
+    cpu = (InstanceGroup("c", InstanceKind.CPU, 1),)
+    models = {
+        "e": _ensemble_of("pre", "net"),
+        "pre": _model("pre", cpu),
+        "net": _model("net", gpu),
+    }
+    plan = plan_deployments(models, ClusterResources(8, 2))
+    ens = plan.entry("e")
+    assert ens is not None and ens.kind == "ensemble"
+    assert ens.init_kwargs["instance_kind"] == "KIND_GPU" and ens.init_kwargs["gpu_ids"] == [1]
+    on_gpu1 = [e for e in plan.entries if 1 in e.replica_gpu_ids]
+    assert {e.model for e in on_gpu1} == {"e", "net"}
+    assert ens.resources.num_gpus > 0 and sum(e.resources.num_gpus for e in on_gpu1) <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("steps", "parameters", "gpus"),
+    [
+        ((InstanceGroup("c", InstanceKind.CPU, 1),), {}, 1),  # no GPU step
+        ((InstanceGroup("g", InstanceKind.GPU, 1),), {"placement": "separate"}, 1),  # steps on their own
+        ((InstanceGroup("g", InstanceKind.GPU, 1),), {}, 0),  # no GPU in the cluster
+        ((InstanceGroup("m", InstanceKind.MODEL, 1),), {}, 1),  # places itself
+    ],
+)
+def test_an_ensemble_runs_on_the_cpu_where_no_step_of_it_would_run_on_its_gpu(
+    steps: tuple[InstanceGroup, ...], parameters: dict[str, str], gpus: int
+) -> None:
+    models = {"e": _ensemble_of("net", parameters=parameters), "net": _model("net", steps)}
+    ens = plan_deployments(models, ClusterResources(8, gpus)).entry("e")
+    assert ens is not None and ens.init_kwargs["instance_kind"] == "KIND_CPU"
+    assert ens.resources.num_gpus == 0.0 and ens.init_kwargs["gpu_ids"] == [None]
+
+
+def test_a_nested_ensembles_gpu_step_gives_the_outer_ensemble_a_gpu() -> None:
+    models = {
+        "outer": replace(_ensemble_of("inner"), name="outer"),
+        "inner": replace(_ensemble_of("net"), name="inner"),
+        "net": _model("net", ()),  # no instance_group: ONNX runs on the GPU where the cluster has one
+    }
+    plan = plan_deployments(models, ClusterResources(8, 1))
+    for name in ("outer", "inner"):
+        entry = plan.entry(name)
+        assert entry is not None and entry.init_kwargs["instance_kind"] == "KIND_GPU", name
+    python_step = {**models, "net": _model("net", (), backend="python", platform="")}
+    outer = plan_deployments(python_step, ClusterResources(8, 1)).entry("outer")
+    assert outer is not None and outer.init_kwargs["instance_kind"] == "KIND_CPU"
 
 
 def test_unsafe_model_names_get_safe_application_names() -> None:

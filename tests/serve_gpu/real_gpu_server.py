@@ -6,7 +6,9 @@ machine with CUDA and PyTorch: ``python -m tests.serve_gpu.real_gpu_server WORK 
 1. ``KIND_GPU`` models with deployments of their own: a Python model computing with PyTorch on its
    device, and a TorchScript model, each asked over HTTP (JSON) and gRPC (``tritonclient.grpc``);
 2. model hosts with a GPU each (``model_host_gpus: 1``) and a GPU budget of one and a half GiB: two
-   pooled ``KIND_GPU`` models of 1 GiB each, the second evicting the first; the host's ``/metrics``.
+   pooled ``KIND_GPU`` models of 1 GiB each, the second evicting the first; the host's ``/metrics``;
+3. (with 1.) an ensemble of two ``KIND_GPU`` Python steps, which its replica runs in process on the GPU
+   it was given: the second step reports where the first step's device output reached it.
 
 Prints one ``RESULT <json>`` line.
 """
@@ -62,6 +64,109 @@ TORCH_PY = textwrap.dedent(
             self.block = None
     """
 )
+
+
+# an ensemble's two KIND_GPU steps: the first leaves its output on the device (DLPack), the second
+# reports where its input arrived (on the host or the device, at which address, in which process)
+FIRST_PY = textwrap.dedent(
+    """
+    import os
+
+    import numpy as np
+    import torch
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                x = torch.from_numpy(pb_utils.get_input_tensor_by_name(request, "X").as_numpy()).cuda()
+                y = x * 2
+                seen = np.array([f"{y.data_ptr()}|{os.getpid()}".encode()], dtype=np.object_)
+                responses.append(
+                    pb_utils.InferenceResponse(
+                        [pb_utils.Tensor.from_dlpack("Y", torch.utils.dlpack.to_dlpack(y)),
+                         pb_utils.Tensor("SEEN", seen)]
+                    )
+                )
+            return responses
+    """
+)
+
+SECOND_PY = textwrap.dedent(
+    """
+    import os
+
+    import numpy as np
+    import torch
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                tensor = pb_utils.get_input_tensor_by_name(request, "Y")
+                y = torch.from_dlpack(tensor.to_dlpack())
+                seen = f"{tensor.is_cpu()}|{y.device}|{y.data_ptr()}|{os.getpid()}"
+                responses.append(
+                    pb_utils.InferenceResponse(
+                        [pb_utils.Tensor("Z", (y + 1).cpu().numpy()),
+                         pb_utils.Tensor("SEEN", np.array([seen.encode()], dtype=np.object_))]
+                    )
+                )
+            return responses
+    """
+)
+
+CHAIN = textwrap.dedent(
+    """
+    name: "gpu_chain"
+    platform: "ensemble"
+    input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
+    output [
+      { name: "Z" data_type: TYPE_FP32 dims: [ 4 ] },
+      { name: "FIRST" data_type: TYPE_STRING dims: [ 1 ] },
+      { name: "SECOND" data_type: TYPE_STRING dims: [ 1 ] }
+    ]
+    ensemble_scheduling { step [
+      { model_name: "gpu_first" model_version: -1
+        input_map { key: "X" value: "X" }
+        output_map [ { key: "Y" value: "mid" }, { key: "SEEN" value: "FIRST" } ] },
+      { model_name: "gpu_second" model_version: -1
+        input_map { key: "Y" value: "mid" }
+        output_map [ { key: "Z" value: "Z" }, { key: "SEEN" value: "SECOND" } ] }
+    ] }
+    """
+)
+
+
+def _gpu_chain(root: Path) -> None:
+    """The ensemble ``gpu_chain`` of two KIND_GPU Python steps (the second takes device inputs)."""
+    steps = {
+        "gpu_first": (FIRST_PY, "X", "Y", ""),
+        "gpu_second": (
+            SECOND_PY,
+            "Y",
+            "Z",
+            'parameters { key: "FORCE_CPU_ONLY_INPUT_TENSORS" value: { string_value: "no" } }',
+        ),
+    }
+    for name, (code, x, y, extra) in steps.items():
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "1" / "model.py").write_text(code)
+        (root / name / "config.pbtxt").write_text(
+            f'''name: "{name}"
+backend: "python"
+input [ {{ name: "{x}" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "{y}" data_type: TYPE_FP32 dims: [ 4 ] }}, {{ name: "SEEN" data_type: TYPE_STRING dims: [ 1 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_GPU }} ]
+{extra}
+'''
+        )
+    (root / "gpu_chain" / "1").mkdir(parents=True)
+    (root / "gpu_chain" / "config.pbtxt").write_text(CHAIN)
 
 
 def _python_config(name: str, extra: str = "") -> str:
@@ -175,6 +280,7 @@ def dedicated(work: Path) -> dict[str, Any]:
     repo = work / "dedicated"
     _python_model(repo, "gpu_py")
     _torchscript(repo)
+    _gpu_chain(repo)
 
     def run(http: int, grpc: int, metrics: int) -> dict[str, Any]:
         return {
@@ -182,6 +288,8 @@ def dedicated(work: Path) -> dict[str, Any]:
             "gpu_py_grpc": _ask_grpc(grpc, "gpu_py"),
             "gpu_ts_http": _ask_http(http, "gpu_ts", "INPUT__0"),
             "gpu_ts_grpc": _ask_grpc(grpc, "gpu_ts", "INPUT__0"),
+            "gpu_chain_http": _ask_http(http, "gpu_chain"),
+            "gpu_chain_grpc": _ask_grpc(grpc, "gpu_chain"),
         }
 
     return dict(_serve(repo, work, {}, run))

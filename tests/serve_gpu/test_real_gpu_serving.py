@@ -45,9 +45,19 @@ def _phase(phase: str) -> dict[str, Any]:
     return dict(json.loads(lines[0][7:]))
 
 
+_SERVED: dict[str, dict[str, Any]] = {}
+
+
+def _dedicated() -> dict[str, Any]:
+    """The ``dedicated`` phase's answers, served once for the tests that read them."""
+    if "dedicated" not in _SERVED:
+        _SERVED["dedicated"] = _phase("dedicated")
+    return _SERVED["dedicated"]
+
+
 @pytest.mark.timeout(420)
 def test_kind_gpu_replicas_compute_on_the_gpu_over_http_and_grpc() -> None:
-    seen = _phase("dedicated")
+    seen = _dedicated()
     name = torch.cuda.get_device_name(0)
     for protocol in ("http", "grpc"):
         answer = seen[f"gpu_py_{protocol}"]
@@ -56,6 +66,18 @@ def test_kind_gpu_replicas_compute_on_the_gpu_over_http_and_grpc() -> None:
         assert (kind, device, device_name) == ("GPU", "cuda:0", name)
         assert visible != ""  # Ray gave the replica a GPU
         assert seen[f"gpu_ts_{protocol}"]["OUTPUT__0"] == [3.0, 5.0, 7.0, 9.0]
+
+
+@pytest.mark.timeout(420)
+def test_an_ensemble_of_gpu_steps_hands_the_device_buffer_on_in_its_replica() -> None:
+    seen = _dedicated()
+    for protocol in ("http", "grpc"):
+        chain = seen[f"gpu_chain_{protocol}"]
+        assert chain["Z"] == [3.0, 5.0, 7.0, 9.0]
+        first_ptr, first_pid = chain["FIRST"][0].split("|")
+        is_cpu, device, second_ptr, second_pid = chain["SECOND"][0].split("|")
+        assert (is_cpu, device) == ("False", "cuda:0")  # the second step got a device tensor
+        assert (second_ptr, second_pid) == (first_ptr, first_pid)  # the same buffer, in one process
 
 
 @pytest.mark.timeout(420)
