@@ -124,7 +124,8 @@ class TritonPythonModel:
 """
 
 # an identity over every input (OUTPUTn = INPUTn): the code of Python stand-ins for models on Triton's
-# C++ identity backend, which also takes as long as its ``execute_delay_ms`` parameter says
+# C++ identity backend, which also takes as long as its ``execute_delay_ms`` parameter says to execute
+# and its ``creation_delay_sec`` parameter says to load
 _IDENTITY_MODEL = """import time
 
 import triton_python_backend_utils as pb_utils
@@ -136,8 +137,10 @@ class TritonPythonModel:
 
         config = json.loads(args["model_config"])
         self.names = [(i["name"], i["name"].replace("INPUT", "OUTPUT")) for i in config["input"]]
-        delay = config.get("parameters", {}).get("execute_delay_ms", {}).get("string_value") or "0"
+        parameters = config.get("parameters", {})
+        delay = parameters.get("execute_delay_ms", {}).get("string_value") or "0"
         self.delay_s = int(delay) / 1000
+        time.sleep(int(parameters.get("creation_delay_sec", {}).get("string_value") or "0"))
 
     def execute(self, requests):
         if self.delay_s:
@@ -153,8 +156,15 @@ class TritonPythonModel:
         return responses
 """
 
+# the outputs swapped (OUTPUT0 = INPUT0 - INPUT1, OUTPUT1 = INPUT0 + INPUT1): gen_qa_models.py's versions
+# 2 and 3 of a model
+_SUBADD_MODEL = _ADDSUB_MODEL.replace('"OUTPUT0", (a + b)', '"OUTPUT0", (a - b)').replace(
+    '"OUTPUT1", (a - b)', '"OUTPUT1", (a + b)'
+)
+
 OWN_MODELS: dict[str, dict[str, str]] = {
     "identity": {"1/model.py": _IDENTITY_MODEL},
+    "subadd": {"1/model.py": _SUBADD_MODEL},
     "simple": {"config.pbtxt": _SIMPLE_CONFIG, "1/model.py": _SIMPLE_MODEL},
     "object_addsub": {"1/model.py": _OBJECT_ADDSUB_MODEL},
     "addsub": {"1/model.py": _ADDSUB_MODEL},
