@@ -22,7 +22,7 @@ from typing import Any
 from deployments.control.listing import list_repositories, local_model_folder
 from deployments.control.loading import ModelLoader
 from deployments.control.overlay import parse_overrides
-from deployments.control.registry import UNLOADED, ModelEntry, check_model_name, reason_of
+from deployments.control.registry import DUPLICATE, UNLOADED, ModelEntry, check_model_name, reason_of
 from repository_loader.ensemble_rules import composing_models, nested_first
 from repository_loader.errors import InvalidArgument, NotFound, ServerError, Unavailable
 from repository_loader.model import ModelDescription, ModelState
@@ -80,7 +80,7 @@ class ModelController(ModelLoader):
             wanted = known
         for name in wanted:
             if name in self.listing.duplicates:
-                self._fail(name, f"model '{name}' appears in more than one model repository")
+                self._fail(name, DUPLICATE)
             elif name not in self.listing.where:
                 self._fail(name, f"failed to load '{name}', failed to poll from model repository")
         # a restarted server application does not load again what the repository API unloaded
@@ -164,12 +164,12 @@ class ModelController(ModelLoader):
                 if name in after.duplicates:
                     async with self._held(name):
                         await self._unload_one(name)
-                        self._fail(name, f"model '{name}' appears in more than one model repository")
+                        self._fail(name, DUPLICATE)
                 elif name not in after.where:
                     logger.info("model '%s' left the repository: unloading it", name)
                     async with self._held(name):
+                        # Triton keeps it known, unavailable: its requests say it has no version
                         await self._unload_one(name)
-                        self.entries.pop(name, None)
             present = [n for n in changed if n in after.where]
             models, failed = await asyncio.to_thread(self._read_all, present)
             for name, reason in failed.items():

@@ -37,7 +37,14 @@ from deployments.runtime.metrics import TritonMetrics, tags_for
 from deployments.runtime.stats import ModelStats
 from deployments.runtime.warmup import warmup_requests
 from deployments.tracing import TRACER
-from repository_loader.errors import ExecutionTimeout, InvalidArgument, NotFound, ServerError, Unavailable
+from repository_loader.errors import (
+    ExecutionTimeout,
+    InvalidArgument,
+    NoAvailableVersion,
+    NotFound,
+    ServerError,
+    Unavailable,
+)
 from repository_loader.model import InstanceKind, ModelDescription
 
 if TYPE_CHECKING:
@@ -405,7 +412,9 @@ class ModelRuntime:
         """The runtime of ``version`` ("" or None = the latest loaded)."""
         if version in (None, "", -1, "-1"):
             if not self.versions:
-                raise Unavailable(f"model '{self.model.name}' has no ready version")
+                raise NoAvailableVersion(
+                    f"Request for unknown model: '{self.model.name}' has no available versions"
+                )
             return self.versions[max(self.versions)]
         try:
             number = int(version)
@@ -421,7 +430,9 @@ class ModelRuntime:
         try:
             runtime = self.version(request.model_version)
             if not runtime.ready:
-                raise Unavailable(f"model '{self.model.name}' version {runtime.version} is not ready")
+                raise Unavailable(
+                    f"Request for unknown model: '{self.model.name}' version {runtime.version} is not at ready state"
+                )
         except ServerError as error:
             failed = InferResponse.failed(request, error)
             failed.model_name = self.model.name

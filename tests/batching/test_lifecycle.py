@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
+
+import numpy as np
 
 from deployments.inference import InferRequest, InferResponse
 from deployments.runtime.batching import DynamicBatcher, PassThroughScheduler, make_scheduler
-from repository_loader.errors import InternalError, InvalidArgument, Unavailable
+from repository_loader.errors import InternalError, InvalidArgument, NoAvailableVersion, Unavailable
 from repository_loader.model import ModelDescription
+from tests.backends.helpers import describe, spec
 from tests.batching.fakes import INPUTS, Recorder, config, request, until
 
 
@@ -115,3 +119,13 @@ def test_make_scheduler_follows_the_config(tmp_path) -> None:  # type: ignore[no
     batched = ModelDescription(max_batch_size=8, dynamic_batching=config(), **base)  # type: ignore[arg-type]
     assert isinstance(make_scheduler(plain, Recorder()), PassThroughScheduler)
     assert isinstance(make_scheduler(batched, Recorder()), DynamicBatcher)
+
+
+async def test_a_model_runtime_with_no_version_loaded_answers_as_triton(tmp_path: Path) -> None:
+    from deployments.runtime.model import ModelRuntime
+
+    model = describe("m", tmp_path / "m", "python", [spec("X", "FP32", [4])], [spec("Y", "FP32", [4])])
+    runtime = ModelRuntime(model)
+    response = await runtime.infer(InferRequest("m", {"X": np.ones(4, np.float32)}, id="r"))
+    assert isinstance(response.error, NoAvailableVersion)
+    assert response.error.message == "Request for unknown model: 'm' has no available versions"

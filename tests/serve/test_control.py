@@ -18,7 +18,7 @@ from deployments.control import ModelController
 from deployments.serve.reloads import ReloadBoard, follow
 from deployments.serve.server_api import ServerClient
 from deployments.settings import ServerSettings
-from repository_loader.errors import InvalidArgument, NotFound, ServerError, Unavailable
+from repository_loader.errors import InvalidArgument, NoAvailableVersion, NotFound, ServerError, Unavailable
 from repository_loader.model import ModelDescription
 
 MODEL_PY = textwrap.dedent(
@@ -243,7 +243,10 @@ def test_a_name_in_two_repositories_is_an_error_for_that_name(repo: Path, tmp_pa
     c, _ = controller([repo, other], exit_on_error=False)
     asyncio.run(c.start())
     rows = {r["name"]: r for r in asyncio.run(c.index())}
-    assert rows["a"]["state"] == "UNAVAILABLE" and "more than one model repository" in rows["a"]["reason"]
+    assert (
+        rows["a"]["state"] == "UNAVAILABLE"
+        and rows["a"]["reason"] == "model appears in two or more repositories"
+    )
     assert rows["b"]["state"] == rows["c"]["state"] == "READY"
     assert not c.ready()  # strict readiness: a model asked for is not READY
     assert str(tmp_path) not in json.dumps(asyncio.run(c.index()))
@@ -420,6 +423,33 @@ def test_poll_picks_up_each_kind_of_change(repo: Path) -> None:
     asyncio.run(scenario())
     reloads = [n for kind, n in d.calls if kind == "reload"]
     assert reloads == ["a", "a", "b", "c"]
+
+
+def test_a_model_known_without_a_ready_version_says_so_as_triton_does(repo: Path) -> None:
+    """A model that left the repository (POLL), was unloaded or failed to load stays known: its requests
+    get Triton's NOT_FOUND "has no available versions", a name never known "is not found"."""
+    (repo / "c" / "1").mkdir(parents=True)
+    (repo / "c" / "config.pbtxt").write_text(_config("c", 'default_model_filename: "absent.py"\n'))
+    c, _ = controller([repo], model_control_mode="poll", exit_on_error=False)
+
+    async def scenario() -> None:
+        await c.start()
+        shutil.rmtree(repo / "a")
+        assert await c.poll() == ["a"]
+        for name in ("a", "c"):  # left the repository; failed to load
+            with pytest.raises(NoAvailableVersion) as err:
+                c.get(name)
+            assert err.value.message == f"Request for unknown model: '{name}' has no available versions"
+            assert err.value.http_status == NotFound("").http_status
+        with pytest.raises(NotFound, match="Request for unknown model: 'nope' is not found"):
+            c.get("nope")
+        # the index lists the repository's models: the one that left is not there any more
+        assert [r["name"] for r in await c.index()] == ["b", "c"]
+        add_model(repo, "a")
+        assert await c.poll() == ["a"] and states(c)["a"] == "READY"
+        await c.stop()
+
+    asyncio.run(scenario())
 
 
 def test_unload_of_a_model_never_loaded_and_of_an_unknown_one(repo: Path) -> None:
