@@ -97,13 +97,24 @@ dynamic_batching { max_queue_delay_microseconds: 1000000 }
 
 # OUTPUT0 = INPUT0 + INPUT1 and OUTPUT1 = INPUT0 - INPUT1 in each output's configured type: the code of
 # Python stand-ins for the TensorFlow models ``graphdef_<in>_<out0>_<out1>`` of gen_qa_models.py (their
-# configuration comes from the ONNX model of the same types)
+# configuration comes from the ONNX model of the same types). Without a configuration (a test deletes it)
+# it completes one as the ONNX backend would for the float32 model: FP32 [16] tensors, batches up to 4.
 _ADDSUB_MODEL = """import json
 
 import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        if not config.as_dict().get("input"):
+            config.set_max_batch_size(4)
+            for name in ("INPUT0", "INPUT1"):
+                config.add_input({"name": name, "data_type": "TYPE_FP32", "dims": [16]})
+            for name in ("OUTPUT0", "OUTPUT1"):
+                config.add_output({"name": name, "data_type": "TYPE_FP32", "dims": [16]})
+        return config
+
     def initialize(self, args):
         config = json.loads(args["model_config"])
         self.types = {
