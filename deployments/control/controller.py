@@ -22,7 +22,14 @@ from typing import Any
 from deployments.control.listing import list_repositories, local_model_folder
 from deployments.control.loading import ModelLoader
 from deployments.control.overlay import parse_overrides
-from deployments.control.registry import DUPLICATE, UNLOADED, ModelEntry, check_model_name, reason_of
+from deployments.control.registry import (
+    DUPLICATE,
+    UNLOADED,
+    ModelEntry,
+    check_model_name,
+    load_failed,
+    reason_of,
+)
 from repository_loader.ensemble_rules import composing_models, nested_first
 from repository_loader.errors import InvalidArgument, NotFound, ServerError, Unavailable
 from repository_loader.model import ModelDescription, ModelState
@@ -222,7 +229,7 @@ class ModelController(ModelLoader):
         try:
             model = await asyncio.to_thread(self._describe, name, config, files)
         except ServerError as exc:
-            message = f"failed to load '{name}': {exc.message}"
+            message = load_failed(name, exc.message)
             entry = self.entries.get(name)
             if entry is None or entry.state != ModelState.READY:
                 self.entries[name] = ModelEntry(name, ModelState.UNAVAILABLE, exc.message, requested=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deployments.control.overlay import Overlays
-from deployments.control.registry import UNLOADED, ModelEntry, Registry, reason_of
+from deployments.control.registry import UNLOADED, ModelEntry, Registry, load_failed, reason_of
 from repository_loader.ensemble_rules import nested_first
 from repository_loader.errors import InvalidArgument, ServerError, Unavailable
 from repository_loader.model import ModelDescription, ModelState
@@ -114,7 +114,7 @@ class ModelLoader(Registry):
             await self._load(model)
             entry = self.entries[model.name]
             if entry.state != ModelState.READY:
-                raise InvalidArgument(f"failed to load '{model.name}': {entry.reason}")
+                raise InvalidArgument(load_failed(model.name, entry.reason))
 
     async def _reload(self, entry: ModelEntry, model: ModelDescription) -> None:
         assert entry.model is not None
@@ -131,7 +131,7 @@ class ModelLoader(Registry):
             logger.error(
                 "model '%s' failed to reload, the loaded version keeps serving: %s", model.name, reason
             )
-            raise InvalidArgument(f"failed to load '{model.name}': {reason}") from None
+            raise InvalidArgument(load_failed(model.name, reason)) from None
         entry.model, entry.reason, entry.files = model, "", files
         logger.info("model '%s' reloaded (versions %s)", model.name, list(model.versions))
 

@@ -74,6 +74,12 @@ def check_model_name(name: str) -> None:
         )
 
 
+def load_failed(name: str, reason: str) -> str:
+    """Triton's answer to a load of a model of the repository that failed (its configuration or a
+    version did not load)."""
+    return f"load failed for model '{name}': {reason}"
+
+
 def reason_of(exc: BaseException) -> str:
     """What a failure says, as the index and the logs show it."""
     return exc.message if isinstance(exc, ServerError) else f"{type(exc).__name__}: {exc}"

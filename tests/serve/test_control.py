@@ -344,7 +344,7 @@ def test_a_failed_reload_keeps_the_serving_version(repo: Path) -> None:
     asyncio.run(c.start())
     served = d.deployed["a"]
     (repo / "a" / "config.pbtxt").write_text(_config("a", "max_batch_size: -3\n"))
-    with pytest.raises(InvalidArgument, match="failed to load 'a'"):
+    with pytest.raises(InvalidArgument, match="load failed for model 'a': "):
         asyncio.run(c.load("a"))
     add_model(repo, "a", (1, 2))
     d.fail.add("a")
@@ -452,6 +452,23 @@ def test_a_model_known_without_a_ready_version_says_so_as_triton_does(repo: Path
     asyncio.run(scenario())
 
 
+def test_an_explicit_load_that_fails_answers_as_triton(repo: Path) -> None:
+    """A model of the repository that does not load: Triton's "load failed for model"; a name in no
+    repository: "failed to poll from model repository"."""
+    shutil.rmtree(repo / "a" / "1")
+    (repo / "a" / "1").mkdir()
+    c, d = controller([repo], model_control_mode="explicit")
+    asyncio.run(c.start())
+    with pytest.raises(InvalidArgument) as err:
+        asyncio.run(c.load("a"))  # its model file is gone
+    assert err.value.message.startswith("load failed for model 'a': ")
+    d.fail.add("b")
+    with pytest.raises(InvalidArgument, match="^load failed for model 'b': "):
+        asyncio.run(c.load("b"))  # it fails to deploy
+    with pytest.raises(InvalidArgument, match="^failed to load 'x', failed to poll from model repository$"):
+        asyncio.run(c.load("x"))
+
+
 def test_unload_of_a_model_never_loaded_and_of_an_unknown_one(repo: Path) -> None:
     c, _ = controller([repo], model_control_mode="explicit")
     asyncio.run(c.start())
@@ -499,7 +516,7 @@ def test_an_override_folder_lives_while_the_model_is_described_from_it(
             await c.load("a", {"config": _override("a", 6)})  # the serving override stays
         assert overlays() == [served()] and d.deployed["a"].max_batch_size == 4
         d.fail.clear()
-        with pytest.raises(InvalidArgument, match="failed to load 'a'"):
+        with pytest.raises(InvalidArgument, match="load failed for model 'a': "):
             await c.load("a", {"config": json.dumps({"name": "a", "max_batch_size": -3})})
         assert overlays() == [served()]
         await c.load("a")  # from the repository again: no override is left
