@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from deployments.control.overlay import Overlays
@@ -124,6 +124,8 @@ class ModelLoader(Registry):
             # Triton loads a model again only where its configuration or files changed
             logger.info("model '%s' is unchanged: it serves on as it is", model.name)
             return
+        served = {*entry.model.versions, *entry.model.retired_versions}
+        model = replace(model, retired_versions=tuple(sorted(served - set(model.versions))))
         try:
             await self.deployer.reload(entry.model, model)
         except Exception as exc:

@@ -421,6 +421,10 @@ class ModelRuntime:
         except (TypeError, ValueError):
             raise InvalidArgument(f"model '{self.model.name}': version '{version}' is not a number") from None
         runtime = self.versions.get(number)
+        if runtime is None and number in self.model.retired_versions:
+            raise Unavailable(
+                f"Request for unknown model: '{self.model.name}' version {number} is not at ready state"
+            )
         if runtime is None:
             raise NotFound(f"Request for unknown model: '{self.model.name}' version {number} is not found")
         return runtime

@@ -9,7 +9,7 @@ import numpy as np
 
 from deployments.inference import InferRequest, InferResponse
 from deployments.runtime.batching import DynamicBatcher, PassThroughScheduler, make_scheduler
-from repository_loader.errors import InternalError, InvalidArgument, NoAvailableVersion, Unavailable
+from repository_loader.errors import InternalError, InvalidArgument, NoAvailableVersion, NotFound, Unavailable
 from repository_loader.model import ModelDescription
 from tests.backends.helpers import describe, spec
 from tests.batching.fakes import INPUTS, Recorder, config, request, until
@@ -129,3 +129,19 @@ async def test_a_model_runtime_with_no_version_loaded_answers_as_triton(tmp_path
     response = await runtime.infer(InferRequest("m", {"X": np.ones(4, np.float32)}, id="r"))
     assert isinstance(response.error, NoAvailableVersion)
     assert response.error.message == "Request for unknown model: 'm' has no available versions"
+
+
+async def test_a_retired_version_is_not_at_ready_state_an_unknown_one_not_found(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from deployments.runtime.model import ModelRuntime
+
+    model = describe("m", tmp_path / "m", "python", [spec("X", "FP32", [4])], [spec("Y", "FP32", [4])])
+    runtime = ModelRuntime(replace(model, retired_versions=(1,)))
+    x = {"X": np.ones(4, np.float32)}
+    retired = await runtime.infer(InferRequest("m", x, id="r", model_version="1"))
+    assert isinstance(retired.error, Unavailable)
+    assert retired.error.message == "Request for unknown model: 'm' version 1 is not at ready state"
+    unknown = await runtime.infer(InferRequest("m", x, id="r", model_version="5"))
+    assert isinstance(unknown.error, NotFound)
+    assert unknown.error.message == "Request for unknown model: 'm' version 5 is not found"

@@ -469,6 +469,26 @@ def test_an_explicit_load_that_fails_answers_as_triton(repo: Path) -> None:
         asyncio.run(c.load("x"))
 
 
+def test_a_version_a_reload_drops_stays_known_to_the_replicas(repo: Path) -> None:
+    """Triton keeps a version it served known after a reload drops it: the new description names it."""
+    add_model(repo, "v", (1, 2, 3), extra="version_policy: { all { } }\n")
+    c, d = controller([repo], model_control_mode="poll")
+
+    async def scenario() -> None:
+        await c.start()
+        shutil.rmtree(repo / "v" / "1")
+        assert await c.poll() == ["v"]
+        assert d.deployed["v"].versions == (2, 3) and d.deployed["v"].retired_versions == (1,)
+        shutil.rmtree(repo / "v" / "2")
+        (repo / "v" / "1").mkdir()
+        (repo / "v" / "1" / "model.py").write_text(MODEL_PY)
+        assert await c.poll() == ["v"]
+        assert d.deployed["v"].versions == (1, 3) and d.deployed["v"].retired_versions == (2,)
+        await c.stop()
+
+    asyncio.run(scenario())
+
+
 def test_unload_of_a_model_never_loaded_and_of_an_unknown_one(repo: Path) -> None:
     c, _ = controller([repo], model_control_mode="explicit")
     asyncio.run(c.start())
