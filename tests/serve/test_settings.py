@@ -42,6 +42,13 @@ def test_the_repository_stays_a_url() -> None:
     assert settings.model_repository == "s3://bucket/models" and isinstance(settings.model_repository, str)
 
 
+def test_a_repository_named_twice_is_one_repository(tmp_path: Path) -> None:
+    """Triton keeps its repositories as a set: the same folder twice holds no duplicate models."""
+    repos = [str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "a")]
+    settings = ServerSettings.from_args({"model_repository": repos}, {})
+    assert settings.model_repositories == (str(tmp_path / "a"), str(tmp_path / "b"))
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
