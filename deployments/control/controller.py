@@ -31,7 +31,7 @@ from deployments.control.registry import (
     reason_of,
 )
 from repository_loader.ensemble_rules import composing_models, nested_first
-from repository_loader.errors import InvalidArgument, NotFound, ServerError, Unavailable
+from repository_loader.errors import InvalidArgument, ServerError, Unavailable
 from repository_loader.model import ModelDescription, ModelState
 
 logger = logging.getLogger(__name__)
@@ -226,6 +226,20 @@ class ModelController(ModelLoader):
             raise InvalidArgument(f"failed to load '{name}': it appears in more than one model repository")
         if name not in self.listing.where and not files:
             raise InvalidArgument(f"failed to load '{name}', failed to poll from model repository")
+        entry = self.entries.get(name)
+        signature = self.listing.signature(name)
+        if (
+            config is None
+            and not files
+            and entry is not None
+            and entry.state == ModelState.READY
+            and entry.override_of is not None
+            and entry.override_of == signature
+        ):
+            # Triton loads a model again only where its repository folder changed since the last load,
+            # so a plain load after an override load keeps the override
+            logger.info("model '%s' is unchanged since its override load: it serves on as it is", name)
+            return
         try:
             model = await asyncio.to_thread(self._describe, name, config, files)
         except ServerError as exc:
@@ -236,6 +250,7 @@ class ModelController(ModelLoader):
             raise InvalidArgument(message) from None
         await self._load_steps(model, set())
         await self._load_or_reload(model)
+        self.entries[name].override_of = signature if config is not None or files else None
 
     async def _load_steps(self, model: ModelDescription, seen: set[str]) -> None:
         """An ensemble's composing models that are not serving, loaded first (nested ones too)."""
@@ -273,9 +288,7 @@ class ModelController(ModelLoader):
         async with self._action(), self._held(name):
             entry = self.entries.get(name)
             if entry is None:
-                if name in self.listing.where:
-                    return  # in the repository, not loaded: nothing to do
-                raise NotFound(f"failed to unload '{name}': no such model in the repository")
+                return  # never loaded (in the repository or not): nothing to do, as Triton answers
             steps = []
             if dependents and entry.model is not None:
                 steps = [n for n in self._composing(entry.model) if not self._needed_by_others(n, name)]

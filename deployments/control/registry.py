@@ -93,6 +93,9 @@ class ModelEntry:
     model: ModelDescription | None = None
     requested: bool = False  # asked to be served (counts for readiness) until unloaded
     files: str = ""  # the digest of the model's files when it was last deployed (revision.files_digest)
+    # served with a load's override: the repository's signature of the model at that load (None: served
+    # from the repository), so that a later plain load finds whether the repository changed since
+    override_of: Any = None
 
     def index_rows(self) -> list[dict[str, Any]]:
         versions = [str(v) for v in self.model.versions] if self.model else [""]

@@ -283,7 +283,10 @@ def test_explicit_load_with_a_config_override_then_unload(repo: Path) -> None:
     override["output"] = [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}]
     asyncio.run(c.load("a", {"config": json.dumps(override)}))
     assert d.deployed["a"].max_batch_size == 2
-    asyncio.run(c.load("a"))  # again, from the repository: a reload
+    asyncio.run(c.load("a"))  # again, the repository unchanged: the override serves on (Triton's)
+    assert d.calls[-1] == ("deploy", "a") and d.deployed["a"].max_batch_size == 2
+    (repo / "a" / "config.pbtxt").write_text(_config("a", "# edited\n"))
+    asyncio.run(c.load("a"))  # again, the repository changed: a reload from it
     assert d.calls[-1] == ("reload", "a") and d.deployed["a"].max_batch_size == 8
     asyncio.run(c.unload("a"))
     assert asyncio.run(c.index())[0] == {
@@ -493,8 +496,7 @@ def test_unload_of_a_model_never_loaded_and_of_an_unknown_one(repo: Path) -> Non
     c, _ = controller([repo], model_control_mode="explicit")
     asyncio.run(c.start())
     asyncio.run(c.unload("a"))  # in the repository, not loaded: nothing to do
-    with pytest.raises(NotFound):
-        asyncio.run(c.unload("nope"))
+    asyncio.run(c.unload("nope"))  # in no repository: nothing to do either, as Triton answers
     assert states(c) == {"a": "", "b": ""}
 
 
@@ -539,8 +541,11 @@ def test_an_override_folder_lives_while_the_model_is_described_from_it(
         with pytest.raises(InvalidArgument, match="load failed for model 'a': "):
             await c.load("a", {"config": json.dumps({"name": "a", "max_batch_size": -3})})
         assert overlays() == [served()]
+        await c.load("a")  # the repository's folder did not change: the override serves on
+        assert overlays() == [served()] and d.deployed["a"].max_batch_size == 4
+        (repo / "a" / "config.pbtxt").write_text(_config("a", "# edited\n"))
         await c.load("a")  # from the repository again: no override is left
-        assert list(temp.iterdir()) == []
+        assert list(temp.iterdir()) == [] and d.deployed["a"].max_batch_size == 8
         await c.load("b", {"config": _override("b", 2)})
         assert len(overlays()) == 1
         await c.unload("b")
