@@ -281,7 +281,9 @@ class ModelController(ModelLoader):
         return self._read(name, None, self._overlays.write(name, config, files, source))
 
     async def unload(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
-        """Repository API unload; ``unload_dependents`` also unloads an ensemble's composing models."""
+        """Repository API unload; ``unload_dependents`` also unloads an ensemble's composing models.
+        The ensembles serving with the model as a step are unloaded with it, as Triton does (a later
+        load of the model does not load them again)."""
         check_model_name(name)
         self._check_explicit()
         dependents = _flag((parameters or {}).get("unload_dependents", False))
@@ -292,6 +294,10 @@ class ModelController(ModelLoader):
             steps = []
             if dependents and entry.model is not None:
                 steps = [n for n in self._composing(entry.model) if not self._needed_by_others(n, name)]
+            for user in self._ensembles_using(name):
+                async with self._held(user):
+                    logger.info("ensemble '%s' is unloaded with its step '%s'", user, name)
+                    await self._unload_one(user)
             await self._unload_one(name)
             for step in steps:
                 async with self._held(step):
@@ -300,6 +306,17 @@ class ModelController(ModelLoader):
     def _composing(self, model: ModelDescription) -> list[str]:
         """The models ``model`` needs, followed through the ensembles the entries describe."""
         return composing_models(model, lambda n: e.model if (e := self.entries.get(n)) else None)
+
+    def _ensembles_using(self, name: str) -> list[str]:
+        """The serving ensembles that run ``name`` as a step (through nested ensembles too)."""
+        return [
+            e.name
+            for e in self.entries.values()
+            if e.state == ModelState.READY
+            and e.model is not None
+            and e.model.is_ensemble
+            and name in self._composing(e.model)
+        ]
 
     def _needed_by_others(self, name: str, unloading: str) -> bool:
         return any(

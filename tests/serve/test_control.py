@@ -388,6 +388,28 @@ def test_unload_dependents_follows_nested_ensembles_and_keeps_what_another_ensem
     }
 
 
+def test_unloading_a_step_unloads_the_ensembles_that_run_it(repo: Path) -> None:
+    """Triton unloads the ensembles serving with a model as a step (nested ones too) when the model is
+    unloaded; loading the model again does not bring them back."""
+    add_ensemble(repo, "inner", "a")
+    add_ensemble(repo, "outer", "inner", keys=("IN", "OUT"))
+    add_ensemble(repo, "other", "b")
+    c, _ = controller([repo], model_control_mode="explicit")
+    asyncio.run(c.start())
+    asyncio.run(c.load("outer"))
+    asyncio.run(c.load("other"))
+    asyncio.run(c.unload("a"))
+    assert states(c) == {
+        "a": "UNAVAILABLE",
+        "b": "READY",
+        "inner": "UNAVAILABLE",
+        "other": "READY",
+        "outer": "UNAVAILABLE",
+    }
+    asyncio.run(c.load("a"))
+    assert states(c)["a"] == "READY" and states(c)["inner"] == states(c)["outer"] == "UNAVAILABLE"
+
+
 def test_at_start_a_nested_ensemble_loads_before_the_ensemble_that_runs_it(repo: Path) -> None:
     add_ensemble(repo, "z_inner", "a")  # sorts after the ensemble that runs it
     add_ensemble(repo, "a_outer", "z_inner", keys=("IN", "OUT"))
