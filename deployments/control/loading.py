@@ -136,6 +136,7 @@ class ModelLoader(Registry):
             raise InvalidArgument(load_failed(model.name, reason)) from None
         entry.model, entry.reason, entry.files = model, "", files
         logger.info("model '%s' reloaded (versions %s)", model.name, list(model.versions))
+        logger.info("successfully loaded '%s'", model.name)  # Triton's line
 
     async def _load(self, model: ModelDescription) -> None:
         entry = self.entries.setdefault(model.name, ModelEntry(model.name))
@@ -150,6 +151,7 @@ class ModelLoader(Registry):
                     )
             await self.deployer.deploy(model)
             entry.state, entry.files = ModelState.READY, await asyncio.to_thread(files_digest, model.path)
+            logger.info("successfully loaded '%s'", model.name)  # Triton's line
         except Exception as exc:
             entry.state = ModelState.UNAVAILABLE
             entry.reason = self._scrub(reason_of(exc), model.path.parent)
@@ -165,6 +167,7 @@ class ModelLoader(Registry):
             entry.state = ModelState.UNLOADING
             try:
                 await self.deployer.delete(name)
+                logger.info("successfully unloaded '%s'", name)  # Triton's line
             except Exception as exc:
                 logger.error("model '%s' did not unload cleanly: %s", name, reason_of(exc))
         entry.state, entry.reason, entry.requested = ModelState.UNAVAILABLE, UNLOADED, False

@@ -410,6 +410,16 @@ def test_unloading_a_step_unloads_the_ensembles_that_run_it(repo: Path) -> None:
     assert states(c)["a"] == "READY" and states(c)["inner"] == states(c)["outer"] == "UNAVAILABLE"
 
 
+def test_loads_and_unloads_log_tritons_lines(repo: Path, caplog: pytest.LogCaptureFixture) -> None:
+    c, _ = controller([repo], model_control_mode="explicit")
+    asyncio.run(c.start())
+    with caplog.at_level("INFO", logger="deployments.control"):
+        asyncio.run(c.load("a"))
+        asyncio.run(c.unload("a"))
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines.count("successfully loaded 'a'") == 1 and lines.count("successfully unloaded 'a'") == 1
+
+
 def test_at_start_a_nested_ensemble_loads_before_the_ensemble_that_runs_it(repo: Path) -> None:
     add_ensemble(repo, "z_inner", "a")  # sorts after the ensemble that runs it
     add_ensemble(repo, "a_outer", "z_inner", keys=("IN", "OUT"))
