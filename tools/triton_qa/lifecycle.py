@@ -61,7 +61,9 @@ def ensemble(base: str) -> Model:
     return Model(f"simple_{base}_{F32}", "generated", f"qa_ensemble_model_repository/simple_{base}_{F32}")
 
 
-def identity(name: str = "identity_zero_1_int32", versions: tuple[str, ...] = ("1",)) -> Model:
+def identity(
+    name: str = "identity_zero_1_int32", versions: tuple[str, ...] = ("1",), append: str = ""
+) -> Model:
     """``qa/L0_lifecycle/identity_zero_1_int32`` (Triton's identity backend) as the runner's Python
     identity called ``name``, with empty ``versions`` folders as ``test.sh`` makes them: its code is in
     ``1/`` and every version names that file (``default_model_filename``), so a version folder needs no
@@ -75,6 +77,7 @@ def identity(name: str = "identity_zero_1_int32", versions: tuple[str, ...] = ("
             Edit("identity_zero_1_int32", name),
             Edit(r'^backend: "identity"', 'backend: "python"\ndefault_model_filename: "../1/model.py"'),
         ),
+        append=append,
         version_folders=versions,
     )
 
@@ -229,13 +232,20 @@ def _index_models(layout: Layout) -> None:
     layout.models("models_0", ensemble("graphdef"), ensemble("savedmodel"), stand_in("onnx"))
 
 
-def _config_copy(name: str) -> Callable[[Layout], None]:
-    """``cp models/identity_zero_1_int32/config.pbtxt <name>``, for the test to copy back."""
+_VERSION_1 = "version_policy: { specific { versions: [1] }}\n"
+_IDENTITY_CONFIG = "models/identity_zero_1_int32/config.pbtxt"
 
-    def steps(layout: Layout) -> None:
-        layout.sed("models/identity_zero_1_int32/config.pbtxt", name)
 
-    return steps
+def _config_v2(layout: Layout) -> None:
+    """``config.pbtxt.v2``: the identity's configuration serving version 2 only."""
+    layout.delete_lines(_IDENTITY_CONFIG, "config.pbtxt.v2", r"^version_policy")
+    path = layout.root / "config.pbtxt.v2"
+    path.write_text(path.read_text() + "version_policy: { specific { versions: [2] }}\n")
+
+
+def _config_new(layout: Layout) -> None:
+    """``config.pbtxt.new``: the identity's configuration as it is (a reload of an unchanged model)."""
+    layout.sed(_IDENTITY_CONFIG, "config.pbtxt.new")
 
 
 def _concurrent_v2(layout: Layout) -> None:
@@ -484,16 +494,12 @@ def _runs() -> tuple[Run, ...]:
             run(
                 f"model_availability_on_reload{suffix} ({protocol})",
                 f"test_model_availability_on_reload{suffix}",
-                (identity(versions=("1", "2") if suffix else ("1",)),),
+                (identity(versions=("1", "2"), append=_VERSION_1) if suffix else identity(),),
                 reload_args,
                 steps,
                 env=variables,
             )
-            for suffix, steps in (
-                ("", _nothing),
-                ("_2", _config_copy("config.pbtxt.v2")),
-                ("_3", _config_copy("config.pbtxt.new")),
-            )
+            for suffix, steps in (("", _nothing), ("_2", _config_v2), ("_3", _config_new))
         ]
     runs += [
         run(
