@@ -215,7 +215,10 @@ class ModelController(ModelLoader):
         A name that is in no repository (and comes with no files) records nothing."""
         check_model_name(name)
         self._check_explicit()
-        config, files = parse_overrides(parameters or {}, self.settings.allow_model_file_upload)
+        try:
+            config, files = parse_overrides(parameters or {}, self.settings.allow_model_file_upload)
+        except InvalidArgument as exc:  # Triton's answer names the load
+            raise InvalidArgument(f"failed to load '{name}': {exc.message}") from None
         async with self._action(), self._held(name):
             await self._record_unloaded(name, False)
             await self._load_named(name, config, files)
@@ -282,23 +285,26 @@ class ModelController(ModelLoader):
 
     async def unload(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
         """Repository API unload; ``unload_dependents`` also unloads an ensemble's composing models.
-        The ensembles serving with the model as a step are unloaded with it, as Triton does (a later
-        load of the model does not load them again)."""
+        The ensembles serving (or loading) with the model as a step are unloaded after it, as Triton
+        does (a later load of the model does not load them again); one still loading is waited for
+        without holding the model's lock."""
         check_model_name(name)
         self._check_explicit()
         dependents = _flag((parameters or {}).get("unload_dependents", False))
-        async with self._action(), self._held(name):
-            entry = self.entries.get(name)
-            if entry is None:
-                return  # never loaded (in the repository or not): nothing to do, as Triton answers
-            steps = []
-            if dependents and entry.model is not None:
-                steps = [n for n in self._composing(entry.model) if not self._needed_by_others(n, name)]
-            for user in self._ensembles_using(name):
+        async with self._action():
+            async with self._held(name):
+                entry = self.entries.get(name)
+                if entry is None:
+                    return  # never loaded (in the repository or not): nothing to do, as Triton answers
+                steps = []
+                if dependents and entry.model is not None:
+                    steps = [n for n in self._composing(entry.model) if not self._needed_by_others(n, name)]
+                users = self._ensembles_using(name)
+                await self._unload_one(name)
+            for user in users:
                 async with self._held(user):
                     logger.info("ensemble '%s' is unloaded with its step '%s'", user, name)
                     await self._unload_one(user)
-            await self._unload_one(name)
             for step in steps:
                 async with self._held(step):
                     await self._unload_one(step)
@@ -308,11 +314,11 @@ class ModelController(ModelLoader):
         return composing_models(model, lambda n: e.model if (e := self.entries.get(n)) else None)
 
     def _ensembles_using(self, name: str) -> list[str]:
-        """The serving ensembles that run ``name`` as a step (through nested ensembles too)."""
+        """The ensembles serving or loading that run ``name`` as a step (through nested ones too)."""
         return [
             e.name
             for e in self.entries.values()
-            if e.state == ModelState.READY
+            if e.state in (ModelState.READY, ModelState.LOADING)
             and e.model is not None
             and e.model.is_ensemble
             and name in self._composing(e.model)

@@ -44,11 +44,32 @@ class ModelLoader(Registry):
                 name,
                 config_name=None if overlay is not None else self.settings.model_config_name,
                 auto_complete=self.settings.auto_complete,
+                elsewhere=lambda step: self._read_elsewhere(step, source, {name}),
             )
         except ModelLoadError as exc:
             raise InvalidArgument(self._scrub("; ".join(exc.errors) or exc.message, overlay)) from None
         except ServerError as exc:
             raise type(exc)(self._scrub(exc.message, overlay)) from None
+
+    def _read_elsewhere(self, name: str, source: str, seen: set[str]) -> ModelDescription | None:
+        """An ensemble step ``name`` that is in another repository than ``source`` (Triton's
+        ensembles name models of any repository), read from there; None where it is in none, fails
+        to read, or runs the ensemble again (a cycle the ensemble rules report)."""
+        from repository_loader import ModelLoadError, load_model
+
+        repo = self.listing.where.get(name)
+        if repo is None or repo == source or name in seen:
+            return None
+        try:
+            return load_model(
+                repo,
+                name,
+                config_name=self.settings.model_config_name,
+                auto_complete=self.settings.auto_complete,
+                elsewhere=lambda step: self._read_elsewhere(step, repo, seen | {name}),
+            )
+        except (ModelLoadError, ServerError):
+            return None
 
     def _scrub(self, message: str, overlay: Path | None = None) -> str:
         """``message`` without the server's paths (repositories, override folders)."""
@@ -61,13 +82,22 @@ class ModelLoader(Registry):
         return message
 
     def _read_all(self, names: list[str]) -> tuple[dict[str, ModelDescription], dict[str, str]]:
+        """``names`` read, and the models their ensembles run (in any repository), as Triton loads
+        an ensemble's composing models with it."""
         models: dict[str, ModelDescription] = {}
         failed: dict[str, str] = {}
-        for name in names:
+        pending = list(names)
+        while pending:
+            name = pending.pop(0)
+            if name in models or name in failed:
+                continue
             try:
                 models[name] = self._read(name, self.listing.where[name])
             except ServerError as exc:
                 failed[name] = exc.message
+                continue
+            steps = [s.model_name for s in models[name].ensemble_steps]
+            pending += [s for s in steps if s in self.listing.where and s not in self.entries]
         return models, failed
 
     def _release_overlays(self) -> None:

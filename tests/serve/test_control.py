@@ -420,6 +420,49 @@ def test_loads_and_unloads_log_tritons_lines(repo: Path, caplog: pytest.LogCaptu
     assert lines.count("successfully loaded 'a'") == 1 and lines.count("successfully unloaded 'a'") == 1
 
 
+def test_an_ensemble_may_run_a_model_of_another_repository(repo: Path, tmp_path: Path) -> None:
+    """Triton's repositories share one model namespace: an ensemble of one runs a model of another,
+    and loading the ensemble at start loads that model with it."""
+    other = tmp_path / "other"
+    add_ensemble(other, "ens", "a")
+    c, d = controller([repo, other], model_control_mode="explicit", load_model=["ens"])
+    asyncio.run(c.start())
+    assert states(c) == {"a": "READY", "b": "", "ens": "READY"}
+    assert [n for kind, n in d.calls if kind == "deploy"] == ["a", "ens"]
+
+
+def test_unloading_a_step_while_its_ensemble_loads_leaves_both_unloaded(repo: Path) -> None:
+    add_ensemble(repo, "ens", "a")
+    c, d = controller([repo], model_control_mode="explicit")
+    asyncio.run(c.start())
+    started = asyncio.Event()
+
+    async def slow_deploy(model: ModelDescription, real=d.deploy) -> None:  # type: ignore[no-untyped-def]
+        if model.name == "ens":
+            started.set()
+            await asyncio.sleep(0.05)
+        await real(model)
+
+    d.deploy = slow_deploy  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        load = asyncio.create_task(c.load("ens"))
+        await started.wait()  # the step is loaded, the ensemble is loading
+        await c.unload("a")
+        await load
+
+    asyncio.run(scenario())
+    assert states(c) == {"a": "UNAVAILABLE", "b": "", "ens": "UNAVAILABLE"}
+
+
+def test_a_load_with_an_invalid_file_parameter_names_the_load(repo: Path) -> None:
+    c, _ = controller([repo], model_control_mode="explicit", allow_model_file_upload=True)
+    asyncio.run(c.start())
+    files = {"file:../../root/x.txt": base64.b64encode(b"x").decode()}
+    with pytest.raises(InvalidArgument, match="^failed to load 'new': invalid file parameter"):
+        asyncio.run(c.load("new", {"config": json.dumps({"backend": "identity"}), **files}))
+
+
 def test_at_start_a_nested_ensemble_loads_before_the_ensemble_that_runs_it(repo: Path) -> None:
     add_ensemble(repo, "z_inner", "a")  # sorts after the ensemble that runs it
     add_ensemble(repo, "a_outer", "z_inner", keys=("IN", "OUT"))
