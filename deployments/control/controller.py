@@ -219,6 +219,11 @@ class ModelController(ModelLoader):
             config, files = parse_overrides(parameters or {}, self.settings.allow_model_file_upload)
         except InvalidArgument as exc:  # Triton's answer names the load
             raise InvalidArgument(f"failed to load '{name}': {exc.message}") from None
+        if files and config is None:  # Triton's answer, and why
+            raise InvalidArgument(
+                f"failed to load '{name}', failed to poll from model repository: file parameters need a "
+                "'config' parameter with the model's configuration"
+            )
         async with self._action(), self._held(name):
             await self._record_unloaded(name, False)
             await self._load_named(name, config, files)

@@ -461,6 +461,9 @@ def test_a_load_with_an_invalid_file_parameter_names_the_load(repo: Path) -> Non
     files = {"file:../../root/x.txt": base64.b64encode(b"x").decode()}
     with pytest.raises(InvalidArgument, match="^failed to load 'new': invalid file parameter"):
         asyncio.run(c.load("new", {"config": json.dumps({"backend": "identity"}), **files}))
+    good = {"file:1/model.py": base64.b64encode(MODEL_PY.encode()).decode()}
+    with pytest.raises(InvalidArgument, match="^failed to load 'a', failed to poll from model repository: "):
+        asyncio.run(c.load("a", good))  # files need a configuration
 
 
 def test_at_start_a_nested_ensemble_loads_before_the_ensemble_that_runs_it(repo: Path) -> None:
