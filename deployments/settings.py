@@ -446,7 +446,8 @@ class ServerSettings:
         repo = args.get("model_repository")
         if not repo:
             raise SettingsError("args.model_repository is required (the path of a Triton model repository)")
-        repos = tuple(resolve_repository(r) for r in _texts(repo))
+        # a repository named twice is one repository, as Triton keeps a set of them
+        repos = tuple(dict.fromkeys(resolve_repository(r) for r in _texts(repo)))
         values: dict[str, Any] = {
             "model_repository": repos[0],
             "model_repositories": repos,

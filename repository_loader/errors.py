@@ -66,6 +66,11 @@ class NotFound(ServerError):
     code = ErrorCode.NOT_FOUND
 
 
+class NoAvailableVersion(NotFound):
+    """A model the server knows (loading, failed to load, unloaded) with no version ready: Triton's
+    NOT_FOUND ``has no available versions``, told apart from a name the server never knew."""
+
+
 class Unavailable(ServerError):
     code = ErrorCode.UNAVAILABLE
 

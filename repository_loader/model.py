@@ -185,6 +185,9 @@ class ModelDescription:
         default_factory=lambda: EMPTY
     )  # JSON form of ModelOptimizationPolicy
     config_json: Mapping[str, Any] = field(default_factory=lambda: EMPTY, compare=False)
+    # versions an earlier description of the model served and this one does not: Triton keeps them
+    # known, so a request for one is "not at ready state" rather than "not found"
+    retired_versions: tuple[int, ...] = field(default=(), compare=False)
 
     @property
     def kind(self) -> str:

@@ -9,7 +9,7 @@ checked against the models their steps name, which are loaded first.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,9 +112,11 @@ def load_model(
     config_name: str | None = None,
     auto_complete: bool = True,
     cache_dir: str | Path | None = None,
+    elsewhere: Callable[[str], ModelDescription | None] | None = None,
 ) -> ModelDescription:
     """Load one model (and, for an ensemble, the models its steps name) of a repository
-    given as :func:`load_repository` takes it.
+    given as :func:`load_repository` takes it. ``elsewhere`` describes a step model that is in
+    another repository of the server (None where it is in none), as Triton's ensembles may name one.
 
     Raises :class:`NotFound` for an unknown model and :class:`ModelLoadError`
     listing every problem of a broken one.
@@ -122,6 +124,7 @@ def load_model(
     loader = _Loader(
         *open_storage(repository, cache_dir), config_name=config_name, auto_complete=auto_complete
     )
+    loader.elsewhere = elsewhere
     if name not in loader.model_names():
         raise NotFound(f"model '{name}' is not in the repository '{repository}'")
     loader.load(name)
@@ -151,6 +154,7 @@ class _Loader:
         self.state = RepositoryState(root=root)
         self._names: list[str] | None = None
         self._prepare_cache: dict[str, _Prepared | ServerError] = {}
+        self.elsewhere: Callable[[str], ModelDescription | None] | None = None  # steps of other repositories
 
     def model_names(self) -> list[str]:
         if self._names is None:
@@ -198,6 +202,10 @@ class _Loader:
             for step in ensemble.ensemble_steps:
                 if step.model_name in self.model_names():
                     self.load(step.model_name)
+                elif self.elsewhere is not None and step.model_name not in self.state.models:
+                    member = self.elsewhere(step.model_name)
+                    if member is not None:
+                        self.state.models[step.model_name] = member
         check_ensemble(
             ensemble, self.state.models, findings, failed=self.state.failed, step_models=self._step_models
         )

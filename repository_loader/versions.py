@@ -41,13 +41,21 @@ def select_versions(policy: pb.ModelVersionPolicy, available: list[int], finding
     if choice == "all":
         return list(available)
     if choice == "specific":
+        # Triton serves the listed versions that have a folder (a missing one is left out with a
+        # warning), and refuses the model only where none has
         wanted = sorted(set(policy.specific.versions))
         missing = [v for v in wanted if v not in available]
-        if missing:
-            findings.add(
-                "version_policy.specific.versions",
-                f"version(s) {missing} not found (available: {available or 'none'})",
-            )
-        return [v for v in wanted if v in available]
+        selected = [v for v in wanted if v in available]
+        if missing and available:
+            where = "version_policy.specific.versions"
+            if selected:
+                findings.warn(where, f"version(s) {missing} not found: serving {selected}")
+            else:
+                findings.add(
+                    where,
+                    f"at least one version must be available under the version policy of model "
+                    f"'{findings.model}' (listed {wanted}, available {available})",
+                )
+        return selected
     count = policy.latest.num_versions if choice == "latest" else 1
     return available[-count:] if count > 0 else []

@@ -22,9 +22,16 @@ from typing import Any
 from deployments.control.listing import list_repositories, local_model_folder
 from deployments.control.loading import ModelLoader
 from deployments.control.overlay import parse_overrides
-from deployments.control.registry import UNLOADED, ModelEntry, check_model_name, reason_of
+from deployments.control.registry import (
+    DUPLICATE,
+    UNLOADED,
+    ModelEntry,
+    check_model_name,
+    load_failed,
+    reason_of,
+)
 from repository_loader.ensemble_rules import composing_models, nested_first
-from repository_loader.errors import InvalidArgument, NotFound, ServerError, Unavailable
+from repository_loader.errors import InvalidArgument, ServerError, Unavailable
 from repository_loader.model import ModelDescription, ModelState
 
 logger = logging.getLogger(__name__)
@@ -80,7 +87,7 @@ class ModelController(ModelLoader):
             wanted = known
         for name in wanted:
             if name in self.listing.duplicates:
-                self._fail(name, f"model '{name}' appears in more than one model repository")
+                self._fail(name, DUPLICATE)
             elif name not in self.listing.where:
                 self._fail(name, f"failed to load '{name}', failed to poll from model repository")
         # a restarted server application does not load again what the repository API unloaded
@@ -164,12 +171,12 @@ class ModelController(ModelLoader):
                 if name in after.duplicates:
                     async with self._held(name):
                         await self._unload_one(name)
-                        self._fail(name, f"model '{name}' appears in more than one model repository")
+                        self._fail(name, DUPLICATE)
                 elif name not in after.where:
                     logger.info("model '%s' left the repository: unloading it", name)
                     async with self._held(name):
+                        # Triton keeps it known, unavailable: its requests say it has no version
                         await self._unload_one(name)
-                        self.entries.pop(name, None)
             present = [n for n in changed if n in after.where]
             models, failed = await asyncio.to_thread(self._read_all, present)
             for name, reason in failed.items():
@@ -208,7 +215,15 @@ class ModelController(ModelLoader):
         A name that is in no repository (and comes with no files) records nothing."""
         check_model_name(name)
         self._check_explicit()
-        config, files = parse_overrides(parameters or {}, self.settings.allow_model_file_upload)
+        try:
+            config, files = parse_overrides(parameters or {}, self.settings.allow_model_file_upload)
+        except InvalidArgument as exc:  # Triton's answer names the load
+            raise InvalidArgument(f"failed to load '{name}': {exc.message}") from None
+        if files and config is None:  # Triton's answer, and why
+            raise InvalidArgument(
+                f"failed to load '{name}', failed to poll from model repository: file parameters need a "
+                "'config' parameter with the model's configuration"
+            )
         async with self._action(), self._held(name):
             await self._record_unloaded(name, False)
             await self._load_named(name, config, files)
@@ -219,16 +234,31 @@ class ModelController(ModelLoader):
             raise InvalidArgument(f"failed to load '{name}': it appears in more than one model repository")
         if name not in self.listing.where and not files:
             raise InvalidArgument(f"failed to load '{name}', failed to poll from model repository")
+        entry = self.entries.get(name)
+        signature = self.listing.signature(name)
+        if (
+            config is None
+            and not files
+            and entry is not None
+            and entry.state == ModelState.READY
+            and entry.override_of is not None
+            and entry.override_of == signature
+        ):
+            # Triton loads a model again only where its repository folder changed since the last load,
+            # so a plain load after an override load keeps the override
+            logger.info("model '%s' is unchanged since its override load: it serves on as it is", name)
+            return
         try:
             model = await asyncio.to_thread(self._describe, name, config, files)
         except ServerError as exc:
-            message = f"failed to load '{name}': {exc.message}"
+            message = load_failed(name, exc.message)
             entry = self.entries.get(name)
             if entry is None or entry.state != ModelState.READY:
                 self.entries[name] = ModelEntry(name, ModelState.UNAVAILABLE, exc.message, requested=True)
             raise InvalidArgument(message) from None
         await self._load_steps(model, set())
         await self._load_or_reload(model)
+        self.entries[name].override_of = signature if config is not None or files else None
 
     async def _load_steps(self, model: ModelDescription, seen: set[str]) -> None:
         """An ensemble's composing models that are not serving, loaded first (nested ones too)."""
@@ -259,20 +289,27 @@ class ModelController(ModelLoader):
         return self._read(name, None, self._overlays.write(name, config, files, source))
 
     async def unload(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
-        """Repository API unload; ``unload_dependents`` also unloads an ensemble's composing models."""
+        """Repository API unload; ``unload_dependents`` also unloads an ensemble's composing models.
+        The ensembles serving (or loading) with the model as a step are unloaded after it, as Triton
+        does (a later load of the model does not load them again); one still loading is waited for
+        without holding the model's lock."""
         check_model_name(name)
         self._check_explicit()
         dependents = _flag((parameters or {}).get("unload_dependents", False))
-        async with self._action(), self._held(name):
-            entry = self.entries.get(name)
-            if entry is None:
-                if name in self.listing.where:
-                    return  # in the repository, not loaded: nothing to do
-                raise NotFound(f"failed to unload '{name}': no such model in the repository")
-            steps = []
-            if dependents and entry.model is not None:
-                steps = [n for n in self._composing(entry.model) if not self._needed_by_others(n, name)]
-            await self._unload_one(name)
+        async with self._action():
+            async with self._held(name):
+                entry = self.entries.get(name)
+                if entry is None:
+                    return  # never loaded (in the repository or not): nothing to do, as Triton answers
+                steps = []
+                if dependents and entry.model is not None:
+                    steps = [n for n in self._composing(entry.model) if not self._needed_by_others(n, name)]
+                users = self._ensembles_using(name)
+                await self._unload_one(name)
+            for user in users:
+                async with self._held(user):
+                    logger.info("ensemble '%s' is unloaded with its step '%s'", user, name)
+                    await self._unload_one(user)
             for step in steps:
                 async with self._held(step):
                     await self._unload_one(step)
@@ -280,6 +317,17 @@ class ModelController(ModelLoader):
     def _composing(self, model: ModelDescription) -> list[str]:
         """The models ``model`` needs, followed through the ensembles the entries describe."""
         return composing_models(model, lambda n: e.model if (e := self.entries.get(n)) else None)
+
+    def _ensembles_using(self, name: str) -> list[str]:
+        """The ensembles serving or loading that run ``name`` as a step (through nested ones too)."""
+        return [
+            e.name
+            for e in self.entries.values()
+            if e.state in (ModelState.READY, ModelState.LOADING)
+            and e.model is not None
+            and e.model.is_ensemble
+            and name in self._composing(e.model)
+        ]
 
     def _needed_by_others(self, name: str, unloading: str) -> bool:
         return any(

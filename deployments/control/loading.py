@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from deployments.control.overlay import Overlays
-from deployments.control.registry import UNLOADED, ModelEntry, Registry, reason_of
+from deployments.control.registry import UNLOADED, ModelEntry, Registry, load_failed, reason_of
 from repository_loader.ensemble_rules import nested_first
 from repository_loader.errors import InvalidArgument, ServerError, Unavailable
 from repository_loader.model import ModelDescription, ModelState
@@ -44,11 +44,32 @@ class ModelLoader(Registry):
                 name,
                 config_name=None if overlay is not None else self.settings.model_config_name,
                 auto_complete=self.settings.auto_complete,
+                elsewhere=lambda step: self._read_elsewhere(step, source, {name}),
             )
         except ModelLoadError as exc:
             raise InvalidArgument(self._scrub("; ".join(exc.errors) or exc.message, overlay)) from None
         except ServerError as exc:
             raise type(exc)(self._scrub(exc.message, overlay)) from None
+
+    def _read_elsewhere(self, name: str, source: str, seen: set[str]) -> ModelDescription | None:
+        """An ensemble step ``name`` that is in another repository than ``source`` (Triton's
+        ensembles name models of any repository), read from there; None where it is in none, fails
+        to read, or runs the ensemble again (a cycle the ensemble rules report)."""
+        from repository_loader import ModelLoadError, load_model
+
+        repo = self.listing.where.get(name)
+        if repo is None or repo == source or name in seen:
+            return None
+        try:
+            return load_model(
+                repo,
+                name,
+                config_name=self.settings.model_config_name,
+                auto_complete=self.settings.auto_complete,
+                elsewhere=lambda step: self._read_elsewhere(step, repo, seen | {name}),
+            )
+        except (ModelLoadError, ServerError):
+            return None
 
     def _scrub(self, message: str, overlay: Path | None = None) -> str:
         """``message`` without the server's paths (repositories, override folders)."""
@@ -61,13 +82,22 @@ class ModelLoader(Registry):
         return message
 
     def _read_all(self, names: list[str]) -> tuple[dict[str, ModelDescription], dict[str, str]]:
+        """``names`` read, and the models their ensembles run (in any repository), as Triton loads
+        an ensemble's composing models with it."""
         models: dict[str, ModelDescription] = {}
         failed: dict[str, str] = {}
-        for name in names:
+        pending = list(names)
+        while pending:
+            name = pending.pop(0)
+            if name in models or name in failed:
+                continue
             try:
                 models[name] = self._read(name, self.listing.where[name])
             except ServerError as exc:
                 failed[name] = exc.message
+                continue
+            steps = [s.model_name for s in models[name].ensemble_steps]
+            pending += [s for s in steps if s in self.listing.where and s not in self.entries]
         return models, failed
 
     def _release_overlays(self) -> None:
@@ -114,7 +144,7 @@ class ModelLoader(Registry):
             await self._load(model)
             entry = self.entries[model.name]
             if entry.state != ModelState.READY:
-                raise InvalidArgument(f"failed to load '{model.name}': {entry.reason}")
+                raise InvalidArgument(load_failed(model.name, entry.reason))
 
     async def _reload(self, entry: ModelEntry, model: ModelDescription) -> None:
         assert entry.model is not None
@@ -124,6 +154,8 @@ class ModelLoader(Registry):
             # Triton loads a model again only where its configuration or files changed
             logger.info("model '%s' is unchanged: it serves on as it is", model.name)
             return
+        served = {*entry.model.versions, *entry.model.retired_versions}
+        model = replace(model, retired_versions=tuple(sorted(served - set(model.versions))))
         try:
             await self.deployer.reload(entry.model, model)
         except Exception as exc:
@@ -131,9 +163,10 @@ class ModelLoader(Registry):
             logger.error(
                 "model '%s' failed to reload, the loaded version keeps serving: %s", model.name, reason
             )
-            raise InvalidArgument(f"failed to load '{model.name}': {reason}") from None
+            raise InvalidArgument(load_failed(model.name, reason)) from None
         entry.model, entry.reason, entry.files = model, "", files
         logger.info("model '%s' reloaded (versions %s)", model.name, list(model.versions))
+        logger.info("successfully loaded '%s'", model.name)  # Triton's line
 
     async def _load(self, model: ModelDescription) -> None:
         entry = self.entries.setdefault(model.name, ModelEntry(model.name))
@@ -148,6 +181,7 @@ class ModelLoader(Registry):
                     )
             await self.deployer.deploy(model)
             entry.state, entry.files = ModelState.READY, await asyncio.to_thread(files_digest, model.path)
+            logger.info("successfully loaded '%s'", model.name)  # Triton's line
         except Exception as exc:
             entry.state = ModelState.UNAVAILABLE
             entry.reason = self._scrub(reason_of(exc), model.path.parent)
@@ -163,6 +197,7 @@ class ModelLoader(Registry):
             entry.state = ModelState.UNLOADING
             try:
                 await self.deployer.delete(name)
+                logger.info("successfully unloaded '%s'", name)  # Triton's line
             except Exception as exc:
                 logger.error("model '%s' did not unload cleanly: %s", name, reason_of(exc))
         entry.state, entry.reason, entry.requested = ModelState.UNAVAILABLE, UNLOADED, False

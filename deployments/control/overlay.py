@@ -58,8 +58,6 @@ def parse_overrides(
                 files[match.group(1)] = base64.b64decode(str(value), validate=True)
             except (binascii.Error, ValueError):
                 raise InvalidArgument(f"the '{key[:80]}' parameter is not base64 content") from None
-    if files and config is None:
-        raise InvalidArgument("file parameters need a 'config' parameter with the model's configuration")
     return config, files
 
 

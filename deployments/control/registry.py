@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from deployments.control.listing import Listing, model_folders
 from deployments.protocol.dataplane import ServedModel
 from deployments.settings import ServerSettings
-from repository_loader.errors import InvalidArgument, NotFound, ServerError, Unavailable
+from repository_loader.errors import InvalidArgument, NoAvailableVersion, NotFound, ServerError
 from repository_loader.model import ModelDescription, ModelState
 
 logger = logging.getLogger(__name__)
@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 MAX_NAME_LENGTH = 255  # a folder name on common file systems
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 UNLOADED = "unloaded"  # Triton's reason for a model unloaded on request
+DUPLICATE = "model appears in two or more repositories"  # Triton's reason for a name in several
 
 
 class Deployer(Protocol):
@@ -73,6 +74,12 @@ def check_model_name(name: str) -> None:
         )
 
 
+def load_failed(name: str, reason: str) -> str:
+    """Triton's answer to a load of a model of the repository that failed (its configuration or a
+    version did not load)."""
+    return f"load failed for model '{name}': {reason}"
+
+
 def reason_of(exc: BaseException) -> str:
     """What a failure says, as the index and the logs show it."""
     return exc.message if isinstance(exc, ServerError) else f"{type(exc).__name__}: {exc}"
@@ -86,6 +93,9 @@ class ModelEntry:
     model: ModelDescription | None = None
     requested: bool = False  # asked to be served (counts for readiness) until unloaded
     files: str = ""  # the digest of the model's files when it was last deployed (revision.files_digest)
+    # served with a load's override: the repository's signature of the model at that load (None: served
+    # from the repository), so that a later plain load finds whether the repository changed since
+    override_of: Any = None
 
     def index_rows(self) -> list[dict[str, Any]]:
         versions = [str(v) for v in self.model.versions] if self.model else [""]
@@ -136,15 +146,14 @@ class Registry:
         return entry
 
     def unavailable(self, name: str) -> ServerError:
-        """The error for a request that reached the server app for ``name``: it is not served."""
-        entry = self.require(name)
-        if entry.state == ModelState.LOADING:
-            return Unavailable(f"model '{name}' is loading")
-        reason = f": {entry.reason}" if entry.reason else ""
-        return Unavailable(f"model '{name}' is not ready{reason}")
+        """The error for a request that reached the server app for ``name``: it is not served. Triton's
+        answer for a model it knows (asked for, loading, failed or unloaded) with no version ready; the
+        reason stays in the repository index."""
+        self.require(name)
+        return NoAvailableVersion(f"Request for unknown model: '{name}' has no available versions")
 
     def get(self, name: str) -> ServedModel:
-        """A served model (READY) through ``remote``; NotFound or Unavailable otherwise."""
+        """A served model (READY) through ``remote``; NotFound (NoAvailableVersion: known) otherwise."""
         entry = self.require(name)
         if entry.state != ModelState.READY or entry.model is None or self.remote is None:
             raise self.unavailable(name)
@@ -199,9 +208,11 @@ class Registry:
 
     def index_rows(self) -> list[dict[str, Any]]:
         """The index from what is known now (no repository read)."""
-        names = sorted({*self.entries, *self.listing.where, *self.listing.duplicates, *self.folders})
+        present = {*self.listing.where, *self.listing.duplicates, *self.folders}
+        # a model unloaded because its folder left the repository (POLL) is known, but not listed
+        kept = {n for n, e in self.entries.items() if n in present or e.reason != UNLOADED}
         rows: list[dict[str, Any]] = []
-        for name in names:
+        for name in sorted(present | kept):
             entry = self.entries.get(name)
             rows.extend(entry.index_rows() if entry is not None else [{"name": name}])
         return rows

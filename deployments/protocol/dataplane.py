@@ -34,7 +34,7 @@ from deployments.runtime.router import RawReply, RawRequest, Router
 from deployments.settings import LogSettings
 from deployments.tracing.control import LocalTraces, TraceControl
 from deployments.tracing.store import read_changes
-from repository_loader.errors import InvalidArgument, NotFound, Unavailable
+from repository_loader.errors import InvalidArgument, NoAvailableVersion, NotFound, Unavailable
 from repository_loader.model import ModelDescription, TensorSpec
 
 SERVER_NAME = "triton"
@@ -238,6 +238,8 @@ class ModelDataPlane:
         """The registry's model ``name``, discovered first where the registry does not know it yet."""
         try:
             return self.registry.get(name)
+        except NoAvailableVersion:
+            raise
         except NotFound:
             if self._discover is None or not await self._discover(name):
                 raise
@@ -248,7 +250,7 @@ class ModelDataPlane:
             return False  # a model ready over one protocol is ready over every one
         try:
             model = await self._get(name)
-        except Unavailable:
+        except (Unavailable, NoAvailableVersion):
             return False
         return model.is_ready(version)
 
@@ -258,13 +260,15 @@ class ModelDataPlane:
     async def model_config(self, name: str, version: str = "") -> dict[str, Any]:
         try:
             model = await self._get(name)
-        except Unavailable:
+        except (Unavailable, NoAvailableVersion):
             return dict(self.registry.describe(name).config_json)
         return model.config(version)
 
     async def model_description(self, name: str, version: str = "") -> ModelDescription:
         try:
             return (await self._get(name)).description
+        except NoAvailableVersion:
+            raise
         except NotFound:
             if self._describe_elsewhere is None:
                 raise

@@ -45,7 +45,14 @@ from deployments.protocol.shared_memory import SharedMemory
 from deployments.settings import RestrictedApi, restriction_for
 from deployments.tracing import TRACER
 from repository_loader.config import config_from_json
-from repository_loader.errors import InvalidArgument, Restricted, ServerError, TooLarge, Unsupported
+from repository_loader.errors import (
+    InvalidArgument,
+    NotFound,
+    Restricted,
+    ServerError,
+    TooLarge,
+    Unsupported,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -181,7 +188,12 @@ class GRPCInferenceServicer:
         return pb.ServerReadyResponse(ready=await self.dataplane.ready())
 
     async def ModelReady(self, request: Any) -> Any:
-        return pb.ModelReadyResponse(ready=await self.dataplane.model_ready(request.name, request.version))
+        """``ready: false`` for a model (or version) not ready or not known, as tritonserver answers."""
+        try:
+            ready = await self.dataplane.model_ready(request.name, request.version)
+        except NotFound:
+            ready = False
+        return pb.ModelReadyResponse(ready=ready)
 
     async def ServerMetadata(self, request: Any) -> Any:
         doc = await self.dataplane.server_metadata()

@@ -37,7 +37,13 @@ from deployments.runtime.metrics import TritonMetrics, tags_for
 from deployments.runtime.stats import ModelStats
 from deployments.runtime.warmup import warmup_requests
 from deployments.tracing import TRACER
-from repository_loader.errors import ExecutionTimeout, InvalidArgument, NotFound, ServerError, Unavailable
+from repository_loader.errors import (
+    ExecutionTimeout,
+    InvalidArgument,
+    NotFound,
+    ServerError,
+    Unavailable,
+)
 from repository_loader.model import InstanceKind, ModelDescription
 
 if TYPE_CHECKING:
@@ -405,13 +411,21 @@ class ModelRuntime:
         """The runtime of ``version`` ("" or None = the latest loaded)."""
         if version in (None, "", -1, "-1"):
             if not self.versions:
-                raise Unavailable(f"model '{self.model.name}' has no ready version")
+                # a replica or model host that has not loaded the model yet (starting, or a pooled
+                # model loading on another host after its own was lost): the model is not gone, so the
+                # client is told to try again; Triton's "has no available versions" (404) is the
+                # server application's answer for a model it knows with no version ready
+                raise Unavailable(f"model '{self.model.name}' has no version loaded here yet; try again")
             return self.versions[max(self.versions)]
         try:
             number = int(version)
         except (TypeError, ValueError):
             raise InvalidArgument(f"model '{self.model.name}': version '{version}' is not a number") from None
         runtime = self.versions.get(number)
+        if runtime is None and number in self.model.retired_versions:
+            raise Unavailable(
+                f"Request for unknown model: '{self.model.name}' version {number} is not at ready state"
+            )
         if runtime is None:
             raise NotFound(f"Request for unknown model: '{self.model.name}' version {number} is not found")
         return runtime
@@ -421,7 +435,9 @@ class ModelRuntime:
         try:
             runtime = self.version(request.model_version)
             if not runtime.ready:
-                raise Unavailable(f"model '{self.model.name}' version {runtime.version} is not ready")
+                raise Unavailable(
+                    f"Request for unknown model: '{self.model.name}' version {runtime.version} is not at ready state"
+                )
         except ServerError as error:
             failed = InferResponse.failed(request, error)
             failed.model_name = self.model.name

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
+
+import numpy as np
 
 from deployments.inference import InferRequest, InferResponse
 from deployments.runtime.batching import DynamicBatcher, PassThroughScheduler, make_scheduler
-from repository_loader.errors import InternalError, InvalidArgument, Unavailable
+from repository_loader.errors import InternalError, InvalidArgument, NotFound, Unavailable
 from repository_loader.model import ModelDescription
+from tests.backends.helpers import describe, spec
 from tests.batching.fakes import INPUTS, Recorder, config, request, until
 
 
@@ -115,3 +119,32 @@ def test_make_scheduler_follows_the_config(tmp_path) -> None:  # type: ignore[no
     batched = ModelDescription(max_batch_size=8, dynamic_batching=config(), **base)  # type: ignore[arg-type]
     assert isinstance(make_scheduler(plain, Recorder()), PassThroughScheduler)
     assert isinstance(make_scheduler(batched, Recorder()), DynamicBatcher)
+
+
+async def test_a_model_runtime_with_no_version_loaded_yet_asks_for_a_retry(tmp_path: Path) -> None:
+    """A replica or host that has not loaded its model yet answers 503: the model is not gone (the
+    server application answers Triton's 404 "has no available versions" for a model it knows with
+    no version ready)."""
+    from deployments.runtime.model import ModelRuntime
+
+    model = describe("m", tmp_path / "m", "python", [spec("X", "FP32", [4])], [spec("Y", "FP32", [4])])
+    runtime = ModelRuntime(model)
+    response = await runtime.infer(InferRequest("m", {"X": np.ones(4, np.float32)}, id="r"))
+    assert isinstance(response.error, Unavailable) and response.error.http_status == 503
+    assert "no version loaded here yet" in response.error.message
+
+
+async def test_a_retired_version_is_not_at_ready_state_an_unknown_one_not_found(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from deployments.runtime.model import ModelRuntime
+
+    model = describe("m", tmp_path / "m", "python", [spec("X", "FP32", [4])], [spec("Y", "FP32", [4])])
+    runtime = ModelRuntime(replace(model, retired_versions=(1,)))
+    x = {"X": np.ones(4, np.float32)}
+    retired = await runtime.infer(InferRequest("m", x, id="r", model_version="1"))
+    assert isinstance(retired.error, Unavailable)
+    assert retired.error.message == "Request for unknown model: 'm' version 1 is not at ready state"
+    unknown = await runtime.infer(InferRequest("m", x, id="r", model_version="5"))
+    assert isinstance(unknown.error, NotFound)
+    assert unknown.error.message == "Request for unknown model: 'm' version 5 is not found"

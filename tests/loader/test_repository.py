@@ -124,6 +124,19 @@ def test_a_gpu_instance_asks_the_driver_for_its_compute_capability(
     assert create_backend(context(model, kind=InstanceKind.CPU)).model_path().name == "model.pt"
 
 
+def test_a_specific_policy_serves_the_listed_versions_that_have_a_folder(repo: Path, write_model) -> None:
+    """Triton loads the listed versions it finds and leaves the others out; none found fails the model."""
+    policy = "version_policy { specific { versions: [ 1, 3 ] } }\n"
+    write_model("some", TORCH_IO + policy, {"1/model.pt": b"", "2/model.pt": b""})
+    write_model("none", TORCH_IO + policy, {"2/model.pt": b""})
+    state = load_repository(repo)
+    assert state.models["some"].versions == (1,)
+    assert any("version(s) [3] not found: serving [1]" in w for w in state.warnings)
+    assert "at least one version must be available under the version policy of model 'none'" in str(
+        state.failed["none"]
+    )
+
+
 def test_one_broken_model_does_not_stop_the_others(repo: Path, write_model) -> None:
     write_model("good", TORCH_IO, {"1/model.pt": b""})
     write_model(

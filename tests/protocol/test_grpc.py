@@ -249,10 +249,8 @@ def test_health(client):
     assert client.is_model_ready("add_sub")
     assert client.is_model_ready("add_sub", "2")
     assert not client.is_model_ready("broken")
-    with pytest.raises(InferenceServerException) as error:
-        client.is_model_ready("nope")
-    assert status_of(error.value) == "StatusCode.NOT_FOUND"
-    assert "nope" in error.value.message()
+    # a name the server does not know is not ready, without an error (tritonserver 2.51 answers so)
+    assert not client.is_model_ready("nope") and not client.is_model_ready("add_sub", "9")
 
 
 def test_metadata(client):

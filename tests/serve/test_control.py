@@ -20,7 +20,7 @@ from deployments.control import ModelController
 from deployments.serve.reloads import ReloadBoard, follow
 from deployments.serve.server_api import ServerClient
 from deployments.settings import ServerSettings
-from repository_loader.errors import InvalidArgument, NotFound, ServerError, Unavailable
+from repository_loader.errors import InvalidArgument, NoAvailableVersion, NotFound, ServerError, Unavailable
 from repository_loader.model import ModelDescription
 
 MODEL_PY = textwrap.dedent(
@@ -245,7 +245,10 @@ def test_a_name_in_two_repositories_is_an_error_for_that_name(repo: Path, tmp_pa
     c, _ = controller([repo, other], exit_on_error=False)
     asyncio.run(c.start())
     rows = {r["name"]: r for r in asyncio.run(c.index())}
-    assert rows["a"]["state"] == "UNAVAILABLE" and "more than one model repository" in rows["a"]["reason"]
+    assert (
+        rows["a"]["state"] == "UNAVAILABLE"
+        and rows["a"]["reason"] == "model appears in two or more repositories"
+    )
     assert rows["b"]["state"] == rows["c"]["state"] == "READY"
     assert not c.ready()  # strict readiness: a model asked for is not READY
     assert str(tmp_path) not in json.dumps(asyncio.run(c.index()))
@@ -282,7 +285,10 @@ def test_explicit_load_with_a_config_override_then_unload(repo: Path) -> None:
     override["output"] = [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}]
     asyncio.run(c.load("a", {"config": json.dumps(override)}))
     assert d.deployed["a"].max_batch_size == 2
-    asyncio.run(c.load("a"))  # again, from the repository: a reload
+    asyncio.run(c.load("a"))  # again, the repository unchanged: the override serves on (Triton's)
+    assert d.calls[-1] == ("deploy", "a") and d.deployed["a"].max_batch_size == 2
+    (repo / "a" / "config.pbtxt").write_text(_config("a", "# edited\n"))
+    asyncio.run(c.load("a"))  # again, the repository changed: a reload from it
     assert d.calls[-1] == ("reload", "a") and d.deployed["a"].max_batch_size == 8
     asyncio.run(c.unload("a"))
     assert asyncio.run(c.index())[0] == {
@@ -343,7 +349,7 @@ def test_a_failed_reload_keeps_the_serving_version(repo: Path) -> None:
     asyncio.run(c.start())
     served = d.deployed["a"]
     (repo / "a" / "config.pbtxt").write_text(_config("a", "max_batch_size: -3\n"))
-    with pytest.raises(InvalidArgument, match="failed to load 'a'"):
+    with pytest.raises(InvalidArgument, match="load failed for model 'a': "):
         asyncio.run(c.load("a"))
     add_model(repo, "a", (1, 2))
     d.fail.add("a")
@@ -382,6 +388,84 @@ def test_unload_dependents_follows_nested_ensembles_and_keeps_what_another_ensem
         "other": "READY",
         "outer": "UNAVAILABLE",
     }
+
+
+def test_unloading_a_step_unloads_the_ensembles_that_run_it(repo: Path) -> None:
+    """Triton unloads the ensembles serving with a model as a step (nested ones too) when the model is
+    unloaded; loading the model again does not bring them back."""
+    add_ensemble(repo, "inner", "a")
+    add_ensemble(repo, "outer", "inner", keys=("IN", "OUT"))
+    add_ensemble(repo, "other", "b")
+    c, _ = controller([repo], model_control_mode="explicit")
+    asyncio.run(c.start())
+    asyncio.run(c.load("outer"))
+    asyncio.run(c.load("other"))
+    asyncio.run(c.unload("a"))
+    assert states(c) == {
+        "a": "UNAVAILABLE",
+        "b": "READY",
+        "inner": "UNAVAILABLE",
+        "other": "READY",
+        "outer": "UNAVAILABLE",
+    }
+    asyncio.run(c.load("a"))
+    assert states(c)["a"] == "READY" and states(c)["inner"] == states(c)["outer"] == "UNAVAILABLE"
+
+
+def test_loads_and_unloads_log_tritons_lines(repo: Path, caplog: pytest.LogCaptureFixture) -> None:
+    c, _ = controller([repo], model_control_mode="explicit")
+    asyncio.run(c.start())
+    with caplog.at_level("INFO", logger="deployments.control"):
+        asyncio.run(c.load("a"))
+        asyncio.run(c.unload("a"))
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines.count("successfully loaded 'a'") == 1 and lines.count("successfully unloaded 'a'") == 1
+
+
+def test_an_ensemble_may_run_a_model_of_another_repository(repo: Path, tmp_path: Path) -> None:
+    """Triton's repositories share one model namespace: an ensemble of one runs a model of another,
+    and loading the ensemble at start loads that model with it."""
+    other = tmp_path / "other"
+    add_ensemble(other, "ens", "a")
+    c, d = controller([repo, other], model_control_mode="explicit", load_model=["ens"])
+    asyncio.run(c.start())
+    assert states(c) == {"a": "READY", "b": "", "ens": "READY"}
+    assert [n for kind, n in d.calls if kind == "deploy"] == ["a", "ens"]
+
+
+def test_unloading_a_step_while_its_ensemble_loads_leaves_both_unloaded(repo: Path) -> None:
+    add_ensemble(repo, "ens", "a")
+    c, d = controller([repo], model_control_mode="explicit")
+    asyncio.run(c.start())
+    started = asyncio.Event()
+
+    async def slow_deploy(model: ModelDescription, real=d.deploy) -> None:  # type: ignore[no-untyped-def]
+        if model.name == "ens":
+            started.set()
+            await asyncio.sleep(0.05)
+        await real(model)
+
+    d.deploy = slow_deploy  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        load = asyncio.create_task(c.load("ens"))
+        await started.wait()  # the step is loaded, the ensemble is loading
+        await c.unload("a")
+        await load
+
+    asyncio.run(scenario())
+    assert states(c) == {"a": "UNAVAILABLE", "b": "", "ens": "UNAVAILABLE"}
+
+
+def test_a_load_with_an_invalid_file_parameter_names_the_load(repo: Path) -> None:
+    c, _ = controller([repo], model_control_mode="explicit", allow_model_file_upload=True)
+    asyncio.run(c.start())
+    files = {"file:../../root/x.txt": base64.b64encode(b"x").decode()}
+    with pytest.raises(InvalidArgument, match="^failed to load 'new': invalid file parameter"):
+        asyncio.run(c.load("new", {"config": json.dumps({"backend": "identity"}), **files}))
+    good = {"file:1/model.py": base64.b64encode(MODEL_PY.encode()).decode()}
+    with pytest.raises(InvalidArgument, match="^failed to load 'a', failed to poll from model repository: "):
+        asyncio.run(c.load("a", good))  # files need a configuration
 
 
 def test_at_start_a_nested_ensemble_loads_before_the_ensemble_that_runs_it(repo: Path) -> None:
@@ -424,12 +508,75 @@ def test_poll_picks_up_each_kind_of_change(repo: Path) -> None:
     assert reloads == ["a", "a", "b", "c"]
 
 
+def test_a_model_known_without_a_ready_version_says_so_as_triton_does(repo: Path) -> None:
+    """A model that left the repository (POLL), was unloaded or failed to load stays known: its requests
+    get Triton's NOT_FOUND "has no available versions", a name never known "is not found"."""
+    (repo / "c" / "1").mkdir(parents=True)
+    (repo / "c" / "config.pbtxt").write_text(_config("c", 'default_model_filename: "absent.py"\n'))
+    c, _ = controller([repo], model_control_mode="poll", exit_on_error=False)
+
+    async def scenario() -> None:
+        await c.start()
+        shutil.rmtree(repo / "a")
+        assert await c.poll() == ["a"]
+        for name in ("a", "c"):  # left the repository; failed to load
+            with pytest.raises(NoAvailableVersion) as err:
+                c.get(name)
+            assert err.value.message == f"Request for unknown model: '{name}' has no available versions"
+            assert err.value.http_status == NotFound("").http_status
+        with pytest.raises(NotFound, match="Request for unknown model: 'nope' is not found"):
+            c.get("nope")
+        # the index lists the repository's models: the one that left is not there any more
+        assert [r["name"] for r in await c.index()] == ["b", "c"]
+        add_model(repo, "a")
+        assert await c.poll() == ["a"] and states(c)["a"] == "READY"
+        await c.stop()
+
+    asyncio.run(scenario())
+
+
+def test_an_explicit_load_that_fails_answers_as_triton(repo: Path) -> None:
+    """A model of the repository that does not load: Triton's "load failed for model"; a name in no
+    repository: "failed to poll from model repository"."""
+    shutil.rmtree(repo / "a" / "1")
+    (repo / "a" / "1").mkdir()
+    c, d = controller([repo], model_control_mode="explicit")
+    asyncio.run(c.start())
+    with pytest.raises(InvalidArgument) as err:
+        asyncio.run(c.load("a"))  # its model file is gone
+    assert err.value.message.startswith("load failed for model 'a': ")
+    d.fail.add("b")
+    with pytest.raises(InvalidArgument, match="^load failed for model 'b': "):
+        asyncio.run(c.load("b"))  # it fails to deploy
+    with pytest.raises(InvalidArgument, match="^failed to load 'x', failed to poll from model repository$"):
+        asyncio.run(c.load("x"))
+
+
+def test_a_version_a_reload_drops_stays_known_to_the_replicas(repo: Path) -> None:
+    """Triton keeps a version it served known after a reload drops it: the new description names it."""
+    add_model(repo, "v", (1, 2, 3), extra="version_policy: { all { } }\n")
+    c, d = controller([repo], model_control_mode="poll")
+
+    async def scenario() -> None:
+        await c.start()
+        shutil.rmtree(repo / "v" / "1")
+        assert await c.poll() == ["v"]
+        assert d.deployed["v"].versions == (2, 3) and d.deployed["v"].retired_versions == (1,)
+        shutil.rmtree(repo / "v" / "2")
+        (repo / "v" / "1").mkdir()
+        (repo / "v" / "1" / "model.py").write_text(MODEL_PY)
+        assert await c.poll() == ["v"]
+        assert d.deployed["v"].versions == (1, 3) and d.deployed["v"].retired_versions == (2,)
+        await c.stop()
+
+    asyncio.run(scenario())
+
+
 def test_unload_of_a_model_never_loaded_and_of_an_unknown_one(repo: Path) -> None:
     c, _ = controller([repo], model_control_mode="explicit")
     asyncio.run(c.start())
     asyncio.run(c.unload("a"))  # in the repository, not loaded: nothing to do
-    with pytest.raises(NotFound):
-        asyncio.run(c.unload("nope"))
+    asyncio.run(c.unload("nope"))  # in no repository: nothing to do either, as Triton answers
     assert states(c) == {"a": "", "b": ""}
 
 
@@ -471,11 +618,14 @@ def test_an_override_folder_lives_while_the_model_is_described_from_it(
             await c.load("a", {"config": _override("a", 6)})  # the serving override stays
         assert overlays() == [served()] and d.deployed["a"].max_batch_size == 4
         d.fail.clear()
-        with pytest.raises(InvalidArgument, match="failed to load 'a'"):
+        with pytest.raises(InvalidArgument, match="load failed for model 'a': "):
             await c.load("a", {"config": json.dumps({"name": "a", "max_batch_size": -3})})
         assert overlays() == [served()]
+        await c.load("a")  # the repository's folder did not change: the override serves on
+        assert overlays() == [served()] and d.deployed["a"].max_batch_size == 4
+        (repo / "a" / "config.pbtxt").write_text(_config("a", "# edited\n"))
         await c.load("a")  # from the repository again: no override is left
-        assert list(temp.iterdir()) == []
+        assert list(temp.iterdir()) == [] and d.deployed["a"].max_batch_size == 8
         await c.load("b", {"config": _override("b", 2)})
         assert len(overlays()) == 1
         await c.unload("b")

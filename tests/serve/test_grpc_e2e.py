@@ -154,7 +154,8 @@ def test_error_status_codes(client: grpcclient.InferenceServerClient) -> None:
         (lambda: client.get_model_metadata("no_such_model"), "StatusCode.NOT_FOUND"),
         (lambda: client.infer("add_sub", _add_sub_inputs(x, x), model_version="7"), "StatusCode.NOT_FOUND"),
         (lambda: client.infer("add_sub", _add_sub_inputs(x, x)[:1]), "StatusCode.INVALID_ARGUMENT"),
-        (lambda: client.infer("failing_init", _add_sub_inputs(x, x)[:1]), "StatusCode.UNAVAILABLE"),
+        # a model the server knows with no version ready: Triton's NOT_FOUND, "has no available versions"
+        (lambda: client.infer("failing_init", _add_sub_inputs(x, x)[:1]), "StatusCode.NOT_FOUND"),
         (lambda: client.infer("word_stream", _words_inputs("a b")), "StatusCode.UNIMPLEMENTED"),
         (lambda: client.register_cuda_shared_memory("r", b"\x00", 0, 1), "StatusCode.INVALID_ARGUMENT"),
         (lambda: client.update_trace_settings(settings={"trace_file": "t.json"}), "StatusCode.UNIMPLEMENTED"),

@@ -42,6 +42,13 @@ def test_the_repository_stays_a_url() -> None:
     assert settings.model_repository == "s3://bucket/models" and isinstance(settings.model_repository, str)
 
 
+def test_a_repository_named_twice_is_one_repository(tmp_path: Path) -> None:
+    """Triton keeps its repositories as a set: the same folder twice holds no duplicate models."""
+    repos = [str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "a")]
+    settings = ServerSettings.from_args({"model_repository": repos}, {})
+    assert settings.model_repositories == (str(tmp_path / "a"), str(tmp_path / "b"))
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -307,7 +314,7 @@ async def test_the_server_data_plane_is_the_one_data_plane_over_the_controller()
     assert await plane.model_ready("up") and not await plane.model_ready("down")
     assert await plane.model_metadata("up") == {"name": "up"}
     assert await plane.model_statistics() == {"model_stats": [{"name": "up"}]}
-    with pytest.raises(Unavailable, match="model 'down' is not ready: broken"):
+    with pytest.raises(NotFound, match="Request for unknown model: .down. has no available versions"):
         await plane.model_metadata("down")
     with pytest.raises(NotFound, match="Request for unknown model: 'gone' is not found"):
         await plane.model_ready("gone")

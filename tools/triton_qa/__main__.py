@@ -20,6 +20,7 @@ from tools.triton_qa import (  # noqa: F401
     infer_variable,
     infer_zero,
     input_validation,
+    lifecycle,
     log_settings,
     metrics,
     model_update,

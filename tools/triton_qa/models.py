@@ -99,13 +99,24 @@ dynamic_batching { max_queue_delay_microseconds: 1000000 }
 
 # OUTPUT0 = INPUT0 + INPUT1 and OUTPUT1 = INPUT0 - INPUT1 in each output's configured type: the code of
 # Python stand-ins for the TensorFlow models ``graphdef_<in>_<out0>_<out1>`` of gen_qa_models.py (their
-# configuration comes from the ONNX model of the same types)
+# configuration comes from the ONNX model of the same types). Without a configuration (a test deletes it)
+# it completes one as the ONNX backend would for the float32 model: FP32 [16] tensors, batches up to 4.
 _ADDSUB_MODEL = """import json
 
 import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        if not config.as_dict().get("input"):
+            config.set_max_batch_size(4)
+            for name in ("INPUT0", "INPUT1"):
+                config.add_input({"name": name, "data_type": "TYPE_FP32", "dims": [16]})
+            for name in ("OUTPUT0", "OUTPUT1"):
+                config.add_output({"name": name, "data_type": "TYPE_FP32", "dims": [16]})
+        return config
+
     def initialize(self, args):
         config = json.loads(args["model_config"])
         self.types = {
@@ -126,7 +137,8 @@ class TritonPythonModel:
 """
 
 # an identity over every input (OUTPUTn = INPUTn): the code of Python stand-ins for models on Triton's
-# C++ identity backend, which also takes as long as its ``execute_delay_ms`` parameter says
+# C++ identity backend, which also takes as long as its ``execute_delay_ms`` parameter says to execute
+# and its ``creation_delay_sec`` parameter says to load
 _IDENTITY_MODEL = """import time
 
 import triton_python_backend_utils as pb_utils
@@ -138,8 +150,10 @@ class TritonPythonModel:
 
         config = json.loads(args["model_config"])
         self.names = [(i["name"], i["name"].replace("INPUT", "OUTPUT")) for i in config["input"]]
-        delay = config.get("parameters", {}).get("execute_delay_ms", {}).get("string_value") or "0"
+        parameters = config.get("parameters", {})
+        delay = parameters.get("execute_delay_ms", {}).get("string_value") or "0"
         self.delay_s = int(delay) / 1000
+        time.sleep(int(parameters.get("creation_delay_sec", {}).get("string_value") or "0"))
 
     def execute(self, requests):
         if self.delay_s:
@@ -155,8 +169,15 @@ class TritonPythonModel:
         return responses
 """
 
+# the outputs swapped (OUTPUT0 = INPUT0 - INPUT1, OUTPUT1 = INPUT0 + INPUT1): gen_qa_models.py's versions
+# 2 and 3 of a model
+_SUBADD_MODEL = _ADDSUB_MODEL.replace('"OUTPUT0", (a + b)', '"OUTPUT0", (a - b)').replace(
+    '"OUTPUT1", (a - b)', '"OUTPUT1", (a + b)'
+)
+
 OWN_MODELS: dict[str, dict[str, str]] = {
     "identity": {"1/model.py": _IDENTITY_MODEL},
+    "subadd": {"1/model.py": _SUBADD_MODEL},
     "simple": {"config.pbtxt": _SIMPLE_CONFIG, "1/model.py": _SIMPLE_MODEL},
     "object_addsub": {"1/model.py": _OBJECT_ADDSUB_MODEL},
     "addsub": {"1/model.py": _ADDSUB_MODEL},

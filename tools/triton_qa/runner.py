@@ -24,7 +24,7 @@ from bench.peers import PeerSetupError, ServerHandle, start_tritonserver
 from bench.scenarios.common import start_this_server
 from deployments.serve.request_path import instance_ports_env
 from tools.triton_qa.junit import TestOutcome, parse_junit
-from tools.triton_qa.models import build_repository
+from tools.triton_qa.models import build_model, build_repository
 from tools.triton_qa.suites import Run, Suite
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -38,8 +38,11 @@ QA_PORT_BLOCK = 4  # HAProxy's and the replicas' ports of this server (benchmark
 START_ATTEMPTS = 2  # a server that fails to start is started once more before its tests are failed
 # tritonserver flags with another spelling here: flag -> (value -> this server's arguments)
 _RENAMED: dict[str, dict[str, list[str]]] = {
-    "--strict-readiness": {"false": ["--no-strict-readiness"], "true": []},
+    "--strict-readiness": {"false": ["--strict-readiness", "false"], "true": ["--strict-readiness", "true"]},
+    "--strict-model-config": {"true": ["--disable-auto-complete-config"], "false": []},
 }
+# a run's argument for this server only (``this:--flag``): tritonserver has no such flag
+THIS_ONLY = "this:"
 
 
 def this_server_options() -> dict[str, int]:
@@ -68,6 +71,7 @@ def translate_args(triton_args: Sequence[str], options: Mapping[str, int]) -> tu
     kept: list[str] = []
     dropped: list[str] = []
     for arg in triton_args:
+        arg = arg.removeprefix(THIS_ONLY)
         name, value = split_flag(arg)
         if name in _RENAMED and value is not None and value.lower() in _RENAMED[name]:
             kept += _RENAMED[name][value.lower()]
@@ -131,9 +135,10 @@ def start_server(
     if which == REFERENCE:
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)  # start_tritonserver passes this process's environment on
+        ours = [a for a in triton_args if not a.startswith(THIS_ONLY)]
         try:
             handle = start_tritonserver(
-                repo, HTTP_PORT, GRPC_PORT, METRICS_PORT, log_path=log_path, extra=list(triton_args)
+                repo, HTTP_PORT, GRPC_PORT, METRICS_PORT, log_path=log_path, extra=ours
             )
         finally:
             for k, v in saved.items():
@@ -296,9 +301,8 @@ def run_tests(
     server_env = {**run_env(run, ws.qa), "SERVER_LOG": str(log_path)}
     for attempt in range(START_ATTEMPTS):
         try:
-            handle, result.dropped_args = start_server(
-                which, repo, (*COMMON_TRITON_ARGS, *run.server_args), server_env, log_path
-            )
+            args = (*COMMON_TRITON_ARGS, *(a.replace("{qa}", str(ws.qa)) for a in run.server_args))
+            handle, result.dropped_args = start_server(which, repo, args, server_env, log_path)
             break
         except (PeerSetupError, TimeoutError, OSError) as exc:
             # a start that fails on a loaded machine (Ray's node or GCS timing out) gets one more try
@@ -362,7 +366,11 @@ def run_both(
     that could not be built. ``only``: test ids to keep (a run's ``server_per_test`` list)."""
     built = build_repository(run.models, ws.checkout, ws.cache, repository_path(ws, suite, run))
     results: dict[str, RunResult] = {}
-    for which in servers:
+    for n, which in enumerate(servers):
+        if run.prepare is not None:  # its tests change the files: each server starts from test.sh's layout
+            if n:
+                built = build_repository(run.models, ws.checkout, ws.cache, built.path)
+            run.prepare(ws.qa / suite.name, lambda m, folder: build_model(m, ws.checkout, ws.cache, folder))
         if run.server_per_test and run.tests:
             merged = RunResult(which)
             for test in [t for t in run.tests if not only or t in only]:

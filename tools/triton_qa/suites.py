@@ -7,8 +7,9 @@ flags and runs Python test files; a :class:`Run` is one such step. Models are de
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 
 
@@ -70,6 +71,9 @@ class Run:
     # where test.sh lays the repository out, relative to the suite's folder, for tests that edit it there
     repository_at: str = ""
     timeout_s: float = 900.0
+    # test.sh's other steps before each server start (folders beside the repository, files the tests
+    # copy in): called with the suite's folder of the work copy and a builder of one model into a folder
+    prepare: Callable[[Path, Callable[[Model, Path], None]], None] | None = None
 
 
 @dataclass(frozen=True)
