@@ -23,7 +23,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from tools.triton_qa.suites import Edit, Model, Run, Suite, env, register
+from tools.triton_qa.suites import Edit, Model, Run, Suite, env, python_stand_in, register
 
 Build = Callable[[Model, Path], None]
 F32 = "float32_float32_float32"
@@ -33,22 +33,9 @@ _LEFTOVERS = ("models_0", "models_v1", "models_v2", f"savedmodel_{F32}", "config
 
 
 def stand_in(base: str, types: str = F32, name: str = "") -> Model:
-    """A Python stand-in for ``gen_qa_models.py``'s ``<base>_<types>``: the ONNX model's configuration
-    and label file, add/sub in version 1, sub/add in versions 2 and 3."""
-    name = name or f"{base}_{types}"
-    return Model(
-        name,
-        "generated",
-        f"qa_model_repository/onnx_{types}",
-        files=(
-            ("config.pbtxt", "config.pbtxt"),
-            ("output0_labels.txt", "output0_labels.txt"),
-            ("own:addsub/1/model.py", "1/model.py"),
-            ("own:subadd/1/model.py", "2/model.py"),
-            ("own:subadd/1/model.py", "3/model.py"),
-        ),
-        edits=(Edit(r'^name: ".*"', f'name: "{name}"'), Edit(r"^platform:.*", 'backend: "python"')),
-    )
+    """A Python stand-in for ``gen_qa_models.py``'s ``<base>_<types>``: add/sub in version 1, sub/add in
+    versions 2 and 3."""
+    return python_stand_in(name or f"{base}_{types}", types, {1: "addsub", 2: "subadd", 3: "subadd"})
 
 
 def onnx_model(types: str = F32) -> Model:

@@ -101,10 +101,9 @@ def generated(name: str, source: str, *edits: Edit, append: str = "") -> Model:
     return Model(name, "generated", source, edits=(rename, *edits), append=append)
 
 
-def graphdef_stand_in(types: str, versions: tuple[int, ...] = (1,)) -> Model:
-    """A Python stand-in for gen_qa_models.py's TensorFlow model ``graphdef_<types>``: the ONNX model's
-    configuration of the same types, an add/sub in each of ``versions``."""
-    name = f"graphdef_{types}"
+def python_stand_in(name: str, types: str, versions: Mapping[int, str]) -> Model:
+    """A Python model ``name`` standing in for one of gen_qa_models.py's: the ONNX model ``onnx_<types>``'s
+    configuration and label file, each version running the runner's own ``addsub`` or ``subadd``."""
     return Model(
         name,
         "generated",
@@ -112,10 +111,16 @@ def graphdef_stand_in(types: str, versions: tuple[int, ...] = (1,)) -> Model:
         files=(
             ("config.pbtxt", "config.pbtxt"),
             ("output0_labels.txt", "output0_labels.txt"),
-            *((("own:addsub/1/model.py", f"{v}/model.py")) for v in versions),
+            *((f"own:{code}/1/model.py", f"{v}/model.py") for v, code in sorted(versions.items())),
         ),
         edits=(Edit(r'^name: ".*"', f'name: "{name}"'), Edit(r"^platform:.*", 'backend: "python"')),
     )
+
+
+def graphdef_stand_in(types: str, versions: tuple[int, ...] = (1,)) -> Model:
+    """A Python stand-in for gen_qa_models.py's TensorFlow model ``graphdef_<types>``: an add/sub in each
+    of ``versions``."""
+    return python_stand_in(f"graphdef_{types}", types, dict.fromkeys(versions, "addsub"))
 
 
 SIMPLE = Model("simple", "own", "simple")
