@@ -188,11 +188,12 @@ class Registry:
         """Every model of the repositories, read again at each call as Triton does (a folder added since
         the last load or poll shows by name); those never loaded by name only. A loaded model with no
         running replica now (:meth:`Deployer.unserved`) is UNAVAILABLE, with the reason."""
+        present: set[str] | None = None
         try:
-            self.folders = await asyncio.to_thread(model_folders, self.settings.model_repositories)
+            present = self.folders = await asyncio.to_thread(model_folders, self.settings.model_repositories)
         except Exception as exc:  # an unreachable repository: list what was last seen
             logger.warning("repository index: cannot list the repositories: %s", reason_of(exc))
-        rows = self.index_rows()
+        rows = self.index_rows(present)
         try:
             unserved = await self.deployer.unserved()
         except Exception as exc:  # the cluster's state unknown: the index from what was loaded
@@ -206,9 +207,11 @@ class Registry:
                 row["state"], row["reason"] = ModelState.UNAVAILABLE.value, why
         return [r for r in rows if r.get("state") == "READY"] if ready_only else rows
 
-    def index_rows(self) -> list[dict[str, Any]]:
-        """The index from what is known now (no repository read)."""
-        present = {*self.listing.where, *self.listing.duplicates, *self.folders}
+    def index_rows(self, present: set[str] | None = None) -> list[dict[str, Any]]:
+        """The index from what is known now: the model folders ``present`` in the repositories as just
+        read, else those seen by the last load, poll or index call."""
+        if present is None:
+            present = {*self.listing.where, *self.listing.duplicates, *self.folders}
         # a model unloaded because its folder left the repository (POLL) is known, but not listed
         kept = {n for n, e in self.entries.items() if n in present or e.reason != UNLOADED}
         rows: list[dict[str, Any]] = []

@@ -508,6 +508,26 @@ def test_poll_picks_up_each_kind_of_change(repo: Path) -> None:
     assert reloads == ["a", "a", "b", "c"]
 
 
+def test_an_unloaded_model_whose_folder_is_deleted_leaves_the_index_at_once(repo: Path) -> None:
+    """The index reads the repositories at each call: an unloaded model whose folder was removed is
+    not listed, whether or not a load or poll has read the repositories since."""
+    c, _ = controller([repo], model_control_mode="explicit")
+
+    async def scenario() -> None:
+        await c.start()
+        await c.load("a")
+        await c.unload("a")
+        assert {r["name"]: r.get("reason") for r in await c.index()}["a"] == "unloaded"
+        shutil.rmtree(repo / "a")
+        first = [r["name"] for r in await c.index()]
+        await c.load("b")  # reads the repositories again
+        assert first == [r["name"] for r in await c.index()] == ["b"]
+        with pytest.raises(NoAvailableVersion):  # still known: unloaded
+            c.get("a")
+
+    asyncio.run(scenario())
+
+
 def test_a_model_known_without_a_ready_version_says_so_as_triton_does(repo: Path) -> None:
     """A model that left the repository (POLL), was unloaded or failed to load stays known: its requests
     get Triton's NOT_FOUND "has no available versions", a name never known "is not found"."""
