@@ -671,7 +671,8 @@ def ensemble_gpu(
         if InstanceKind.MODEL in kinds:
             continue  # places itself: never run in the ensemble's replica
         if InstanceKind.GPU in kinds or (InstanceKind.AUTO in kinds and step.kind != "python"):
-            return min((gpu for g in step.instance_groups for gpu in g.gpus), default=0)
+            gpu = min((gpu for g in step.instance_groups for gpu in g.gpus), default=0)
+            return gpu if gpu < resources.num_gpus else None  # a step on a missing GPU fails its own plan
     return None
 
 
