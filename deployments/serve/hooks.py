@@ -63,6 +63,11 @@ versions without starting Ray, so an upgrade that moves one fails there, by name
 * ``cluster_kv``: Ray's key-value store in the GCS (``ray.experimental.internal_kv``:
   ``_internal_kv_get`` / ``_internal_kv_put`` with a namespace), which outlives any worker: the
   server application keeps there what its restart must know (models unloaded through the API).
+* ``serve_run_interrupt``: ``serve run`` (``ray.serve.scripts.run``, click command ``run`` of
+  ``ray.serve.scripts.cli``) connects with ``ray.init`` looked up on the ``ray`` module at call time,
+  then waits in ``time.sleep`` and shuts Serve down on ``KeyboardInterrupt``. Ray's driver installs
+  absl's failure-signal handler for SIGTERM in ``ray.init`` (it prints a stack trace and dies by the
+  signal, skipping that shutdown); :func:`serve_run` sets SIGTERM back to an interrupt after it.
 * ``haproxy_grpc_frontend``: Serve's HAProxy template writes ``frontend grpc_frontend`` and one
   backend ``grpc-<application>`` per application (``haproxy.py``, ``haproxy_templates.py``), which
   ``deployments.serve.haproxy_shim`` routes by model name.
@@ -71,6 +76,7 @@ versions without starting Ray, so an upgrade that moves one fails there, by name
 from __future__ import annotations
 
 import re
+import signal
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -106,6 +112,7 @@ HOOKS = (
     "unscheduled_replicas",
     "cluster_kv",
     "pending_resource_demands",
+    "serve_run_interrupt",
 )
 
 KV_NAMESPACE = "triton_serve"
@@ -278,3 +285,29 @@ def uvicorn_cycle() -> Any | None:
     if getattr(RequestResponseCycle, "send", None) is None or not hasattr(RequestResponseCycle, "__init__"):
         return None
     return RequestResponseCycle
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def serve_run(arguments: list[str]) -> int:
+    """``serve run ARGUMENTS`` in this process, a SIGTERM ending it as Ctrl-C does: Serve shuts down
+    and the process exits 0, where Ray's handler printed a stack trace and the process died by the
+    signal."""
+    import ray
+    from ray.serve.scripts import cli
+
+    connect = ray.init
+
+    def init(*args: Any, **kwargs: Any) -> Any:
+        context = connect(*args, **kwargs)
+        signal.signal(signal.SIGTERM, _interrupt)
+        return context
+
+    ray.init = init
+    try:
+        cli.main(args=["run", *arguments], prog_name="serve")  # exits, as the `serve` command does
+    finally:
+        ray.init = connect
+    return 0

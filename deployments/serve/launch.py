@@ -159,12 +159,15 @@ def main(argv: list[str] | None = None) -> int:
         configs = [Path(a) for a in args[1:] if a.endswith((".yaml", ".yml"))]
         if args[0] == "run" and configs:
             guard_streams(restricted_in_config(configs[0]))
-        binary = Path(sys.executable).with_name("serve" if args[0] == "run" else "ray")
-        command = [str(binary), "run" if args[0] == "run" else "start", *args[1:]]
         if args[0] == "run":
-            # `make` does not pass its SIGTERM on: `serve run` ends with whatever started it
+            # `make` does not pass its SIGTERM on: `serve run` ends with whatever started it, and a
+            # SIGTERM shuts Serve down as Ctrl-C does
             die_with_parent(signal.SIGTERM)
-        os.execv(command[0], command)
+            from deployments.serve import hooks
+
+            return hooks.serve_run(args[1:])
+        binary = Path(sys.executable).with_name("ray")
+        os.execv(str(binary), [str(binary), "start", *args[1:]])
     print(USAGE, file=sys.stderr)
     return 2
 

@@ -278,6 +278,22 @@ CHECKS = {
 }
 
 
+def _check_serve_run_interrupt() -> None:
+    import inspect
+
+    from ray.serve import scripts
+
+    assert "run" in scripts.cli.commands, "`serve run` is no longer a command of ray.serve.scripts.cli"
+    source = inspect.getsource(scripts.run.callback)
+    assert "ray.init(" in source, "`serve run` no longer connects through ray.init on the ray module"
+    assert "except KeyboardInterrupt" in source and "serve.shutdown()" in source, (
+        "`serve run` no longer shuts Serve down on KeyboardInterrupt"
+    )
+
+
+CHECKS["serve_run_interrupt"] = _check_serve_run_interrupt
+
+
 def test_every_hook_has_a_check() -> None:
     assert set(CHECKS) == set(hooks.HOOKS)
 

@@ -282,6 +282,11 @@ def test_make_serve_is_fast_binds_one_host_and_stops_clean(tmp_path: Path) -> No
     assert not left, [processes.command(p) for p in left]  # before: HAProxy kept running, holding the port
     assert not port_is_bound(server.port)
     assert not port_is_bound(server.stats_port)
+    # a SIGTERM shuts Serve down as Ctrl-C does: before, Ray's failure-signal handler printed a stack
+    # trace ("*** SIGTERM received ... PC: ...") and the launcher died by the signal
+    log = server.log.read_text(errors="replace")
+    assert server.proc.returncode == 0, (server.proc.returncode, log[-2000:])
+    assert "SIGTERM received" not in log and "shutting down" in log, log[-2000:]
 
 
 @pytest.mark.serve
