@@ -23,7 +23,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from tools.triton_qa.suites import Edit, Model, Run, Suite, env, python_stand_in, register
+from tools.triton_qa.suites import Edit, Model, Run, Suite, env, python_stand_in, register, with_edit
 
 Build = Callable[[Model, Path], None]
 F32 = "float32_float32_float32"
@@ -81,15 +81,7 @@ def identity_fp32(
 
 def max_batch_1(model: Model) -> Model:
     """``sed -i "s/max_batch_size:.*/max_batch_size: 1/"`` on ``model``'s configuration."""
-    return Model(
-        model.name,
-        model.kind,
-        model.source,
-        model.files,
-        (*model.edits, Edit(r"max_batch_size:.*", "max_batch_size: 1")),
-        model.append,
-        model.version_folders,
-    )
+    return with_edit(model, Edit(r"max_batch_size:.*", "max_batch_size: 1"))
 
 
 class Layout:
@@ -318,14 +310,7 @@ def _custom_zero(name: str = "custom_zero_1_float32", delay: str = "10") -> Mode
 
 
 def _identity_no_delay() -> Model:
-    model = identity()
-    return Model(
-        model.name,
-        model.kind,
-        model.source,
-        model.files,
-        (*model.edits, Edit(r'string_value: "10"', 'string_value: "0"')),
-    )
+    return with_edit(identity(), Edit(r'string_value: "10"', 'string_value: "0"'))
 
 
 _ENSEMBLE_ZERO = Model(

@@ -8,7 +8,7 @@ flags and runs Python test files; a :class:`Run` is one such step. Models are de
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 
@@ -47,6 +47,11 @@ class Model:
     edits: tuple[Edit, ...] = ()
     append: str = ""
     version_folders: tuple[str, ...] = ()  # folders test.sh makes (``mkdir -p <model>/1``), empty
+
+
+def with_edit(model: Model, edit: Edit) -> Model:
+    """``model`` with one more edit of its configuration (a ``sed -i`` of ``test.sh``)."""
+    return replace(model, edits=(*model.edits, edit))
 
 
 @dataclass(frozen=True)
