@@ -47,13 +47,14 @@ import hashlib
 import logging
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from repository_loader import platforms
 from repository_loader.autoscaling import PREFIX as AUTOSCALING_PREFIX
 from repository_loader.autoscaling import Autoscaling, autoscaling_of
+from repository_loader.ensemble_rules import composing_models
 from repository_loader.model import (
     DynamicBatching,
     InstanceGroup,
@@ -660,34 +661,24 @@ def ensemble_gpu(
     model: ModelDescription, models: Mapping[str, ModelDescription], resources: ClusterResources
 ) -> int | None:
     """The GPU an ensemble's replica takes, so that its ``KIND_GPU`` steps run in that replica and hand
-    their device tensors on through DLPack rather than through host memory: the first GPU its first
-    ``KIND_GPU`` step names (nested ensembles flattened). None where the cluster has no GPU, where no
-    step known in ``models`` runs on one, or where the ensemble's ``placement`` parameter is
-    ``separate`` (each step then runs on its own model's replicas)."""
+    their device tensors on through DLPack rather than through host memory: the lowest GPU its GPU
+    steps name (nested ensembles followed). None where the cluster has no GPU, where no step known in
+    ``models`` runs on one, or where the ensemble's ``placement`` parameter is ``separate`` (each step
+    then runs on its own model's replicas)."""
     if resources.num_gpus <= 0 or str(model.parameters.get("placement", "")).strip() == "separate":
         return None
-    for step in _leaf_steps(model, models, set()):
+    gpus: list[int] = []
+    for name in composing_models(model, models):
+        step = models.get(name)
+        if step is None or step.is_ensemble:
+            continue
         kinds = {g.kind for g in step.instance_groups} or {InstanceKind.AUTO}
         if InstanceKind.MODEL in kinds:
             continue  # places itself: never run in the ensemble's replica
         if InstanceKind.GPU in kinds or (InstanceKind.AUTO in kinds and step.kind != "python"):
-            gpu = min((gpu for g in step.instance_groups for gpu in g.gpus), default=0)
-            return gpu if gpu < resources.num_gpus else None  # a step on a missing GPU fails its own plan
-    return None
-
-
-def _leaf_steps(
-    model: ModelDescription, models: Mapping[str, ModelDescription], seen: set[str]
-) -> Iterator[ModelDescription]:
-    for step in model.ensemble_steps:
-        inner = models.get(step.model_name)
-        if inner is None or inner.name in seen:
-            continue
-        seen.add(inner.name)
-        if inner.is_ensemble:
-            yield from _leaf_steps(inner, models, seen)
-        else:
-            yield inner
+            gpus.append(min((gpu for g in step.instance_groups for gpu in g.gpus), default=0))
+    # a step on a missing GPU fails its own plan
+    return min(gpus) if gpus and min(gpus) < resources.num_gpus else None
 
 
 def _place_groups(model: ModelDescription, resources: ClusterResources) -> list[_Placement]:
