@@ -104,11 +104,35 @@ def config_from_json(data: Mapping[str, Any], source: str = "config JSON") -> pb
     """Parse the JSON form (as :func:`config_to_json` writes it) back into a message."""
     config = pb.ModelConfig()
     try:
-        json_format.ParseDict(dict(data), config)
+        json_format.ParseDict(_lists_for_repeated(config.DESCRIPTOR, data), config)
     except json_format.ParseError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     _normalize_aliases(config)
     return config
+
+
+def _lists_for_repeated(descriptor: Descriptor, data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` with a lone value of a repeated field as a list of that one value, at every depth:
+    Triton's JSON parser takes ``"instance_group": {"count": 2}`` as a group of one, protobuf's
+    Python parser refuses it."""
+    out = dict(data)
+    for name, value in out.items():
+        field = descriptor.fields_by_name.get(name) or descriptor.fields_by_camelcase_name.get(name)
+        if field is None:
+            continue
+        is_map = field.message_type is not None and field.message_type.GetOptions().map_entry
+        repeated = field.label == FieldDescriptor.LABEL_REPEATED and not is_map
+        if repeated and value is not None and not isinstance(value, list):
+            value = [value]
+        if field.message_type is not None and not is_map:
+            if isinstance(value, list):
+                value = [
+                    _lists_for_repeated(field.message_type, v) if isinstance(v, Mapping) else v for v in value
+                ]
+            elif isinstance(value, Mapping):
+                value = _lists_for_repeated(field.message_type, value)
+        out[name] = value
+    return out
 
 
 def _int64_as_numbers(descriptor: Descriptor, data: dict[str, Any]) -> None:

@@ -137,6 +137,26 @@ def test_json_includes_defaults_triton_reports() -> None:
     assert data["input"] == [] and data["output"] == []
 
 
+def test_json_takes_a_lone_value_of_a_repeated_field_as_a_list_of_one() -> None:
+    # as Triton's own parser does: lifecycle_test sends "instance_group": {...} in a load's config
+    lone = config_from_json(
+        {
+            "instance_group": {"kind": "KIND_CPU", "count": 2},
+            "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": 4}],
+        }
+    )
+    listed = config_from_json(
+        {
+            "instance_group": [{"kind": "KIND_CPU", "count": 2}],
+            "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [4]}],
+        }
+    )
+    assert lone == listed
+    assert [g.count for g in lone.instance_group] == [2] and list(lone.input[0].dims) == [4]
+    with pytest.raises(ConfigError, match="config JSON"):
+        config_from_json({"instance_group": {"count": "two"}})
+
+
 def test_syntax_error_names_file_line_and_column() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config('name: "m"\nmax_batch_size: 8\ninput [ { name: "x" dims: [ 1 }\n', "m/config.pbtxt")
