@@ -99,6 +99,17 @@ class ConfigError(InvalidArgument):
     """A model's configuration or files break one of Triton's rules."""
 
 
+class ConfigUnread(ConfigError):
+    """A model's configuration file could not be read: missing (with auto-complete off), not text, or
+    not protobuf text. Triton's poll fails for such a model, which it then never adds to its model
+    lifecycle: requests for it are for an unknown model."""
+
+
+class PollFailed(InvalidArgument):
+    """A load of a model whose configuration could not be read (:class:`ConfigUnread`): Triton's
+    "failed to poll from model repository", with the reason."""
+
+
 class TooLarge(InvalidArgument):
     """A request over one of the server's size limits: HTTP 413, gRPC RESOURCE_EXHAUSTED."""
 

@@ -23,7 +23,7 @@ from repository_loader.autocomplete import (
 from repository_loader.config import config_path_candidates, parse_config
 from repository_loader.describe import describe
 from repository_loader.ensemble_rules import check_ensemble, ensemble_cycle
-from repository_loader.errors import ConfigError, NotFound, ServerError
+from repository_loader.errors import ConfigError, ConfigUnread, NotFound, ServerError
 from repository_loader.findings import Findings, ModelFiles
 from repository_loader.model import ModelDescription, ModelState
 from repository_loader.proto import model_config_pb2 as pb
@@ -38,10 +38,11 @@ log.addHandler(logging.NullHandler())
 class ModelLoadError(ConfigError):
     """A model could not be loaded; ``errors`` lists every problem found."""
 
-    def __init__(self, model: str, errors: Sequence[str]) -> None:
+    def __init__(self, model: str, errors: Sequence[str], *, config_unread: bool = False) -> None:
         super().__init__("\n".join(errors) or f"model '{model}' failed to load")
         self.model = model
         self.errors = list(errors)
+        self.config_unread = config_unread  # its configuration could not be read (ConfigUnread)
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ class RepositoryState:
     root: str
     models: dict[str, ModelDescription] = field(default_factory=dict)
     failed: dict[str, list[str]] = field(default_factory=dict)
+    unread: set[str] = field(default_factory=set)  # failed: their configuration could not be read
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -129,7 +131,7 @@ def load_model(
         raise NotFound(f"model '{name}' is not in the repository '{repository}'")
     loader.load(name)
     if name in loader.state.failed:
-        raise ModelLoadError(name, loader.state.failed[name])
+        raise ModelLoadError(name, loader.state.failed[name], config_unread=name in loader.state.unread)
     return loader.state.models[name]
 
 
@@ -179,6 +181,8 @@ class _Loader:
         prepared = self._prepared(name)
         if isinstance(prepared, ServerError):
             self.state.failed[name] = [_with_model(name, prepared.message)]
+            if isinstance(prepared, ConfigUnread):
+                self.state.unread.add(name)
             return
         for warning in prepared.findings.warnings:  # fields accepted but not acted on
             self._warn(warning)
@@ -236,6 +240,8 @@ class _Loader:
     def _prepare(self, name: str) -> _Prepared:
         model_dir = self.storage.join(self.root, name)
         config, source, has_file = self._read_config(name, model_dir)
+        if not has_file and not self.auto_complete:
+            raise ConfigUnread(f"{source}: no config file, and auto-complete is disabled")
         findings = Findings(name, source)
         if config.name and config.name != name:
             findings.add("name", f"'{config.name}' does not match the model folder '{name}'")
@@ -256,8 +262,6 @@ class _Loader:
                     lambda: self._model_file(config, local_dir, versions[-1]),
                     has_config_file=has_file,
                 )
-        elif not has_file:
-            findings.add("config.pbtxt", "no config file, and auto-complete is disabled")
         normalize_instance_groups(config)
         files = ModelFiles(exists=lambda rel: (local_dir / rel).exists())
         validate_config(config, findings, files)
@@ -276,10 +280,13 @@ class _Loader:
                 try:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError as exc:
-                    raise ConfigError(
+                    raise ConfigUnread(
                         f"{source}: not UTF-8 text ({exc.reason} at byte {exc.start})"
                     ) from None
-                return parse_config(text, source), source, True
+                try:
+                    return parse_config(text, source), source, True
+                except ConfigError as exc:
+                    raise ConfigUnread(exc.message) from None
         return pb.ModelConfig(), f"{name}/config.pbtxt (absent)", False
 
     @staticmethod

@@ -31,7 +31,7 @@ from deployments.control.registry import (
     reason_of,
 )
 from repository_loader.ensemble_rules import composing_models, nested_first
-from repository_loader.errors import InvalidArgument, ServerError, Unavailable
+from repository_loader.errors import InvalidArgument, PollFailed, ServerError, Unavailable
 from repository_loader.model import ModelDescription, ModelState
 
 logger = logging.getLogger(__name__)
@@ -88,8 +88,9 @@ class ModelController(ModelLoader):
         for name in wanted:
             if name in self.listing.duplicates:
                 self._fail(name, DUPLICATE)
-            elif name not in self.listing.where:
-                self._fail(name, f"failed to load '{name}', failed to poll from model repository")
+            elif name not in self.listing.where:  # unknown, as in Triton; named in exit_on_error's report
+                logger.error("failed to load '%s', failed to poll from model repository", name)
+                self.unread[name] = f"failed to load '{name}', failed to poll from model repository"
         # a restarted server application does not load again what the repository API unloaded
         gone = await self._recorded_unloads()
         for name in [n for n in wanted if n in gone]:
@@ -107,8 +108,8 @@ class ModelController(ModelLoader):
                 self.entries[name] = ModelEntry(name, ModelState.READY, "", model, requested=True)
                 logger.info("model '%s' was loaded before this start and keeps serving", name)
         models, failed = await asyncio.to_thread(self._read_all, names)
-        for name, reason in failed.items():
-            self._fail(name, reason)
+        for name, exc in failed.items():
+            self._fail_read(name, exc)
         self.deployer.prepare(models)
         # a start model that runs as it would be deployed now is adopted, not deployed again (a
         # redeploy restarts its replicas: a single replica's model would stop answering meanwhile)
@@ -118,14 +119,17 @@ class ModelController(ModelLoader):
             logger.info("model '%s' was serving before this start and keeps serving", name)
         await self._load_many([m for name, m in models.items() if name not in adopted])
         self.started = True
-        broken = [e for e in self.entries.values() if e.requested and e.state != ModelState.READY]
+        broken = {
+            e.name: e.reason for e in self.entries.values() if e.requested and e.state != ModelState.READY
+        }
+        broken.update(self.unread)
         if broken and self.restarted:  # a restart of a serving server: what serves keeps serving
-            for entry in broken:
-                logger.error("model '%s' did not load again after a restart: %s", entry.name, entry.reason)
+            for name, reason in broken.items():
+                logger.error("model '%s' did not load again after a restart: %s", name, reason)
         elif broken and self.settings.exit_on_error:
             raise Unavailable(
                 "failed to load all models (exit_on_error): "
-                + "; ".join(f"'{e.name}': {e.reason}" for e in broken)
+                + "; ".join(f"'{name}': {reason}" for name, reason in sorted(broken.items()))
             )
         if mode == "poll":
             self._poller = asyncio.get_running_loop().create_task(self._poll_forever())
@@ -179,8 +183,8 @@ class ModelController(ModelLoader):
                         await self._unload_one(name)
             present = [n for n in changed if n in after.where]
             models, failed = await asyncio.to_thread(self._read_all, present)
-            for name, reason in failed.items():
-                self._keep_or_fail(name, reason)
+            for name, exc in failed.items():
+                self._fail_read(name, exc, keep=True)
             plain = [m for m in models.values() if not m.is_ensemble]
             ensembles = [m for m in models.values() if m.is_ensemble]
             await asyncio.gather(*(self._apply_held(m) for m in plain))
@@ -253,6 +257,11 @@ class ModelController(ModelLoader):
         except ServerError as exc:
             message = load_failed(name, exc.message)
             entry = self.entries.get(name)
+            if isinstance(exc, PollFailed) and entry is None:  # Triton's answer: the model stays unknown
+                self.unread[name] = exc.message
+                raise InvalidArgument(
+                    f"failed to load '{name}', failed to poll from model repository: {exc.message}"
+                ) from None
             if entry is None or entry.state != ModelState.READY:
                 self.entries[name] = ModelEntry(name, ModelState.UNAVAILABLE, exc.message, requested=True)
             raise InvalidArgument(message) from None
@@ -273,7 +282,7 @@ class ModelController(ModelLoader):
             try:
                 step_model = await asyncio.to_thread(self._read, name, self.listing.where[name])
             except ServerError as exc:
-                self._fail(name, exc.message)
+                self._fail_read(name, exc)
                 continue
             await self._load_steps(step_model, seen)
             async with self._held(name):

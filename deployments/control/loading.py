@@ -18,7 +18,7 @@ from pathlib import Path
 from deployments.control.overlay import Overlays
 from deployments.control.registry import UNLOADED, ModelEntry, Registry, load_failed, reason_of
 from repository_loader.ensemble_rules import nested_first
-from repository_loader.errors import InvalidArgument, ServerError, Unavailable
+from repository_loader.errors import InvalidArgument, PollFailed, ServerError, Unavailable
 from repository_loader.model import ModelDescription, ModelState
 from repository_loader.revision import files_digest
 
@@ -47,7 +47,8 @@ class ModelLoader(Registry):
                 elsewhere=lambda step: self._read_elsewhere(step, source, {name}),
             )
         except ModelLoadError as exc:
-            raise InvalidArgument(self._scrub("; ".join(exc.errors) or exc.message, overlay)) from None
+            message = self._scrub("; ".join(exc.errors) or exc.message, overlay)
+            raise (PollFailed if exc.config_unread else InvalidArgument)(message) from None
         except ServerError as exc:
             raise type(exc)(self._scrub(exc.message, overlay)) from None
 
@@ -81,11 +82,11 @@ class ModelLoader(Registry):
             message = message.replace(root + "/", "").replace(root, "<repository>")
         return message
 
-    def _read_all(self, names: list[str]) -> tuple[dict[str, ModelDescription], dict[str, str]]:
+    def _read_all(self, names: list[str]) -> tuple[dict[str, ModelDescription], dict[str, ServerError]]:
         """``names`` read, and the models their ensembles run (in any repository), as Triton loads
-        an ensemble's composing models with it."""
+        an ensemble's composing models with it; and why those that failed to read did."""
         models: dict[str, ModelDescription] = {}
-        failed: dict[str, str] = {}
+        failed: dict[str, ServerError] = {}
         pending = list(names)
         while pending:
             name = pending.pop(0)
@@ -94,7 +95,7 @@ class ModelLoader(Registry):
             try:
                 models[name] = self._read(name, self.listing.where[name])
             except ServerError as exc:
-                failed[name] = exc.message
+                failed[name] = exc
                 continue
             steps = [s.model_name for s in models[name].ensemble_steps]
             pending += [s for s in steps if s in self.listing.where and s not in self.entries]
@@ -110,7 +111,21 @@ class ModelLoader(Registry):
 
     def _fail(self, name: str, reason: str) -> None:
         logger.error("model '%s' is unavailable: %s", name, reason)
+        self.unread.pop(name, None)
         self.entries[name] = ModelEntry(name, ModelState.UNAVAILABLE, reason, requested=True)
+
+    def _fail_read(self, name: str, exc: ServerError, keep: bool = False) -> None:
+        """``name`` failed to read. A model whose configuration could not be read and that is not known
+        yet stays unknown, as Triton's poll leaves it out of its model lifecycle (its requests answer
+        "is not found"; the index lists it with the reason); otherwise as :meth:`_fail` (``keep``: as
+        :meth:`_keep_or_fail`)."""
+        if isinstance(exc, PollFailed) and name not in self.entries:
+            logger.error("Poll failed for model directory '%s': %s", name, exc.message)  # Triton's line
+            self.unread[name] = exc.message
+        elif keep:
+            self._keep_or_fail(name, exc.message)
+        else:
+            self._fail(name, exc.message)
 
     def _keep_or_fail(self, name: str, reason: str) -> None:
         entry = self.entries.get(name)
@@ -169,6 +184,7 @@ class ModelLoader(Registry):
         logger.info("successfully loaded '%s'", model.name)  # Triton's line
 
     async def _load(self, model: ModelDescription) -> None:
+        self.unread.pop(model.name, None)
         entry = self.entries.setdefault(model.name, ModelEntry(model.name))
         entry.model, entry.requested = model, True
         entry.state, entry.reason = ModelState.LOADING, ""

@@ -121,6 +121,8 @@ class Registry:
     entries: dict[str, ModelEntry] = field(default_factory=dict)
     listing: Listing = field(default_factory=Listing)
     folders: set[str] = field(default_factory=set)  # model folders seen by the last index call
+    # models whose configuration could not be read, and why: unknown, as in Triton (not in ``entries``)
+    unread: dict[str, str] = field(default_factory=dict)
     started: bool = False
     # model -> replica -> (its load error or None, when it said so): what the replicas' pushes report
     replica_loads: dict[str, dict[str, tuple[str | None, float]]] = field(default_factory=dict)
@@ -217,5 +219,10 @@ class Registry:
         rows: list[dict[str, Any]] = []
         for name in sorted(present | kept):
             entry = self.entries.get(name)
-            rows.extend(entry.index_rows() if entry is not None else [{"name": name}])
+            if entry is not None:
+                rows.extend(entry.index_rows())
+            else:  # never loaded; where its configuration could not be read, why
+                rows.append(
+                    {"name": name, "reason": self.unread[name]} if name in self.unread else {"name": name}
+                )
         return rows

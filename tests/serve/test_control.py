@@ -255,13 +255,49 @@ def test_a_name_in_two_repositories_is_an_error_for_that_name(repo: Path, tmp_pa
 
 
 def test_exit_on_error_fails_the_start_and_non_strict_readiness_ignores_models(repo: Path) -> None:
-    (repo / "b" / "config.pbtxt").write_text(_config("b", "max_batch_size: -3\n"))
+    (repo / "b" / "config.pbtxt").write_text(_config("b").replace("max_batch_size: 8", "max_batch_size: -3"))
     c, _ = controller([repo])
     with pytest.raises(Unavailable, match="exit_on_error"):
         asyncio.run(c.start())
     c, _ = controller([repo], exit_on_error=False, strict_readiness=False)
     asyncio.run(c.start())
     assert states(c)["b"] == "UNAVAILABLE" and c.ready()
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        pytest.param(lambda folder: (folder / "config.pbtxt").write_text("max_batch_size: [\n"), id="syntax"),
+        pytest.param(lambda folder: (folder / "config.pbtxt").write_bytes(b"\xff\xfe"), id="not-text"),
+        pytest.param(lambda folder: (folder / "config.pbtxt").unlink(), id="absent-strict"),
+    ],
+)
+def test_a_configuration_that_cannot_be_read_leaves_its_model_unknown(repo: Path, broken: Any) -> None:
+    # Triton's poll fails for it and never adds it to its model lifecycle: "is not found", not "has no
+    # available versions"; the index lists the folder by name, with the reason
+    broken(repo / "b")
+    c, _ = controller([repo], exit_on_error=False, disable_auto_complete_config=True)
+    asyncio.run(c.start())
+    row = next(r for r in c.index_rows() if r["name"] == "b")
+    assert "state" not in row and row["reason"], row
+    with pytest.raises(NotFound, match="^Request for unknown model: 'b' is not found$"):
+        c.get("b")
+    assert c.ready()  # nothing asked for it that it could know of
+    with pytest.raises(Unavailable, match="exit_on_error.*'b'"):
+        asyncio.run(controller([repo], disable_auto_complete_config=True)[0].start())
+    c, _ = controller(
+        [repo], model_control_mode="explicit", exit_on_error=False, disable_auto_complete_config=True
+    )
+    asyncio.run(c.start())
+    with pytest.raises(
+        InvalidArgument, match="^failed to load 'b', failed to poll from model repository: b/"
+    ):
+        asyncio.run(c.load("b"))
+    with pytest.raises(NotFound, match="is not found"):
+        c.get("b")
+    add_model(repo, "b")  # readable again: it loads, and is known
+    asyncio.run(c.load("b"))
+    assert states(c)["b"] == "READY" and "reason" not in next(r for r in c.index_rows() if r["name"] == "b")
 
 
 def test_loading_an_unknown_or_invalid_name_records_nothing(repo: Path) -> None:
