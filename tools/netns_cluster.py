@@ -447,12 +447,12 @@ def up(
     except ClusterError as exc:
         log(f"start failed; logs in {root}_failed_logs; taking the cluster down")
         why = diagnosis(root)
-        _copy_logs(root)
+        keep_logs(root)
         down(root, log=log)
         raise ClusterError(f"{exc}\n{why}") from exc
     except BaseException:
         log(f"start failed; logs in {root}_failed_logs; taking the cluster down")
-        _copy_logs(root)
+        keep_logs(root)
         down(root, log=log)
         raise
     return state
@@ -493,8 +493,9 @@ def _raised(line: str) -> bool:
     return bool(_RAISED.match(line))
 
 
-def _copy_logs(root: Path) -> None:
-    """Keep the node logs of a failed start next to the cluster folder (it is deleted by ``down``)."""
+def keep_logs(root: Path) -> Path:
+    """Copy the node logs (Ray's, Serve's, HAProxy's and its guard's) next to the cluster folder,
+    which ``down`` deletes: what a failed start or a failed test leaves to read. Answers the copy."""
     keep = root.with_name(root.name + "_failed_logs")
     shutil.rmtree(keep, ignore_errors=True)
     keep.mkdir(parents=True)
@@ -504,6 +505,12 @@ def _copy_logs(root: Path) -> None:
         logs = root / node.name / "ray" / "session_latest" / "logs"
         if logs.is_dir():
             shutil.copytree(logs, keep / node.name, ignore_dangling_symlinks=True, dirs_exist_ok=True)
+        haproxy = root / node.name / "haproxy"  # a folder per node id of Serve's, under it
+        for path in sorted(haproxy.rglob("*.log")) + sorted(haproxy.rglob("*.cfg")):
+            target = keep / node.name / "haproxy" / path.relative_to(haproxy)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, target)
+    return keep
 
 
 def _alive(pid: int) -> bool:

@@ -44,6 +44,11 @@ _OLD_PROCESS_FLAGS = ("-sf", "-st")  # followed by one or more pids
 _SOCKET_TRANSFER = "-x"  # followed by the old process's socket
 
 
+def _say(message: str) -> None:
+    """One line in the guard's log (its standard output): what it saw and did, with the time."""
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} haproxy-guard[{os.getpid()}]: {message}", flush=True)
+
+
 def enabled() -> bool:
     return os.environ.get(GUARD_ENV, "1") not in ("0", "false", "no")
 
@@ -158,20 +163,32 @@ class _Guard:
 
     def run(self, guarded: int) -> None:
         pid = guarded
+        _say(f"guarding HAProxy {pid} of manager {self.manager}")
         try:
             while True:
                 if not _wait_exit(pid, self.wanted):
                     if self.replaced and self.ours is not None:
+                        _say(f"Serve's HAProxy {answering_pid(self.path)} took over; soft-stopping {pid}")
                         self.ours.send_signal(signal.SIGUSR1)  # drain and exit, as -sf would have asked
                         with contextlib.suppress(subprocess.TimeoutExpired):
                             self.ours.wait(timeout=60)
+                    else:
+                        _say(f"manager {self.manager} ended; done")
                     return
                 if self.ours is not None:
                     self.ours.wait()
                 time.sleep(GRACE_S)  # Serve's own stop kills it too, and its manager right after
-                if not alive(self.manager) or self.successor(pid):
+                if not alive(self.manager):
+                    _say(f"HAProxy {pid} and its manager {self.manager} ended; done")
+                    return
+                answering = answering_pid(self.path)
+                if answering is not None and answering != pid:
+                    _say(f"HAProxy {pid} exited; {answering} answers the admin socket; done")
                     return
                 self.ours = subprocess.Popen(self.argv, preexec_fn=self.preexec)
+                _say(
+                    f"HAProxy {pid} exited and none answers the admin socket: started it again as {self.ours.pid}"
+                )
                 pid = self.ours.pid
         finally:
             if self.ours is not None and self.ours.poll() is None and not self.replaced:

@@ -171,8 +171,11 @@ def build_repository(root: Path) -> Path:
 
 
 @pytest.fixture(scope="package")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[netns_cluster.ClusterState]:
-    """The running cluster; taken down (every process it started, the namespaces, the bridge) after."""
+def cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[netns_cluster.ClusterState]:
+    """The running cluster; taken down (every process it started, the namespaces, the bridge) after.
+    Where one of its tests failed, the nodes' logs are kept first (``netns_cluster.keep_logs``)."""
     reason = netns_cluster.unavailable_reason()
     if reason:
         pytest.skip(f"no multi-node cluster: {reason}")
@@ -183,9 +186,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[netns_cluster.
     except netns_cluster.ClusterError as exc:
         pytest.fail(f"multi-node cluster did not start: {exc}")
     print(f"multi-node cluster up in {time.monotonic() - started:.0f}s")
+    failed_before = request.session.testsfailed
     try:
         yield state
     finally:
         stopped = time.monotonic()
+        if request.session.testsfailed > failed_before:
+            try:
+                print(f"a multi-node test failed: logs kept in {netns_cluster.keep_logs(Path(state.dir))}")
+            except OSError as exc:
+                print(f"a multi-node test failed; its logs could not be kept: {exc!r}")
         netns_cluster.down(Path(state.dir))
         print(f"multi-node cluster down in {time.monotonic() - stopped:.0f}s")
