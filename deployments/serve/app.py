@@ -16,7 +16,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ray import serve
@@ -93,6 +93,7 @@ class RayDeployer:
         self._generation = 0
         self._host_started = False
         self._host_lock = asyncio.Lock()
+        self.on_delete: list[Callable[[str], None]] = []  # called with a model's name as it is deleted
 
     def _plan(self, models: Mapping[str, ModelDescription]) -> DeploymentPlan:
         return plan_deployments(
@@ -421,6 +422,8 @@ class RayDeployer:
             await asyncio.to_thread(hooks.delete_application, app)
 
     async def delete(self, name: str) -> None:
+        for forget in self.on_delete:
+            forget(name)
         self.board.forget(name)
         if self.pooled.pop(name, None) is not None and name not in self.deployed:
             return  # hosts forget it within a pool refresh
@@ -512,6 +515,8 @@ class ServerDeployment:
         )
         self.controller = ModelController(settings, self.deployer, remote=self._remote)
         self._metrics: dict[str, dict[str, dict[str, Any]]] = {}  # pushed metrics snapshots: model, replica
+        self._retired: dict[str, set[str]] = {}  # model -> replicas of its deleted deployments
+        self.deployer.on_delete.append(self._forget_pushes)
         self._host_gauges = HostGauges()
         self._host_status: dict[str, tuple[float, dict[str, Any]]] = {}  # model host replica -> its push
         self._metrics_server = start_metrics(settings, self.render_metrics)
@@ -654,7 +659,18 @@ class ServerDeployment:
         return with_routing
 
     def report_stats(self, model: str, replica: str, snapshot: list[dict[str, Any]]) -> None:
+        if replica in self._retired.get(model, ()):
+            return  # a late push of a replica of a deleted deployment: its counts went with it
         self._stats.setdefault(model, {})[replica] = snapshot
+
+    def _forget_pushes(self, model: str) -> None:
+        """``model`` is deleted (unloaded, or failed to load): its replicas' counts go with it, so a
+        load afterwards starts its statistics and metrics at zero, as Triton's does. Its replicas (not
+        the model hosts', which serve other models and may load it again) are retired: a push they
+        send while they stop is dropped."""
+        replicas = {*self._metrics.pop(model, {}), *self._stats.get(model, {})} - set(self._host_status)
+        self._retired.setdefault(model, set()).update(replicas)
+        self._stats.get(model, {}).clear()  # in place: a served model's view holds this mapping
 
     def report_host(self, replica: str, status: dict[str, Any]) -> None:
         """A model host replica's push (``replica``: its statistics key): the statistics of the models
@@ -666,6 +682,8 @@ class ServerDeployment:
 
     def report_metrics(self, model: str, replica: str, snapshot: dict[str, Any]) -> None:
         """A replica's push: its ``ModelRuntime.metrics_snapshot()`` (statistics included)."""
+        if replica in self._retired.get(model, ()):
+            return
         self._metrics.setdefault(model, {})[replica] = snapshot
         self.report_stats(model, replica, snapshot["stats"])
         if "load_error" in snapshot:

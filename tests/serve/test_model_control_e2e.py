@@ -423,3 +423,34 @@ def _seen(url: str, model: str) -> tuple[int, int]:
     finally:
         client.close()
     return int(out[0, 0]), int(out[0, 1])
+
+
+def _successes(client: httpclient.InferenceServerClient, model: str) -> int:
+    stats = client.get_inference_statistics(model)["model_stats"]
+    return sum(int(s["inference_stats"]["success"]["count"]) for s in stats)
+
+
+def test_a_model_loaded_again_after_an_unload_counts_from_zero(
+    server_url: str, test_repository: Path, client: httpclient.InferenceServerClient
+) -> None:
+    # as Triton's (L0_lifecycle test_dynamic_model_load_unload): its old replicas' counts, and any
+    # push they send while they stop, went with them
+    write_model(test_repository, "mc_counts")
+    assert post(server_url, "/v2/repository/models/mc_counts/load")[0] == 200
+    for _ in range(3):
+        infer(client, "mc_counts")
+    deadline = time.monotonic() + 15
+    while _successes(client, "mc_counts") != 3:
+        assert time.monotonic() < deadline, _successes(client, "mc_counts")
+        time.sleep(0.2)
+    assert post(server_url, "/v2/repository/models/mc_counts/unload")[0] == 200
+    assert post(server_url, "/v2/repository/models/mc_counts/load")[0] == 200
+    for _ in range(4):  # a few push intervals: still nothing counted
+        assert _successes(client, "mc_counts") == 0
+        time.sleep(0.5)
+    infer(client, "mc_counts")
+    deadline = time.monotonic() + 15
+    while _successes(client, "mc_counts") != 1:
+        assert time.monotonic() < deadline, _successes(client, "mc_counts")
+        time.sleep(0.2)
+    assert post(server_url, "/v2/repository/models/mc_counts/unload")[0] == 200
