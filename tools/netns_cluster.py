@@ -57,6 +57,16 @@ SUBNET = "10.213.0"
 GCS_PORT = 6379
 DASHBOARD_PORT = 8265
 HTTP_PORT = 8090
+# The ports of each node's agents, fixed (every node has its own namespace): a raylet given a port uses
+# it, where for a port left to the agent it waits for the agent to write the one it took to a file, and
+# after 15 s aborts the node's start (``Timed out waiting for file .../metrics_agent_port_<node>``), which
+# an agent still importing on a busy 2-core machine misses now and then
+AGENT_PORTS = {
+    "--dashboard-agent-grpc-port": 6391,
+    "--dashboard-agent-listen-port": 6392,
+    "--runtime-env-agent-port": 6393,
+    "--metrics-export-port": 6394,
+}
 OBJECT_STORE_BYTES = 200 * 1024 * 1024
 # CPUs the plan keeps free. It sizes each replica's CPU share from the cluster's total, not
 # node by node, and Ray packs CPU-only replicas away from GPU nodes: without headroom the
@@ -256,6 +266,7 @@ def ray_start_args(node: NodeSpec, root: Path) -> list[str]:
         f"--temp-dir={root / node.name / 'ray'}",
         f"--object-store-memory={OBJECT_STORE_BYTES}",
         "--disable-usage-stats",
+        *(f"{flag}={port}" for flag, port in AGENT_PORTS.items()),
     ]
     if node.resources:
         args.append(f"--resources={json.dumps(node.resources)}")

@@ -73,6 +73,21 @@ def test_head_declares_no_cpus_and_workers_join_it(tmp_path: Path) -> None:
         assert args["--temp-dir"].startswith(str(tmp_path / node.name)) and "--block" in args
 
 
+def test_every_node_gives_its_agents_their_ports() -> None:
+    # a port left to an agent makes the raylet wait 15 s for the agent's port file, then abort the node
+    for node in NODES:
+        args = _args(node, Path("/tmp/x"))
+        for flag in (
+            "--dashboard-agent-grpc-port",
+            "--dashboard-agent-listen-port",
+            "--runtime-env-agent-port",
+        ):
+            assert int(args[flag]) > 0, (node.name, flag)
+        assert int(args["--metrics-export-port"]) > 0
+    taken = {netns_cluster.GCS_PORT, netns_cluster.DASHBOARD_PORT, netns_cluster.HTTP_PORT}
+    assert not taken & set(netns_cluster.AGENT_PORTS.values())
+
+
 def test_interface_names_fit_the_kernels_limit() -> None:
     names = [netns_cluster.BRIDGE, *(n.veth for n in NODES)]
     assert all(len(name) <= 15 for name in names), names
