@@ -28,6 +28,8 @@ def test_the_example_config_is_what_up_runs_ray_up_on() -> None:
     assert shipped["provider"]["type"] == "local" and "docker" not in shipped
     for command in shipped["head_start_ray_commands"] + shipped["worker_start_ray_commands"]:
         assert "deployments.serve.launch ray-start" in command and "ray stop" not in command
+        for flag, port in netns_cluster.AGENT_PORTS.items():  # a raylet waits on no agent's port file
+            assert f"{flag}={port}" in command
 
 
 def test_ray_status_counts_active_and_idle_nodes() -> None:
