@@ -82,6 +82,53 @@ def table(stacks: str, top: int = 60) -> list[dict[str, object]]:
     return [{"samples": total}, *rows]
 
 
+# Where a sample's time goes: the deepest frame whose file is a layer's decides (a standard-library frame,
+# json or asyncio, counts for the layer that called it); a socket write's own frame is the kernel's send.
+# py-spy names files relative to their import root: the model's own file is ``model.py`` (a file mark
+# matches that name alone, a folder mark a folder of that name anywhere in the path).
+SOCKET_LAYER = "socket send (the kernel's TCP path, HAProxy's end included)"
+LAYERS: tuple[tuple[str, str], ...] = (
+    ("model's execute (its model.py)", "model.py:"),
+    ("Python backend (pb_utils objects, execute hand-off)", "deployments/backends/"),
+    ("runtime (scheduling, checks, statistics)", "deployments/runtime/"),
+    ("protocol (parse, decode, encode, respond)", "deployments/protocol/"),
+    ("replica glue (ingress, response writes)", "deployments/serve/"),
+    ("HTTP/1.1 server (uvicorn, httptools)", "uvicorn/"),
+    ("Ray and Serve in the replica", "ray/"),
+)
+IDLE_LAYER = "event loop and other threads (uvloop's C loop, idle waits)"
+
+
+def layers(stacks: str) -> dict[str, float]:
+    """The share of samples in the socket send, each of :data:`LAYERS`, and :data:`IDLE_LAYER`."""
+    counts: Counter[str] = Counter()
+    total = 0
+    for line in stacks.splitlines():
+        frames, _, count_text = line.rpartition(" ")
+        if not frames or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        total += count
+        counts[_layer(frames.split(";"))] += count
+    names = [SOCKET_LAYER, *(name for name, _ in LAYERS), IDLE_LAYER]
+    return {name: counts[name] / total for name in names} if total else {}
+
+
+def _layer(frames: list[str]) -> str:
+    name, _, path = frames[-1].partition(" (")
+    if path.startswith("deployments/serve/response_writes.py") and name.rsplit(".", 1)[-1] in (
+        "write",
+        "writelines",
+    ):
+        return SOCKET_LAYER
+    for frame in reversed(frames):
+        path = frame.partition(" (")[2]
+        for layer, mark in LAYERS:
+            if path.startswith(mark) or (mark.endswith("/") and f"/{mark}" in path):
+                return layer
+    return IDLE_LAYER
+
+
 def _short(frame: str) -> str:
     """``function (path/to/file.py:line)`` as ``function (file.py)``: lines vary between revisions."""
     name, _, where = frame.partition(" (")
@@ -158,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         "concurrency": args.concurrency,
         "elements": args.elements,
         "infer_per_s": points[-1].infer_per_s if points else None,
+        "layers": layers((args.out / "stacks.txt").read_text()),
         "rows": rows,
     }
     (args.out / "table.json").write_text(json.dumps(summary, indent=1))
