@@ -6,7 +6,8 @@ manager actor: the port refused connections for 6-8 s on this machine. The HAPro
 (``deployments.serve.haproxy_shim``) forks this guard just before it becomes HAProxy. The guard:
 
 * waits for the HAProxy it guards to exit;
-* if another HAProxy answers the admin socket by then, that one took over (Serve's graceful reload
+* if the manager runs another HAProxy on the same configuration (its child, read from ``/proc``), or
+  another HAProxy answers the admin socket by then, that one took over (Serve's graceful reload
   starts a new process with ``-sf``, and the old one drains and exits): the guard ends;
 * if nothing answers and Serve's HAProxy manager (the shim's parent) still lives, HAProxy was killed
   or crashed: the guard starts it again with the same arguments (less ``-sf``/``-st``/``-x``, which
@@ -105,6 +106,46 @@ def answering_pid(path: str, timeout_s: float = 0.5) -> int | None:
     return None
 
 
+def config_path(args: Sequence[str]) -> str | None:
+    """The configuration file after ``-f`` in ``args``."""
+    return next((args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "-f"), None)
+
+
+def start_time(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (None: it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def sibling_haproxy(manager: int, config: str, gone: int, started: int | None) -> int | None:
+    """A live child of ``manager`` started after ``gone`` (at ``started``) running HAProxy (or the shim
+    about to become it) on a configuration in ``config``'s folder: the HAProxy that Serve's reload
+    started (the manager starts each one; one the guard starts is the guard's child, and an older one
+    still draining after an earlier reload listens no more). Read from ``/proc``, so a busy admin
+    socket cannot hide it."""
+    if started is None:
+        return None
+    folder = os.path.dirname(config)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == gone:
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            after_name = stat[stat.rindex(")") + 2 :].split()
+            if int(after_name[1]) != manager or int(after_name[19]) <= started:
+                continue
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        for i, arg in enumerate(argv[:-1]):
+            if arg == b"-f" and os.path.dirname(os.fsdecode(argv[i + 1])) == folder:
+                return int(entry.name)
+    return None
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -163,6 +204,7 @@ class _Guard:
 
     def run(self, guarded: int) -> None:
         pid = guarded
+        started = start_time(pid)
         _say(f"guarding HAProxy {pid} of manager {self.manager}")
         try:
             while True:
@@ -181,6 +223,13 @@ class _Guard:
                 if not alive(self.manager):
                     _say(f"HAProxy {pid} and its manager {self.manager} ended; done")
                     return
+                config = config_path(self.argv)
+                sibling = sibling_haproxy(self.manager, config, pid, started) if config else None
+                if sibling is not None:
+                    _say(
+                        f"HAProxy {pid} exited; the manager runs HAProxy {sibling} on its configuration; done"
+                    )
+                    return
                 answering = answering_pid(self.path)
                 if answering is not None and answering != pid:
                     _say(f"HAProxy {pid} exited; {answering} answers the admin socket; done")
@@ -189,7 +238,7 @@ class _Guard:
                 _say(
                     f"HAProxy {pid} exited and none answers the admin socket: started it again as {self.ours.pid}"
                 )
-                pid = self.ours.pid
+                pid, started = self.ours.pid, start_time(self.ours.pid)
         finally:
             if self.ours is not None and self.ours.poll() is None and not self.replaced:
                 self.ours.kill()
@@ -240,4 +289,14 @@ def fork_guard(real: str, args: Sequence[str], preexec: Callable[[], None] | Non
         os._exit(0)
 
 
-__all__ = ["GUARD_ENV", "admin_socket", "answering_pid", "fork_guard", "fresh_args", "guard"]
+__all__ = [
+    "GUARD_ENV",
+    "admin_socket",
+    "answering_pid",
+    "config_path",
+    "fork_guard",
+    "fresh_args",
+    "guard",
+    "sibling_haproxy",
+    "start_time",
+]

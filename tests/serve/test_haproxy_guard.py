@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from deployments.serve import haproxy_guard
+from deployments.serve.haproxy_shim import die_with_parent
 from tests.serve.standalone import free_port
 
 WAIT_S = 20.0  # generous: a loaded machine starts HAProxy slowly
@@ -62,8 +63,12 @@ def _start(args: list[str]) -> subprocess.Popen[bytes]:
 
 def _guarded(args: list[str], manager: int) -> tuple[subprocess.Popen[bytes], threading.Thread]:
     first = _start(args)
+    # what the guard starts dies with the guard's thread, as it does with the guard's process in use:
+    # nothing it started outlives a test that fails while it runs
     thread = threading.Thread(
-        target=haproxy_guard.guard, args=(first.pid, manager, _binary(), args), daemon=True
+        target=haproxy_guard.guard,
+        args=(first.pid, manager, _binary(), args, die_with_parent),
+        daemon=True,
     )
     thread.start()
     return first, thread
@@ -102,6 +107,45 @@ def test_a_killed_haproxy_answers_again_and_a_reload_takes_over_from_the_guards(
         assert _answers(port)
     finally:
         for proc in (first, reload):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_a_newer_haproxy_of_the_manager_is_a_successor_even_when_the_admin_socket_is_busy(
+    config: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Serve's reload started a new HAProxy (the manager's child, same configuration folder) and the old
+    # one drained and exited; the admin socket does not answer the guard in time (a busy machine).
+    # Starting a second HAProxy then would take the admin socket from Serve's, whose next reload would
+    # wait for an answer that never comes: the guard must end instead.
+    path, port = config
+    sock = str(path.with_name("admin.sock"))
+    monkeypatch.setattr(haproxy_guard, "answering_pid", lambda *a, **k: None)
+    first, thread = _guarded(["-f", str(path)], manager=_own_pid())
+    older = successor = None
+    try:
+        assert _until(lambda: _answers(port))
+        time.sleep(0.05)  # a later clock tick than the guarded one's start
+        successor = _start(["-f", str(path), "-x", sock, "-sf", str(first.pid)])
+        assert _until(lambda: first.poll() is not None)  # drained on -sf's signal
+        thread.join(WAIT_S)
+        assert not thread.is_alive()
+        assert (
+            haproxy_guard.sibling_haproxy(
+                _own_pid(), str(path), first.pid, haproxy_guard.start_time(successor.pid)
+            )
+            is None
+        )  # none newer than the successor
+        assert _answers(port) and successor.poll() is None
+        # an older HAProxy still draining is no successor of a newer one that dies
+        older = successor
+        started = haproxy_guard.start_time(older.pid)
+        assert started is not None
+        assert haproxy_guard.sibling_haproxy(_own_pid(), str(path), -1, started - 1) == older.pid
+        assert haproxy_guard.sibling_haproxy(_own_pid(), str(path), -1, started) is None
+    finally:
+        for proc in (first, successor):
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
