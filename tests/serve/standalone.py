@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,6 +18,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +90,8 @@ class Server:
         args: dict[str, Any] | None = None,
     ) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="trs-", dir="/tmp"))
+        # its folder goes with it, also where a test only stops it (to read its log after the stop)
+        weakref.finalize(self, shutil.rmtree, self.tmp, True)
         self.repo = repository
         self.port = free_port()
         self.ports_env = instance_ports_env(STANDALONE_PORT_BLOCK)
@@ -211,8 +215,6 @@ class Server:
 
     def close(self) -> None:
         self.stop()
-        import shutil
-
         # a process on its way out (Ray's, HAProxy's) may still write a file as the folder goes: again
         for _ in range(10):
             shutil.rmtree(self.tmp, ignore_errors=True)
