@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 from bench import peers
@@ -60,18 +61,22 @@ def resized(elements: int) -> ConfigEdit | None:
     return edit
 
 
+def samples(stacks: str) -> Iterator[tuple[list[str], int]]:
+    """Each line of collapsed ``stacks`` (``a;b;c count``) as its frames, outermost first, and count."""
+    for line in stacks.splitlines():
+        frames, _, count_text = line.rpartition(" ")
+        if frames and count_text.isdigit():
+            yield frames.split(";"), int(count_text)
+
+
 def table(stacks: str, top: int = 60) -> list[dict[str, object]]:
     """Self and inclusive shares of each function over the collapsed ``stacks`` (``a;b;c count``)."""
     own: Counter[str] = Counter()
     anywhere: Counter[str] = Counter()
     total = 0
-    for line in stacks.splitlines():
-        frames, _, count_text = line.rpartition(" ")
-        if not frames or not count_text.isdigit():
-            continue
-        count = int(count_text)
+    for frames, count in samples(stacks):
         total += count
-        names = [_short(f) for f in frames.split(";")]
+        names = [_short(f) for f in frames]
         own[names[-1]] += count
         for name in set(names):
             anywhere[name] += count
@@ -103,13 +108,9 @@ def layers(stacks: str) -> dict[str, float]:
     """The share of samples in the socket send, each of :data:`LAYERS`, and :data:`IDLE_LAYER`."""
     counts: Counter[str] = Counter()
     total = 0
-    for line in stacks.splitlines():
-        frames, _, count_text = line.rpartition(" ")
-        if not frames or not count_text.isdigit():
-            continue
-        count = int(count_text)
+    for frames, count in samples(stacks):
         total += count
-        counts[_layer(frames.split(";"))] += count
+        counts[_layer(frames)] += count
     names = [SOCKET_LAYER, *(name for name, _ in LAYERS), IDLE_LAYER]
     return {name: counts[name] / total for name in names} if total else {}
 
