@@ -430,6 +430,14 @@ def _successes(client: httpclient.InferenceServerClient, model: str) -> int:
     return sum(int(s["inference_stats"]["success"]["count"]) for s in stats)
 
 
+def _until_successes(client: httpclient.InferenceServerClient, model: str, count: int) -> None:
+    """Until the statistics count ``count`` successes of ``model`` (replicas push theirs within seconds)."""
+    deadline = time.monotonic() + 15
+    while _successes(client, model) != count:
+        assert time.monotonic() < deadline, _successes(client, model)
+        time.sleep(0.2)
+
+
 def test_a_model_loaded_again_after_an_unload_counts_from_zero(
     server_url: str, test_repository: Path, client: httpclient.InferenceServerClient
 ) -> None:
@@ -439,18 +447,12 @@ def test_a_model_loaded_again_after_an_unload_counts_from_zero(
     assert post(server_url, "/v2/repository/models/mc_counts/load")[0] == 200
     for _ in range(3):
         infer(client, "mc_counts")
-    deadline = time.monotonic() + 15
-    while _successes(client, "mc_counts") != 3:
-        assert time.monotonic() < deadline, _successes(client, "mc_counts")
-        time.sleep(0.2)
+    _until_successes(client, "mc_counts", 3)
     assert post(server_url, "/v2/repository/models/mc_counts/unload")[0] == 200
     assert post(server_url, "/v2/repository/models/mc_counts/load")[0] == 200
     for _ in range(4):  # a few push intervals: still nothing counted
         assert _successes(client, "mc_counts") == 0
         time.sleep(0.5)
     infer(client, "mc_counts")
-    deadline = time.monotonic() + 15
-    while _successes(client, "mc_counts") != 1:
-        assert time.monotonic() < deadline, _successes(client, "mc_counts")
-        time.sleep(0.2)
+    _until_successes(client, "mc_counts", 1)
     assert post(server_url, "/v2/repository/models/mc_counts/unload")[0] == 200
