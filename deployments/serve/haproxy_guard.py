@@ -54,14 +54,19 @@ def enabled() -> bool:
     return os.environ.get(GUARD_ENV, "1") not in ("0", "false", "no")
 
 
+def config_path(args: Sequence[str]) -> str | None:
+    """The configuration file after ``-f`` in ``args``."""
+    return next((args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "-f"), None)
+
+
 def admin_socket(args: Sequence[str]) -> str | None:
     """The admin socket the configuration after ``-f`` in ``args`` names."""
-    for i, arg in enumerate(args[:-1]):
-        if arg == "-f":
-            with contextlib.suppress(OSError):
-                found = _SOCKET.search(Path(args[i + 1]).read_text())
-                if found:
-                    return found.group(1)
+    config = config_path(args)
+    if config is not None:
+        with contextlib.suppress(OSError):
+            found = _SOCKET.search(Path(config).read_text())
+            if found:
+                return found.group(1)
     return None
 
 
@@ -106,16 +111,18 @@ def answering_pid(path: str, timeout_s: float = 0.5) -> int | None:
     return None
 
 
-def config_path(args: Sequence[str]) -> str | None:
-    """The configuration file after ``-f`` in ``args``."""
-    return next((args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "-f"), None)
+def _stat(pid: int | str) -> tuple[int, int]:
+    """``pid``'s parent and start time (clock ticks since boot), from ``/proc/<pid>/stat`` (the fields
+    after its command name, which may hold spaces); OSError or ValueError where it is gone."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[1]), int(fields[19])
 
 
 def start_time(pid: int) -> int | None:
     """When ``pid`` started, in clock ticks since boot (None: it is gone)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return int(stat[stat.rindex(")") + 2 :].split()[19])
+        return _stat(pid)[1]
     except (OSError, ValueError, IndexError):
         return None
 
@@ -133,9 +140,8 @@ def sibling_haproxy(manager: int, config: str, gone: int, started: int | None) -
         if not entry.name.isdigit() or int(entry.name) == gone:
             continue
         try:
-            stat = (entry / "stat").read_text()
-            after_name = stat[stat.rindex(")") + 2 :].split()
-            if int(after_name[1]) != manager or int(after_name[19]) <= started:
+            parent, began = _stat(entry.name)
+            if parent != manager or began <= started:
                 continue
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError, IndexError):
@@ -273,7 +279,7 @@ def fork_guard(real: str, args: Sequence[str], preexec: Callable[[], None] | Non
     # manager's pipes, which the manager reads to their end when HAProxy fails to start.
     try:
         os.setsid()
-        config = next(Path(args[i + 1]) for i, a in enumerate(args[:-1]) if a == "-f")
+        config = Path(config_path(args) or "")
         log = os.open(config.with_name("haproxy-guard.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
