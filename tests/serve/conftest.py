@@ -13,7 +13,7 @@ import pytest
 
 from deployments.serve.request_path import haproxy_files_env, instance_ports_env
 from tests.serve import processes
-from tests.serve.standalone import free_port
+from tests.serve.standalone import free_ports
 from tests.serve.streaming_models import add_streaming_models
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -366,7 +366,8 @@ SESSION_PORT_BLOCK = 9  # ports of its own for the session's Serve instance (req
 def session_ports() -> dict[str, int]:
     """The shared server's HTTP, gRPC and metrics ports, chosen as it starts: the modules that use it
     run last (tests/conftest.py), and a port picked at collection could be taken by then."""
-    return {"http": free_port(), "grpc": free_port(), "metrics": free_port(), "otlp": free_port()}
+    http, grpc, metrics, otlp = free_ports(4)  # four different ones: each is free only until bound
+    return {"http": http, "grpc": grpc, "metrics": metrics, "otlp": otlp}
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,7 @@ import time
 import urllib.error
 import urllib.request
 import weakref
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +44,11 @@ ROOT = Path(__file__).resolve().parents[2]
 TEST_PORTS = range(20000, 30000)
 
 
-def free_port() -> int:
-    """A port of :data:`TEST_PORTS` that nothing listens on now."""
+def free_port(taken: Collection[int] = ()) -> int:
+    """A port of :data:`TEST_PORTS` that nothing listens on now, and not one of ``taken``."""
     for port in random.sample(TEST_PORTS, 200):
+        if port in taken:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
@@ -53,6 +56,15 @@ def free_port() -> int:
                 continue
             return port
     raise RuntimeError(f"no free port in {TEST_PORTS}")
+
+
+def free_ports(count: int, taken: Collection[int] = ()) -> list[int]:
+    """``count`` different ports of :data:`free_port`'s: each is free only until it is bound, so two
+    separate picks for one server can be the same port."""
+    ports: list[int] = []
+    for _ in range(count):
+        ports.append(free_port({*taken, *ports}))
+    return ports
 
 
 def port_is_bound(port: int) -> bool:
@@ -93,11 +105,9 @@ class Server:
         # its folder goes with it, also where a test only stops it (to read its log after the stop)
         weakref.finalize(self, shutil.rmtree, self.tmp, True)
         self.repo = repository
-        self.port = free_port()
         self.ports_env = instance_ports_env(STANDALONE_PORT_BLOCK)
-        while str(self.port) in self.ports_env.values():  # a just-freed port can come back twice
-            self.port = free_port()
-            self.url = f"http://127.0.0.1:{self.port}"
+        # the HTTP, gRPC and metrics ports: three different ones, none of the instance's own
+        self.port, grpc_port, metrics_port = free_ports(3, {int(p) for p in self.ports_env.values()})
         self.stats_port = int(self.ports_env["RAY_SERVE_HAPROXY_STATS_PORT"])
         self.metrics_port = int(self.ports_env["RAY_SERVE_HAPROXY_METRICS_PORT"])
         self.url = f"http://127.0.0.1:{self.port}"
@@ -106,8 +116,8 @@ class Server:
         app = config["applications"][0]
         app["args"] = {
             "model_repository": str(repository),
-            "grpc_port": free_port(),
-            "metrics_port": free_port(),
+            "grpc_port": grpc_port,
+            "metrics_port": metrics_port,
             **(args or {}),
         }
         if "grpc_options" in config:  # HAProxy binds the gRPC port: this server's own
