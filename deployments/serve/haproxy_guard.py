@@ -136,7 +136,11 @@ def sibling_haproxy(manager: int, config: str, gone: int, started: int | None) -
     if started is None:
         return None
     folder = os.path.dirname(config)
-    for entry in Path("/proc").iterdir():
+    try:
+        entries = list(Path("/proc").iterdir())
+    except OSError:  # no /proc (not Linux): the admin socket alone tells
+        return None
+    for entry in entries:
         if not entry.name.isdigit() or int(entry.name) == gone:
             continue
         try:
