@@ -258,7 +258,7 @@ class ModelController(ModelLoader):
             message = load_failed(name, exc.message)
             entry = self.entries.get(name)
             if isinstance(exc, PollFailed) and entry is None:  # Triton's answer: the model stays unknown
-                self.unread[name] = exc.message
+                self._fail_read(name, exc)
                 raise InvalidArgument(
                     f"failed to load '{name}', failed to poll from model repository: {exc.message}"
                 ) from None
