@@ -12,6 +12,7 @@ from ray.autoscaler._private.util import prepare_config, validate_config
 
 from deployments.serve.launch import REQUEST_PATH_ENV
 from tests.examples.conftest import ROOT
+from tools.netns_cluster import AGENT_PORTS
 
 # Every request-path variable the local launcher sets, except those sized for one machine.
 SERVE_ENV = tuple(
@@ -70,6 +71,14 @@ def test_start_commands_set_the_serve_environment(prepared: dict[str, Any]) -> N
         for setting in SERVE_ENV:
             assert setting in text, f"{key} lacks {setting}"
     assert "--head" in _joined(prepared["head_start_ray_commands"])
+
+
+def test_every_node_gives_its_agents_the_fixed_ports(prepared: dict[str, Any]) -> None:
+    # the same ports as the test cluster's: a raylet left to wait for an agent's port file aborts after 15 s
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        text = _joined(prepared[key])
+        for flag, port in AGENT_PORTS.items():
+            assert f"{flag}={port}" in text, (key, flag)
 
 
 def test_nodes_start_haproxy_through_the_shim_from_the_repository(prepared: dict[str, Any]) -> None:
