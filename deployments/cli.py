@@ -146,8 +146,8 @@ def place_ensembles(state: RepositoryState, plan: DeploymentPlan) -> Placements:
     """Place each ensemble as its replica will: a GPU group is hosted only where the plan gives it a GPU."""
     result = Placements({}, {})
     for name, model in sorted(state.models.items()):
-        if not model.is_ensemble or name in plan.problems:
-            continue
+        if not model.is_ensemble or name in plan.problems or name in plan.pooled:
+            continue  # a pooled ensemble places nothing: its host runs its pooled steps in process
         gpu = any(entry.resources.num_gpus > 0 for entry in plan.for_model(name))
         try:
             result.placed[name] = choose_placement(build_graph(model, state.models), gpu_available=gpu)
@@ -221,6 +221,8 @@ def format_report(state: RepositoryState, plan: DeploymentPlan, placements: Plac
 
 
 def _entry_lines(plan: DeploymentPlan, name: str, version: int) -> list[str]:
+    if name in plan.pooled:
+        return ["      pooled: served by the model hosts, loaded on its first request (docs/hosts.md)"]
     lines = []
     for entry in plan.for_model(name):
         if version not in entry.versions:

@@ -17,7 +17,8 @@ torch; ONNX Runtime on the host: numpy) gets a DLPack view of the same memory
 are. With ``placement: separate`` (and no group named by a ``placement.<model>``
 parameter) nothing is hosted and every step goes to the serving layer's
 executor. :meth:`EnsembleBackend.hosted_statistics` reports the hosted models'
-own statistics.
+own statistics. On a model host (``BackendContext.steps_in_process`` false) the ensemble
+places nothing and hosts nothing: the host's router runs its pooled steps in the same process.
 """
 
 from __future__ import annotations
@@ -96,17 +97,19 @@ class EnsembleBackend(Backend):
             raise Unavailable(f"ensemble '{self.model.name}' has no executor for its steps")
         graph = build_graph(self.model, self._composing)
         gpu = self.context.instance_kind == InstanceKind.GPU
-        self.placement = choose_placement(graph, gpu_available=gpu)
+        if self.context.steps_in_process:
+            self.placement = choose_placement(graph, gpu_available=gpu)
         self._scheduler = EnsembleScheduler(
             graph,
             Router(self._hosted, remote=self.context.executor),
             handoff=self._hand_on,
-            inline_nested=self.placement.hosted is not None,
+            inline_nested=self.placement is not None and self.placement.hosted is not None,
         )
 
     async def start(self) -> None:
         """Load the hosted group's models in this process; on failure, close those already loaded."""
-        assert self.placement is not None, "load() first"
+        if self.placement is None:  # the executor runs the steps in this process (a model host)
+            return
         try:
             for name, device in self.placement.hosted_models().items():
                 runtime = ModelRuntime(

@@ -26,8 +26,8 @@ A model whose config ``parameters`` carry ``ray.autoscaling.*`` keys
 ``min_replicas`` and ``max_replicas``; the plan counts its start replicas.
 
 With model hosts on (:class:`HostPolicy`, ``ServerSettings.model_hosts``), a model that needs nothing
-a replica of its own gives (:func:`pooled`: one CPU instance, no autoscaling, no state, no stream,
-not an ensemble) is *pooled*: it gets no entry of its own and is served by the one shared
+a replica of its own gives (:func:`pooled`: one CPU instance, no autoscaling, no state, no stream;
+an ensemble whose models are all pooled) is *pooled*: it gets no entry of its own and is served by the one shared
 :class:`HostEntry`, a deployment whose replicas each hold many models, loaded on demand
 (docs/hosts.md). A model's ``ray.placement`` parameter (``pooled`` or ``dedicated``) chooses either way.
 
@@ -420,24 +420,32 @@ def _pooled_kinds(policy: HostPolicy) -> tuple[InstanceKind, ...]:
     return (*cpu, InstanceKind.GPU) if policy.num_gpus > 0 else cpu
 
 
-def pooled(model: ModelDescription, policy: HostPolicy) -> bool:
+def pooled(
+    model: ModelDescription, policy: HostPolicy, models: Mapping[str, ModelDescription] | None = None
+) -> bool:
     """Whether ``model`` is served by the model host rather than a deployment of its own.
 
-    Where hosts are on, a model is pooled unless it needs a replica of its own (state, streams, an
-    ensemble, autoscaling, a GPU, several instances, a backend hosts do not run) or its
-    ``ray.placement`` parameter says ``dedicated``; ``pooled`` there cannot pool a model that needs
-    its own replica (it keeps its deployment). A model whose parameter says nothing goes where the
-    policy's ``placement`` says: with ``dedicated`` only the models that ask for it are pooled. Hosts with GPUs (``HostPolicy.num_gpus``) pool a
-    single-instance ``KIND_GPU`` model too: it runs on the host replica's GPU, whichever its
-    ``instance_group`` names.
+    Where hosts are on, a model is pooled unless it needs a replica of its own (state, streams,
+    autoscaling, a GPU, several instances, a backend hosts do not run) or its ``ray.placement``
+    parameter says ``dedicated``; ``pooled`` there cannot pool a model that needs its own replica (it
+    keeps its deployment). A model whose parameter says nothing goes where the policy's ``placement``
+    says: with ``dedicated`` only the models that ask for it are pooled. Hosts with GPUs
+    (``HostPolicy.num_gpus``) pool a single-instance ``KIND_GPU`` model too: it runs on the host
+    replica's GPU, whichever its ``instance_group`` names.
+
+    An ensemble is pooled when every model it reaches (nested ensembles' steps included) is pooled,
+    looked up in ``models``: the host replica that answers it then runs every step in its own process
+    (docs/hosts.md). An ensemble with a step that is not pooled, or not in ``models``, keeps its
+    deployment, which hosts its steps in process as it places them.
     """
-    asked = str((model.parameters or {}).get(PLACEMENT_PARAMETER, "")).strip().lower() or policy.placement
+    asked = _asked(model, policy)
     if not policy.enabled or asked == DEDICATED:
         return False
+    if model.is_ensemble:
+        return not model.decoupled and asked == POOLED and _steps_pooled(model, policy, models or {})
     groups = model.instance_groups
     return (
-        not model.is_ensemble
-        and model.kind in POOLED_BACKENDS
+        model.kind in POOLED_BACKENDS
         and not model.decoupled
         and model.sequence_batching is None
         and not any(str(key).startswith(AUTOSCALING_PREFIX) for key in (model.parameters or {}))
@@ -445,6 +453,29 @@ def pooled(model: ModelDescription, policy: HostPolicy) -> bool:
         and all(g.count * max(len(g.gpus), 1) <= 1 and g.kind in _pooled_kinds(policy) for g in groups)
         and asked == POOLED
     )
+
+
+def _asked(model: ModelDescription, policy: HostPolicy) -> str:
+    """Where ``model``'s ``ray.placement`` parameter asks to be served (the policy's default where it
+    says nothing)."""
+    return str((model.parameters or {}).get(PLACEMENT_PARAMETER, "")).strip().lower() or policy.placement
+
+
+def _steps_pooled(
+    ensemble: ModelDescription, policy: HostPolicy, models: Mapping[str, ModelDescription]
+) -> bool:
+    """Whether every model ``ensemble`` reaches is in ``models`` and pooled (nested ensembles as models:
+    their own steps are among those reached)."""
+    for name in composing_models(ensemble, models):
+        step = models.get(name)
+        if step is None or step.decoupled:
+            return False
+        if step.is_ensemble:
+            if _asked(step, policy) != POOLED:
+                return False
+        elif not pooled(step, policy):
+            return False
+    return True
 
 
 HOSTS_HINT_MODELS = 16  # without hosts, this many poolable models get a hint at start
@@ -455,7 +486,8 @@ def hosts_hint(models: Mapping[str, ModelDescription], policy: HostPolicy) -> st
     process per model costs memory and start time that one host replica does not); None otherwise."""
     if policy.enabled:
         return None
-    poolable = [name for name, model in models.items() if pooled(model, replace(policy, replicas=1))]
+    one = replace(policy, replicas=1)
+    poolable = [name for name, model in models.items() if pooled(model, one, models)]
     if len(poolable) < HOSTS_HINT_MODELS:
         return None
     return (
@@ -503,7 +535,7 @@ def plan_deployments(
         hosts = fitted(hosts, resources)
     for name in sorted(models):
         model = models[name]
-        if pooled(model, hosts):
+        if pooled(model, hosts, models):
             pooled_names.append(name)
             continue
         try:

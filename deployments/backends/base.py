@@ -77,6 +77,9 @@ class BackendContext:
     instance_name: str = ""
     executor: ModelExecutor | None = None  # BLS / nested inference, from the serving layer
     composing: Mapping[str, ModelDescription] = field(default_factory=dict, compare=False)  # ensemble steps
+    # an ensemble hosts copies of its steps in its process as it places them; False where the executor
+    # already runs them in this process (a model host's pooled models)
+    steps_in_process: bool = True
 
 
 @dataclass

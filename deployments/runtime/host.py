@@ -16,7 +16,12 @@ process per model (docs/hosts.md). A :class:`ModelHost` holds the *pooled* model
   footprint alone passes a budget is unloaded again and fails its load, naming that budget.
   Eviction never drops a request in flight; an evicted model loads again on its next request;
 * statistics stay cumulative across evictions: an evicted model's counters are kept and summed
-  with those of its next load.
+  with those of its next load;
+* a pooled **ensemble** is described with every model it reaches: its pooled steps become available
+  here, so the router runs them in this process as pooled models of their own (loaded, measured and
+  evicted as any), and the ensemble hosts no copies of them. A step that is not pooled is described
+  by ``describe_elsewhere`` and called where it runs. A step forgotten (unloaded or changed) takes
+  the ensembles that reach it with it, to be built again on their next request.
 
 The host is Ray-free; the serving layer (``deployments.serve.model_host``) gives it the descriptions
 and a factory for the runtimes.
@@ -48,7 +53,11 @@ logger = logging.getLogger(__name__)
 
 Describe = Callable[[str], Awaitable[ModelDescription | None]]
 """The description of an available pooled model, None if the name is not one."""
-MakeRuntime = Callable[[ModelDescription], ModelRuntime]
+DescribeElsewhere = Callable[[str], Awaitable[ModelDescription]]
+"""The description of a served model that is not pooled (an ensemble's step with replicas of its own)."""
+MakeRuntime = Callable[..., ModelRuntime]
+"""``ModelRuntime``'s signature: the description, then ``composing`` and ``steps_in_process`` for an
+ensemble."""
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -113,8 +122,10 @@ class ModelHost:
         measure: Callable[[], int] = resident_bytes,
         measure_gpus: Callable[[], Mapping[int, int]] | None = None,
         gpu_budget_bytes: Mapping[int, int] | None = None,
+        describe_elsewhere: DescribeElsewhere | None = None,
     ) -> None:
         self._describe = describe
+        self._describe_elsewhere = describe_elsewhere
         self._make_runtime = make_runtime
         self.budget_bytes = budget_bytes
         self._measure = measure
@@ -124,6 +135,7 @@ class ModelHost:
         self._loading: dict[str, asyncio.Task[Resident]] = {}
         self.resident: OrderedDict[str, Resident] = OrderedDict()  # least recently used first
         self.known: dict[str, ModelDescription] = {}  # available models seen so far
+        self.composing: dict[str, dict[str, ModelDescription]] = {}  # every model each ensemble reaches
         self._retired: dict[str, list[list[dict[str, Any]]]] = {}  # statistics of evicted loads
         self.counters: dict[str, HostCounters] = {}
         self.ongoing = 0  # requests inside this host now, those waiting for a load included
@@ -131,22 +143,47 @@ class ModelHost:
     # --- what is available ---------------------------------------------------------------------
 
     async def description(self, name: str) -> ModelDescription:
-        """The description of available model ``name``; ``NotFound`` (Triton's wording) otherwise."""
+        """The description of available model ``name``; ``NotFound`` (Triton's wording) otherwise. An
+        ensemble's steps are described with it (:meth:`_steps`)."""
         found = self.known.get(name)
         if found is None:
             found = await self._describe(name)
             if found is None:
                 raise NotFound(f"Request for unknown model: '{name}' is not found")
+            if found.is_ensemble:
+                self.composing[name] = await self._steps(found)
             self.known[name] = found
+        return found
+
+    async def _steps(self, ensemble: ModelDescription) -> dict[str, ModelDescription]:
+        """Every model ``ensemble`` reaches, described: a pooled one as available here, any other as
+        ``describe_elsewhere`` finds it."""
+        found: dict[str, ModelDescription] = {}
+        todo = [s.model_name for s in ensemble.ensemble_steps]
+        while todo:
+            name = todo.pop()
+            if name in found:
+                continue
+            try:
+                step = await self.description(name)
+            except NotFound:
+                if self._describe_elsewhere is None:
+                    raise
+                step = await self._describe_elsewhere(name)
+            found[name] = step
+            todo.extend(s.model_name for s in step.ensemble_steps)
         return found
 
     async def forget(self, name: str) -> None:
         """``name`` is no longer available as it was (unloaded, or changed): unload it here when idle,
-        and look its description up again on its next request."""
+        and look its description up again on its next request; so too every ensemble that reaches it."""
         self.known.pop(name, None)
+        self.composing.pop(name, None)
         resident = self.resident.get(name)
         if resident is not None:
             await self._evict(name, resident, reason="no longer available as loaded")
+        for ensemble in [e for e, steps in self.composing.items() if name in steps]:
+            await self.forget(ensemble)
 
     # --- running -----------------------------------------------------------------------------
 
@@ -270,7 +307,10 @@ class ModelHost:
             # freed memory the allocator still holds (resident) would be reused by the load unseen
             _release_memory()
             before, before_gpus = self._measure(), self._measure_gpus()
-            runtime = self._make_runtime(model)
+            if model.is_ensemble:  # its steps run here as pooled models (or where they run)
+                runtime = self._make_runtime(model, composing=self.composing[name], steps_in_process=False)
+            else:
+                runtime = self._make_runtime(model)
             try:
                 await runtime.load()
             except BaseException:

@@ -361,9 +361,11 @@ class ModelRuntime:
         executor: ModelExecutor | None = None,
         instance_name: str = "",
         composing: Mapping[str, ModelDescription] | None = None,
+        steps_in_process: bool = True,
     ) -> None:
         self.model = model
         self.composing = dict(composing or {})
+        self.steps_in_process = steps_in_process
         self.instance_kind = instance_kind
         self.device_id = device_id
         self.executor = executor
@@ -390,6 +392,7 @@ class ModelRuntime:
                 instance_name=self.instance_name,
                 executor=self.executor,
                 composing=self.composing,
+                steps_in_process=self.steps_in_process,
             )
             backend = create_backend(context)
             backend.load()

@@ -101,7 +101,10 @@ class RayDeployer:
         )
 
     def is_pooled(self, model: ModelDescription) -> bool:
-        return pooled(model, fitted(self.settings.host_policy, self.resources))
+        """Whether ``model`` goes to the hosts when deployed now (an ensemble: where every model it
+        reaches is pooled among the models known, ``repository_loader.plan.pooled``)."""
+        known = {**self.models, model.name: model}
+        return pooled(model, fitted(self.settings.host_policy, self.resources), known)
 
     async def _ensure_host(self) -> None:
         """The model host application, started once (a restarted server finds it running); the loads
@@ -583,7 +586,9 @@ class ServerDeployment:
 
     def _remote(self, model: ModelDescription) -> ServedModel:
         pushed = self._stats.setdefault(model.name, {})
-        return ServedElsewhere(model, self._models, pushed, ask_replica=not self.deployer.is_pooled(model))
+        return ServedElsewhere(
+            model, self._models, pushed, ask_replica=model.name not in self.deployer.pooled
+        )
 
     async def _startup(self) -> None:
         try:

@@ -26,6 +26,7 @@ from typing import Any
 import ray
 from ray import serve
 
+import ensembles
 from deployments.backends.python_api.context import as_stub_process
 from deployments.backends.python_api.logger import log_to_stderr
 from deployments.inference import InferRequest, InferResponse
@@ -65,6 +66,7 @@ class ModelHostDeployment:
         self, settings: ServerSettings, memory_bytes: int, gpu_memory_bytes: int = 0
     ) -> None:
         coalesce_response_writes()
+        ensembles.register()  # pooled ensembles run here
         log_to_stderr(settings.log_settings)
         as_stub_process()  # sys.argv as model code sees it under tritonserver
         ray_metrics.export_to_ray()
@@ -95,6 +97,7 @@ class ModelHostDeployment:
             memory_bytes,
             measure_gpus=self._gpus.used if self._gpus else None,
             gpu_budget_bytes=gpu_budgets(self._gpus, gpu_memory_bytes) if self._gpus else None,
+            describe_elsewhere=self._describe_elsewhere,
         )
         self.shared_memory = SharedMemory(ServerRegions(self.server), follower=self.replica_id)
         traces = RemoteTraces(self.server)
@@ -138,8 +141,9 @@ class ModelHostDeployment:
         inside this host replica, over every path, cold loads included."""
         return {hooks.RUNNING_REQUESTS_KEY: float(self.host.ongoing)}
 
-    def _runtime(self, model: ModelDescription) -> ModelRuntime:
-        """A pooled ``KIND_GPU`` model runs on this replica's first GPU, whichever its group names."""
+    def _runtime(self, model: ModelDescription, **ensemble: Any) -> ModelRuntime:
+        """A pooled ``KIND_GPU`` model runs on this replica's first GPU, whichever its group names; an
+        ensemble gets its steps' descriptions (``ensemble``: ``ModelRuntime``'s keywords)."""
         on_gpu = self._on_gpus and any(g.kind == InstanceKind.GPU for g in model.instance_groups)
         return ModelRuntime(
             model,
@@ -147,7 +151,11 @@ class ModelHostDeployment:
             0,
             executor=self.router,
             instance_name=f"{model.name}_0_{self._index}",
+            **ensemble,
         )
+
+    async def _describe_elsewhere(self, name: str) -> ModelDescription:
+        return await self.server.describe(name, "")
 
     async def _describe(self, name: str) -> ModelDescription | None:
         found = await self.server.pooled(name)

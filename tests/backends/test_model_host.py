@@ -343,3 +343,80 @@ async def test_a_requester_that_leaves_does_not_abort_the_load_others_wait_for(t
         assert host.counters["a"].loads == 1 and host.counters["a"].load_failures == 0
     finally:
         await host.close()
+
+
+async def test_a_pooled_ensemble_runs_its_pooled_steps_here_and_calls_the_others_where_they_run(
+    tmp_path: Path,
+) -> None:
+    """``chain`` (a then b) runs both steps as this host's own pooled models, each loaded and counted
+    once; ``mixed``'s second step is not pooled, so it is described and called elsewhere. A step that
+    is forgotten (unloaded or changed) takes the ensembles that reach it with it."""
+    import ensembles  # noqa: F401  (registers the ensemble backend)
+    from deployments.inference import InferRequest, InferResponse
+    from tests.ensembles.helpers import ensemble, step
+
+    io = [("X", "FP32", (1,))]
+    models: dict[str, ModelDescription] = {
+        **sized_models(tmp_path, {"a": 2, "b": 2}),
+        "chain": ensemble(
+            "chain",
+            io,
+            [("Y", "FP32", (1,))],
+            [step("a", {"X": "X"}, {"Y": "mid"}), step("b", {"X": "mid"}, {"Y": "Y"})],
+        ),
+        "mixed": ensemble(
+            "mixed",
+            io,
+            [("Y", "FP32", (1,))],
+            [step("a", {"X": "X"}, {"Y": "mid"}), step("far", {"X": "mid"}, {"Y": "Y"})],
+        ),
+    }
+    far = sized_models(tmp_path / "elsewhere", {"far": 1})["far"]
+    far_calls: list[float] = []
+
+    class Elsewhere:
+        async def infer(self, request: InferRequest) -> InferResponse:
+            x = np.asarray(request.inputs["X"], dtype=np.float32)
+            far_calls.append(float(x.reshape(-1)[0]))
+            return InferResponse(model_name=request.model_name, outputs={"Y": x * 10})
+
+    async def describe_pooled(name: str) -> ModelDescription | None:
+        return models.get(name)
+
+    async def describe_elsewhere(name: str) -> ModelDescription:
+        if name == "far":
+            return far
+        raise NotFound(f"Request for unknown model: '{name}' is not found")
+
+    router: Router | None = None
+
+    def make_runtime(model: ModelDescription, **ensemble_keywords: object) -> ModelRuntime:
+        return ModelRuntime(model, executor=router, **ensemble_keywords)  # type: ignore[arg-type]
+
+    host = ModelHost(describe_pooled, make_runtime, 200 * MIB, describe_elsewhere=describe_elsewhere)
+    router = Router(local=HostedModels(host), remote=Elsewhere())
+    try:
+        for name in ("chain", "mixed"):  # the data plane asks first, as for any pooled model
+            await host.description(name)
+        assert {"a", "b"} <= set(host.known)  # the steps are available here with it
+        answer = await router.infer(request("chain", X=np.array([1.0], dtype=np.float32)))
+        assert answer.error is None, answer.error
+        assert float(np.asarray(answer.outputs["Y"]).reshape(-1)[0]) == 3.0  # (1 + 1) + 1
+        # the steps are resident here as models of their own; the ensemble hosts no copies
+        assert set(host.resident) == {"a", "b", "chain"}
+        assert not host.resident["chain"].runtime.versions[1].backend.hosted  # type: ignore[attr-defined]
+        assert host.counters["a"].loads == 1 and host.counters["b"].loads == 1
+        await _ask(host, "a")  # a direct call finds the step loaded
+        assert host.counters["a"].loads == 1
+        answer = await router.infer(request("mixed", X=np.array([2.0], dtype=np.float32)))
+        assert answer.error is None, answer.error
+        assert float(np.asarray(answer.outputs["Y"]).reshape(-1)[0]) == 30.0 and far_calls == [3.0]
+        assert "far" not in host.known and "far" not in host.resident
+        await host.forget("b")
+        assert "chain" not in host.resident and "chain" not in host.known
+        assert "mixed" in host.resident  # it does not reach b
+        await host.description("chain")  # described again, as the data plane does on its next request
+        answer = await router.infer(request("chain", X=np.array([0.0], dtype=np.float32)))
+        assert answer.error is None and host.counters["chain"].loads == 2
+    finally:
+        await host.close()

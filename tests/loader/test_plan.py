@@ -395,6 +395,46 @@ def test_with_hosts_a_model_that_needs_no_replica_of_its_own_is_pooled() -> None
     assert plan.total_cpus <= 4 - CONTROL_APP_CPUS
 
 
+def test_an_ensemble_is_pooled_when_every_model_it_reaches_is_pooled() -> None:
+    """Its host then runs every step in its own process; a step with a replica of its own (or a nested
+    ensemble that is not pooled, or a step it does not know) keeps the ensemble's deployment."""
+    from repository_loader.plan import HostPolicy, pooled
+    from tests.ensembles.helpers import ensemble, step
+
+    spec = [("X", "FP32", (1,))]
+
+    def chain(name: str, *steps: str, **parameters: str) -> ModelDescription:
+        named = [step(s, {"X": "X"}, {"Y": "Y"}) for s in steps]
+        return ensemble(name, spec, spec, named, parameters=parameters)
+
+    models = {
+        "a": _python("a"),
+        "b": _python("b"),
+        "own": _python("own", (InstanceGroup("g", InstanceKind.CPU, 2),)),
+        "all_pooled": chain("all_pooled", "a", "b"),
+        "nested": chain("nested", "all_pooled", "a"),
+        "with_own": chain("with_own", "a", "own"),
+        "outer": chain("outer", "with_own"),  # its nested ensemble reaches "own"
+        "unknown": chain("unknown", "a", "missing"),
+        "kept": chain("kept", "a", **{"ray.placement": "dedicated"}),
+    }
+    plan = plan_deployments(models, ClusterResources(4), hosts=HostPolicy(replicas=1, num_cpus=0.25))
+    assert plan.pooled == ("a", "all_pooled", "b", "nested")
+    assert {e.model for e in plan.entries} == {"own", "with_own", "outer", "unknown", "kept"}
+    # the same answer one model at a time, as the server asks it on each load
+    policy = HostPolicy(replicas=1)
+    assert pooled(models["nested"], policy, models) and not pooled(models["outer"], policy, models)
+    assert not pooled(models["all_pooled"], policy)  # its steps unknown: kept
+    decoupled = replace(models["all_pooled"], decoupled=True)
+    assert not pooled(decoupled, policy, models)
+    # with hosts for the models that ask, an ensemble that asks is pooled where its steps are
+    asking = HostPolicy(replicas=1, placement="dedicated")
+    pooled_steps = {n: _python(n, **{"ray.placement": "pooled"}) for n in ("a", "b")}
+    asked = chain("asked", "a", "b", **{"ray.placement": "pooled"})
+    assert pooled(asked, asking, {**pooled_steps, "asked": asked})
+    assert not pooled(asked, asking, {"a": _python("a"), "b": _python("b"), "asked": asked})
+
+
 def test_hosts_with_gpus_pool_single_instance_gpu_models_where_the_cluster_has_the_gpus() -> None:
     from repository_loader.plan import HostPolicy
 

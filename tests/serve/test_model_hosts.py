@@ -22,7 +22,7 @@ from tests.serve.standalone import Server, http
 MIB = 2**20
 POOLED = [f"pooled_{i}" for i in range(4)]
 DEDICATED = "dedicated_0"
-ENSEMBLE = "pooled_chain"  # pooled_0 then pooled_1, both on the host
+ENSEMBLE = "pooled_chain"  # pooled_0 then pooled_1: pooled with them, all on the host
 CRASHER = "pooled_crasher"  # ends its process on X = -1 (the last test)
 MODEL_MIB = 40  # each pooled model holds this much while loaded
 BUDGET_MIB = 100  # the host's models together: two fit, not three
@@ -236,13 +236,26 @@ def test_unload_and_load_of_a_pooled_model(server: Server) -> None:
     assert _infer_http(client, name) == 5.0
 
 
-def test_an_ensemble_of_pooled_models(server: Server) -> None:
-    """Its steps run on the host; the ensemble adds both steps' constants (1, then 2)."""
+def test_an_ensemble_of_pooled_models_is_pooled_with_them(server: Server) -> None:
+    """The ensemble and its steps run in the one host process (no replica of its own); it adds both
+    steps' constants (1, then 2), and the steps' statistics count the ensemble's calls."""
     client = _http(server)
     assert client.is_model_ready(ENSEMBLE)
+    before = _success(client, POOLED[0])
     for x in (1.0, 5.0):
         assert _infer_http(client, ENSEMBLE, x=x) == x + 1 + 2
-    assert all(server.replica_pids(name) == [] for name in POOLED[:2])
+    assert all(server.replica_pids(name) == [] for name in [ENSEMBLE, *POOLED[:2]])
+    assert len(_host_pids(server)) == 1
+    deadline = time.monotonic() + 15  # the host pushes its statistics every second
+    while _success(client, POOLED[0]) < before + 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _success(client, POOLED[0]) >= before + 2
+    assert _success(client, ENSEMBLE) >= 2
+
+
+def _success(client: httpclient.InferenceServerClient, model: str) -> int:
+    stats = client.get_inference_statistics(model)["model_stats"]
+    return sum(int(s["inference_stats"]["success"]["count"]) for s in stats)
 
 
 def test_a_model_that_ends_its_host_fails_only_its_own_request(server: Server) -> None:
