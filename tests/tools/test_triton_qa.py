@@ -12,6 +12,7 @@ from tools.triton_qa import (
     batcher,
     decoupled,
     dyna_sequence,
+    infer,
     infer_variable,
     infer_zero,
     log_settings,
@@ -397,6 +398,51 @@ def test_infer_zero_asks_onnx_and_runs_the_zero_ensembles_on_python_nops(tmp_pat
         f'\nname: "{nop}"\nbackend: "python"\nmax_batch_size: 1024\n'
     )
     assert (built.path / nop / "1" / "model.py").read_text() == "# identity\n"
+
+
+def test_infer_makes_test_shs_python_models_from_the_onnx_configurations(tmp_path: Path) -> None:
+    python_run, onnx_run = infer.L0_INFER.runs
+    assert python_run.env["BACKENDS"] == "python" and onnx_run.env["BACKENDS"] == "onnx python"
+    assert python_run.env["TRITON_SERVER_CPU_ONLY"] == "1"
+    assert "this:--model-hosts=1" in onnx_run.server_args  # ~230 models: one host process here
+    names = [m.name for m in onnx_run.models]
+    assert len(names) == len(set(names)) == 40 + 40 + 120 + 39
+    assert {"python_nobatch_object_int32_object", "fan_onnx_int8_int8_int8", "nop_TYPE_STRING_-1,-1"} <= set(
+        names
+    )
+    checkout, cache = tmp_path / "checkout", tmp_path / "cache"
+    for code in ("add_sub", "sub_add"):
+        (checkout / "qa" / "python_models" / code).mkdir(parents=True)
+        (checkout / "qa" / "python_models" / code / "model.py").write_text(f"# {code}\n")
+    for onnx_name in ("onnx_int32_int8_int8", "onnx_nobatch_int8_int8_int8"):
+        _pregenerated(
+            cache,
+            "qa_model_repository",
+            onnx_name,
+            f'\nname: "{onnx_name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+            "version_policy: { latest { num_versions: 1 }}\n",
+        )
+        (cache / "qa_model_repository" / onnx_name / "output0_labels.txt").write_text("label\n")
+    wanted = {"python_int32_int8_int8", "python_nobatch_int8_int8_int8", "onnx_int32_int8_int8"}
+    built = build_repository(
+        tuple(m for m in onnx_run.models if m.name in wanted), checkout, cache, tmp_path / "repo"
+    )
+    assert not built.skipped
+    assert (built.path / "python_int32_int8_int8" / "config.pbtxt").read_text() == (
+        '\nname: "python_int32_int8_int8"\n\nmax_batch_size: 8\nbackend: "python"\n'
+        "instance_group [ { kind: KIND_CPU }]\n"
+    )
+    assert (built.path / "python_int32_int8_int8" / "1" / "model.py").read_text() == "# add_sub\n"
+    assert (built.path / "python_int32_int8_int8" / "output0_labels.txt").read_text() == "label\n"
+    # int8 in and out: version 1 of gen_qa_models.py's model subtracts first, as test.sh's swap
+    assert (built.path / "python_nobatch_int8_int8_int8" / "1" / "model.py").read_text() == "# sub_add\n"
+    assert (
+        (built.path / "onnx_int32_int8_int8" / "config.pbtxt")
+        .read_text()
+        .endswith("instance_group [ { kind: KIND_CPU }]\n")
+    )
+    nop = next(m for m in onnx_run.models if m.name == "nop_TYPE_INT8_-1")
+    assert nop.files[1] == ("own:identity/1/model.py", "1/model.py")
 
 
 def test_string_io_makes_string_identity_eight_wide_and_stands_in_for_the_graphdef_model(
