@@ -89,6 +89,9 @@ PLACEMENT_PARAMETER = "ray.placement"
 POOLED = "pooled"
 DEDICATED = "dedicated"
 POOLED_BACKENDS = frozenset({"python", "onnxruntime", "pytorch"})
+# backends whose loaded model is stateless and safe to run from several threads: pooled with one CPU
+# group of any count, as one loaded model that runs up to ``count`` batches at once (pooled_instances)
+STATELESS_BACKENDS = frozenset({"onnxruntime", "pytorch"})
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -426,7 +429,7 @@ def pooled(
     """Whether ``model`` is served by the model host rather than a deployment of its own.
 
     Where hosts are on, a model is pooled unless it needs a replica of its own (state, streams,
-    autoscaling, a GPU, several instances, a backend hosts do not run) or its ``ray.placement``
+    autoscaling, a GPU, several instances of a Python model, a backend hosts do not run) or its ``ray.placement``
     parameter says ``dedicated``; ``pooled`` there cannot pool a model that needs its own replica (it
     keeps its deployment). A model whose parameter says nothing goes where the policy's ``placement``
     says: with ``dedicated`` only the models that ask for it are pooled. Hosts with GPUs
@@ -450,9 +453,27 @@ def pooled(
         and model.sequence_batching is None
         and not any(str(key).startswith(AUTOSCALING_PREFIX) for key in (model.parameters or {}))
         and len(groups) <= 1
-        and all(g.count * max(len(g.gpus), 1) <= 1 and g.kind in _pooled_kinds(policy) for g in groups)
+        and all(_one_instance(model, g) and g.kind in _pooled_kinds(policy) for g in groups)
         and asked == POOLED
     )
+
+
+def _one_instance(model: ModelDescription, group: InstanceGroup) -> bool:
+    """Whether a host can run ``group`` as one loaded model: a group of one instance, or a CPU group of
+    a stateless backend (its instances differ only in running at the same time)."""
+    if group.count * max(len(group.gpus), 1) <= 1:
+        return True
+    return model.kind in STATELESS_BACKENDS and group.kind in (InstanceKind.CPU, InstanceKind.AUTO)
+
+
+def pooled_instances(model: ModelDescription) -> int:
+    """How many batches a host runs at once for pooled ``model``: its CPU group's count for a stateless
+    backend (Triton's instances of it), else 1 (one instance; a Python model's instances each hold
+    state, so it is pooled only with one)."""
+    groups = model.instance_groups
+    if model.kind in STATELESS_BACKENDS and len(groups) == 1 and groups[0].kind != InstanceKind.GPU:
+        return max(groups[0].count, 1)
+    return 1
 
 
 def _asked(model: ModelDescription, policy: HostPolicy) -> str:

@@ -362,10 +362,13 @@ class ModelRuntime:
         instance_name: str = "",
         composing: Mapping[str, ModelDescription] | None = None,
         steps_in_process: bool = True,
+        instances: int = 1,
     ) -> None:
         self.model = model
         self.composing = dict(composing or {})
         self.steps_in_process = steps_in_process
+        # a model host runs a stateless model's CPU instances as one loaded model: this many batches at once
+        self.instances = max(instances, 1)
         self.instance_kind = instance_kind
         self.device_id = device_id
         self.executor = executor
@@ -398,7 +401,8 @@ class ModelRuntime:
             backend.load()
             try:
                 await backend.start()
-                runtime = VersionRuntime(self.model, version, backend, self.metrics, backend.max_concurrency)
+                concurrent = backend.max_concurrency * self.instances
+                runtime = VersionRuntime(self.model, version, backend, self.metrics, concurrent)
                 await runtime.warmup()
             except BaseException:
                 try:

@@ -47,7 +47,7 @@ from deployments.serve.traces import RemoteTraces, follow_traces
 from deployments.settings import ServerSettings, compile_header_pattern
 from deployments.tracing import configure as configure_tracing
 from repository_loader.model import InstanceKind, ModelDescription
-from repository_loader.plan import HOST_APP, HOST_ROUTE
+from repository_loader.plan import HOST_APP, HOST_ROUTE, pooled_instances
 
 logger = logging.getLogger("ray.serve")
 
@@ -151,6 +151,7 @@ class ModelHostDeployment:
             0,
             executor=self.router,
             instance_name=f"{model.name}_0_{self._index}",
+            instances=pooled_instances(model),
             **ensemble,
         )
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -420,3 +420,43 @@ async def test_a_pooled_ensemble_runs_its_pooled_steps_here_and_calls_the_others
         assert answer.error is None and host.counters["chain"].loads == 2
     finally:
         await host.close()
+
+
+@pytest.mark.parametrize("instances", [1, 2])
+async def test_a_runtime_of_several_instances_runs_that_many_batches_at_once(instances: int) -> None:
+    """A pooled stateless model's CPU instances are one loaded model on a host (``pooled_instances``):
+    its runtime hands the backend up to that many batches at once, as Triton runs its instances."""
+    from deployments.backends.base import Backend
+    from deployments.backends.registry import _BACKENDS, register_backend
+    from deployments.inference import InferRequest, InferResponse
+    from tests.backends.helpers import spec
+
+    running, most = 0, 0
+
+    class Probe(Backend):
+        def load(self) -> None:
+            pass
+
+        async def execute(self, requests: Sequence[InferRequest]) -> list[InferResponse]:
+            nonlocal running, most
+            running += 1
+            most = max(most, running)
+            await asyncio.sleep(0.05)
+            running -= 1
+            return [InferResponse(model_name=r.model_name, outputs={"Y": r.inputs["X"]}) for r in requests]
+
+    register_backend("concurrency_probe", lambda: Probe)
+    model = describe(
+        "probe", Path("/nowhere"), "concurrency_probe", [spec("X", "FP32", [1])], [spec("Y", "FP32", [1])]
+    )
+    runtime = ModelRuntime(model, instances=instances)
+    try:
+        await runtime.load()
+        answers = await asyncio.gather(
+            *(runtime.infer(request("probe", X=np.array([float(i)], dtype=np.float32))) for i in range(4))
+        )
+        assert all(a.error is None for a in answers)
+        assert most == instances
+    finally:
+        await runtime.close()
+        _BACKENDS.pop("concurrency_probe", None)

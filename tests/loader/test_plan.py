@@ -435,6 +435,30 @@ def test_an_ensemble_is_pooled_when_every_model_it_reaches_is_pooled() -> None:
     assert not pooled(asked, asking, {"a": _python("a"), "b": _python("b"), "asked": asked})
 
 
+def test_a_stateless_models_cpu_instances_are_pooled_as_one_model_that_runs_them_at_once() -> None:
+    """ONNX Runtime and TorchScript: an ``instance_group`` of N CPU instances (ONNX Runtime's default is
+    2) is pooled, and the host runs up to N of its batches at once; a Python model's instances each hold
+    state, so several keep a deployment, as do several GPU instances."""
+    from repository_loader.plan import HostPolicy, pooled, pooled_instances
+
+    cpu2 = (InstanceGroup("g", InstanceKind.CPU, 2),)
+    models = {
+        "onnx2": _model("onnx2", cpu2),
+        "torch3": _model(
+            "torch3", (InstanceGroup("g", InstanceKind.CPU, 3),), backend="pytorch", platform=""
+        ),
+        "python2": _python("python2", cpu2),
+        "onnx_gpu2": _model("onnx_gpu2", (InstanceGroup("g", InstanceKind.GPU, 2),)),
+        "onnx_two_groups": _model("onnx_two_groups", (*cpu2, InstanceGroup("h", InstanceKind.CPU, 1))),
+    }
+    policy = HostPolicy(replicas=1, num_gpus=1)
+    plan = plan_deployments(models, ClusterResources(4, 1), hosts=policy)
+    assert plan.pooled == ("onnx2", "torch3")
+    assert [pooled_instances(models[n]) for n in ("onnx2", "torch3", "python2")] == [2, 3, 1]
+    assert pooled_instances(_model("plain")) == 1
+    assert not pooled(models["python2"], policy) and not pooled(models["onnx_gpu2"], policy)
+
+
 def test_hosts_with_gpus_pool_single_instance_gpu_models_where_the_cluster_has_the_gpus() -> None:
     from repository_loader.plan import HostPolicy
 
