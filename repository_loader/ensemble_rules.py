@@ -32,6 +32,7 @@ to its application); :func:`nested_first` is the order in which ensembles load.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import TypeVar
 
 from repository_loader.datatypes import wire_to_config
@@ -449,3 +450,28 @@ def _disagreement(first: _Seen, here: _Seen) -> str:
             f"while {here.shape} is inferred from model '{here.model}'"
         )
     return ""
+
+
+def with_step_labels(ensemble: ModelDescription, models: Mapping[str, ModelDescription]) -> ModelDescription:
+    """``ensemble`` with each output that names no label file given the label file of the step output
+    that produces it (``TensorSpec.step_labels``), through nested ensembles: Triton's classification
+    labels an ensemble's output as the model that made the tensor labels it. An output the ensemble
+    labels itself, or whose producing step has no labels, is left as it is."""
+    producers = {
+        tensor: (step.model_name, step_output)
+        for step in ensemble.ensemble_steps
+        for step_output, tensor in step.output_map.items()
+    }
+    outputs = []
+    for output in ensemble.outputs:
+        found = None
+        if not output.label_filename and output.name in producers:
+            name, step_output = producers[output.name]
+            step = models.get(name)
+            spec = next((o for o in step.outputs if o.name == step_output), None) if step else None
+            if step is not None and spec is not None:
+                found = spec.step_labels or (
+                    str(step.path / spec.label_filename) if spec.label_filename else None
+                )
+        outputs.append(replace(output, step_labels=found) if found else output)
+    return replace(ensemble, outputs=tuple(outputs))

@@ -64,6 +64,9 @@ class TensorSpec:
     is_shape_tensor: bool = False
     label_filename: str | None = None
     format: str = "FORMAT_NONE"
+    # an ensemble output that names no label file: the label file of the step output that produces it
+    # (an absolute path; Triton's classification labels come with the tensor from the model that made it)
+    step_labels: str | None = None
 
     def full_shape(self, max_batch_size: int) -> list[int]:
         """Shape as metadata reports it: ``[-1, *dims]`` for batching models."""

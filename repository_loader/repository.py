@@ -22,7 +22,7 @@ from repository_loader.autocomplete import (
 )
 from repository_loader.config import config_path_candidates, parse_config
 from repository_loader.describe import describe
-from repository_loader.ensemble_rules import check_ensemble, ensemble_cycle
+from repository_loader.ensemble_rules import check_ensemble, ensemble_cycle, with_step_labels
 from repository_loader.errors import ConfigError, ConfigUnread, NotFound, ServerError
 from repository_loader.findings import Findings, ModelFiles
 from repository_loader.model import ModelDescription, ModelState
@@ -198,6 +198,8 @@ class _Loader:
         if prepared.findings or description is None:
             self.state.failed[name] = prepared.findings.errors
             return
+        if description.is_ensemble:
+            description = with_step_labels(description, self.state.models)
         self.state.models[name] = description
 
     def _check_ensemble(self, ensemble: ModelDescription, findings: Findings) -> None:

@@ -151,15 +151,20 @@ class ModelSchema:
             raise InvalidArgument(f"unexpected inference output '{name}' for model '{self.name}'")
 
     def labels(self, output: str) -> list[str] | None:
-        """The labels of ``output`` (its ``label_filename``, one per line), read once; None without."""
+        """The labels of ``output`` (its ``label_filename``, one per line; an ensemble output without one:
+        those of the step output that produces it), read once; None without."""
         if output in self._labels:
             return self._labels[output]
         spec = self.outputs.get(output)
         labels: list[str] | None = None
+        path = None
         if spec is not None and spec.label_filename and self.model_path is not None:
+            path = self.model_path / spec.label_filename
+        elif spec is not None and spec.step_labels:  # an ensemble's output: its producing step's labels
+            path = Path(spec.step_labels)
+        if path is not None:
             try:
-                text = (self.model_path / spec.label_filename).read_text(encoding="utf-8")
-                labels = text.splitlines()
+                labels = path.read_text(encoding="utf-8").splitlines()
             except OSError:
                 labels = None
         self._labels[output] = labels

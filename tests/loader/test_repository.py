@@ -225,6 +225,51 @@ def test_ensemble_description(repo: Path, write_model) -> None:
     assert ensemble.ensemble_steps[0].input_map == {"x": "IN"}
 
 
+def test_an_ensemble_output_without_labels_takes_those_of_the_step_that_makes_it(
+    repo: Path, write_model
+) -> None:
+    """As Triton's classification labels an ensemble's output with the labels of the model that made
+    the tensor (qa's simple_/sequence_ ensembles name no label file): through a nested ensemble too;
+    an output the ensemble labels itself keeps its own, and a step without labels gives none."""
+    from deployments.runtime.checks import ModelSchema
+
+    labelled = TORCH_IO.replace(
+        'output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]',
+        'output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] label_filename: "labels.txt" },'
+        ' { name: "z" data_type: TYPE_FP32 dims: [ 4 ] } ]',
+    )
+    write_model("m", labelled, {"1/model.pt": b"", "labels.txt": "cat\ndog\n"})
+
+    def chain(name: str, step: str, own_labels: bool = False) -> None:
+        label = ' label_filename: "own.txt"' if own_labels else ""
+        write_model(
+            name,
+            f"""
+            platform: "ensemble"
+            max_batch_size: 8
+            input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+            output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ 4 ]{label} }},
+                     {{ name: "OTHER" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+            ensemble_scheduling {{ step [ {{ model_name: "{step}" model_version: -1
+              input_map {{ key: "{"x" if step == "m" else "IN"}" value: "IN" }}
+              output_map {{ key: "{"y" if step == "m" else "OUT"}" value: "OUT" }}
+              output_map {{ key: "{"z" if step == "m" else "OTHER"}" value: "OTHER" }} }} ] }}
+            """,
+            {"1/": b"", **({"own.txt": "own0\n"} if own_labels else {})},
+        )
+
+    chain("simple", "m")
+    chain("outer", "simple")
+    chain("own", "m", own_labels=True)
+    state = load_repository(repo)
+    for name in ("simple", "outer"):
+        schema = ModelSchema.from_description(state.models[name])
+        assert schema.labels("OUT") == ["cat", "dog"], name
+        assert schema.labels("OTHER") is None  # its step's output has no labels
+    assert ModelSchema.from_description(state.models["own"]).labels("OUT") == ["own0"]
+    assert state.models["simple"].outputs[0].label_filename is None  # the configuration is unchanged
+
+
 def test_load_model_errors(repo: Path, write_model) -> None:
     write_model("bad", TORCH_IO.replace("max_batch_size: 8", "max_batch_size: -1"), {"1/model.pt": b""})
     with pytest.raises(ModelLoadError) as info:
