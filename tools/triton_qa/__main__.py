@@ -17,6 +17,7 @@ from tools.triton_qa import (  # noqa: F401
     batcher,
     decoupled,
     dyna_sequence,
+    implicit_state,
     infer,
     infer_variable,
     infer_zero,

@@ -26,6 +26,7 @@ GENERATORS: dict[str, tuple[str, ...]] = {
     "qa_variable_model_repository": ("gen_qa_models.py", *_ONNX, "--variable"),
     "qa_sequence_model_repository": ("gen_qa_sequence_models.py", *_ONNX),
     "qa_variable_sequence_model_repository": ("gen_qa_sequence_models.py", *_ONNX, "--variable"),
+    "qa_sequence_implicit_model_repository": ("gen_qa_implicit_models.py", *_ONNX),
     "qa_dyna_sequence_model_repository": ("gen_qa_dyna_sequence_models.py", *_ONNX),
     "qa_dyna_sequence_implicit_model_repository": ("gen_qa_dyna_sequence_implicit_models.py", *_ONNX),
     # Triton's qa_ensemble_model_repository/qa_identity_model_repository: the *_zero ensembles and their
