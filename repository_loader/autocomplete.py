@@ -162,10 +162,11 @@ def complete_onnx(
             f"-1; but shape expected by the model is {list(tensor.shape)}"
         )
     skip = 1 if config.max_batch_size > 0 else 0
-    # The sequence batcher's control and state tensors are the model's too, never the config's inputs.
+    # The sequence batcher's control and state tensors are the model's too, never the config's inputs;
+    # a state's output is the config's output only where it lists it (a client may then ask for it)
     seq = config.sequence_batching
     fed = {c.name for c in seq.control_input} | {s.input_name for s in seq.state}
-    kept = {s.output_name for s in seq.state}
+    kept = {s.output_name for s in seq.state} - {o.name for o in config.output}
     inputs = [t for t in inputs if t.name not in fed]
     outputs = [t for t in outputs if t.name not in kept]
     _fill_tensors(config, config.input, inputs, skip, "input", prefix, problems)

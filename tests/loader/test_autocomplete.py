@@ -215,3 +215,17 @@ def test_onnx_sequence_control_and_state_tensors_are_not_config_inputs(repo: Pat
     )
     model = load_model(repo, "m")
     assert [t.name for t in model.inputs] == ["IN"] and [t.name for t in model.outputs] == ["OUT"]
+    # L0_implicit_state: a configuration may list a state's output among its outputs, so a client may
+    # ask for it (a state's input stays the sequence batcher's)
+    listed = (
+        (repo / "m" / "config.pbtxt")
+        .read_text()
+        .replace(
+            'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]',
+            'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] },'
+            ' { name: "STATE_OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]',
+        )
+    )
+    write_model("with_state_output", listed.replace('"m"', '"with_state_output"'), {"1/model.onnx": stateful})
+    model = load_model(repo, "with_state_output")
+    assert [t.name for t in model.outputs] == ["OUT", "STATE_OUT"]

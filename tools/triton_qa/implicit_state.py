@@ -16,13 +16,14 @@ from tools.triton_qa.suites import Edit, Model, Run, Suite, env, register
 
 _REPOSITORY = "qa_sequence_implicit_model_repository"
 MODEL = "onnx_nobatch_sequence_int32"
+CPU = Edit("kind: KIND_GPU", "kind: KIND_CPU")  # the generator asks for a GPU; this machine has none
 MODELS = (
-    Model(MODEL, "generated", f"{_REPOSITORY}/{MODEL}"),
+    Model(MODEL, "generated", f"{_REPOSITORY}/{MODEL}", edits=(CPU,)),
     Model(
         f"{MODEL}_output",
         "generated",
         f"{_REPOSITORY}/{MODEL}",
-        edits=(Edit(r"^name:.*", f'name: "{MODEL}_output"'),),
+        edits=(Edit(r"^name:.*", f'name: "{MODEL}_output"'), CPU),
         append='output [{ name: "OUTPUT_STATE" \n data_type: TYPE_INT32 \n dims: [ 1 ] }]\n',
     ),
 )
@@ -50,6 +51,7 @@ L0_IMPLICIT_STATE = Suite(
         ),
         ("libtorch and plan models", "LibTorch's implicit-state models and TensorRT do not run here"),
         ("onnx models on tritonserver", "the tritonserver 2.51 here has the Python backend only"),
+        ("KIND_GPU instances", "no GPU here: the generated configurations get KIND_CPU on both servers"),
     ),
 )
 
