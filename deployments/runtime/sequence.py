@@ -109,6 +109,8 @@ class SequenceBatcher:
     ) -> None:
         self.settings = settings = SequenceSettings.from_model(model)
         self.model_name = model.name
+        # state outputs the configuration lists among the model's outputs: a client may ask for them
+        self._listed_states = frozenset(settings.state_outputs) & {t.name for t in model.outputs}
         self._execute = execute
         self._on_batch = on_batch
         self._concurrent = max(max_concurrent_batches, 1)
@@ -311,11 +313,20 @@ class SequenceBatcher:
             ]
         return dataclasses.replace(request, inputs={**request.inputs, **added}, requested_outputs=requested)
 
+    def _shown_states(self, request: InferRequest) -> frozenset[str]:
+        if not self._listed_states or request.requested_outputs is None:
+            return self._listed_states
+        return self._listed_states & {o.name for o in request.requested_outputs}
+
     def finish(self, slot: _Slot, item: _Item, response: InferResponse) -> None:
-        """Keep the output state of a sequence that goes on; answer the client without it."""
+        """Keep the output state of a sequence that goes on; answer the client without it, unless the
+        configuration lists it as an output and the client asked for it (or for every output)."""
         if self.settings.states and response.outputs:
+            shown = self._shown_states(item.request)
             taken = {
-                self.settings.state_outputs[name]: response.outputs.pop(name)
+                self.settings.state_outputs[name]: (
+                    response.outputs[name] if name in shown else response.outputs.pop(name)
+                )
                 for name in list(response.outputs)
                 if name in self.settings.state_outputs
             }

@@ -98,6 +98,26 @@ async def test_state_output_is_asked_for_even_when_the_client_names_its_outputs(
     assert response.outputs["OUT"][0, 0] == 3.0
 
 
+async def test_a_state_output_the_configuration_lists_is_answered_when_asked_for(tmp_path: Path) -> None:
+    """L0_implicit_state's ``_output`` model: the configuration lists the state's output, so a client
+    that asks for it (or for every output) gets it, and the state still goes on; one that names only
+    its other outputs does not."""
+    from dataclasses import replace
+
+    from repository_loader.model import TensorSpec
+
+    model = state_model(tmp_path)
+    listed = replace(model, outputs=(*model.outputs, TensorSpec("STATE_OUT", "FP32", (1,))))  # type: ignore[type-var]
+    batcher = SequenceBatcher(listed, fake_state_model)  # type: ignore[arg-type]
+    both = [RequestedOutput("OUT"), RequestedOutput("STATE_OUT")]
+    first = await batcher.submit(state_request(1, 1.0, start=True, requested_outputs=both))
+    assert set(first.outputs) == {"OUT", "STATE_OUT"} and first.outputs["STATE_OUT"][0, 0] == 1.0
+    every = await batcher.submit(state_request(1, 2.0))
+    assert set(every.outputs) == {"OUT", "STATE_OUT"} and every.outputs["STATE_OUT"][0, 0] == 3.0
+    only = await batcher.submit(state_request(1, 3.0, end=True, requested_outputs=[RequestedOutput("OUT")]))
+    assert set(only.outputs) == {"OUT"} and only.outputs["OUT"][0, 0] == 6.0
+
+
 async def test_initial_state_from_a_data_file(tmp_path: Path) -> None:
     (tmp_path / "initial_state").mkdir()
     np.array([100.0], dtype=np.float32).tofile(tmp_path / "initial_state" / "hundred.bin")
