@@ -12,6 +12,7 @@ from tools.triton_qa import (
     batcher,
     decoupled,
     dyna_sequence,
+    implicit_state,
     infer,
     infer_variable,
     infer_zero,
@@ -443,6 +444,24 @@ def test_infer_makes_test_shs_python_models_from_the_onnx_configurations(tmp_pat
     )
     nop = next(m for m in onnx_run.models if m.name == "nop_TYPE_INT8_-1")
     assert nop.files[1] == ("own:identity/1/model.py", "1/model.py")
+
+
+def test_implicit_state_lists_the_state_output_on_the_copy_test_sh_makes(tmp_path: Path) -> None:
+    (run,) = implicit_state.L0_IMPLICIT_STATE.runs
+    assert run.env["BACKENDS"] == "onnx" and len(run.tests) == 2
+    name = implicit_state.MODEL
+    _pregenerated(
+        tmp_path / "cache",
+        "qa_sequence_implicit_model_repository",
+        name,
+        f'name: "{name}"\nplatform: "onnxruntime_onnx"\ninstance_group [ {{ kind: KIND_GPU }} ]\n',
+    )
+    built = build_repository(run.models, tmp_path / "checkout", tmp_path / "cache", tmp_path / "repo")
+    assert not built.skipped
+    plain = (built.path / name / "config.pbtxt").read_text()
+    assert "KIND_CPU" in plain and "KIND_GPU" not in plain and "OUTPUT_STATE" not in plain
+    copy = (built.path / f"{name}_output" / "config.pbtxt").read_text()
+    assert copy.startswith(f'name: "{name}_output"') and 'output [{ name: "OUTPUT_STATE"' in copy
 
 
 def test_string_io_makes_string_identity_eight_wide_and_stands_in_for_the_graphdef_model(
