@@ -464,14 +464,13 @@ def with_step_labels(ensemble: ModelDescription, models: Mapping[str, ModelDescr
     }
     outputs = []
     for output in ensemble.outputs:
+        name, step_output = producers.get(output.name, ("", ""))
+        step = models.get(name) if not output.label_filename else None
+        spec = next((o for o in step.outputs if o.name == step_output), None) if step else None
         found = None
-        if not output.label_filename and output.name in producers:
-            name, step_output = producers[output.name]
-            step = models.get(name)
-            spec = next((o for o in step.outputs if o.name == step_output), None) if step else None
-            if step is not None and spec is not None:
-                found = spec.step_labels or (
-                    str(step.path / spec.label_filename) if spec.label_filename else None
-                )
+        if step is not None and spec is not None:
+            found = spec.step_labels or (
+                str(step.path / spec.label_filename) if spec.label_filename else None
+            )
         outputs.append(replace(output, step_labels=found) if found else output)
     return replace(ensemble, outputs=tuple(outputs))

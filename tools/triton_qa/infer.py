@@ -129,7 +129,7 @@ SERVER_ARGS = (
 # 79 models or more: on this server one model host process for them (a replica process per model would
 # not fit this machine; the server says so at start and names the flag)
 HOSTED_ARGS = (*SERVER_ARGS, "this:--model-hosts=1")
-_CPU_ONLY = {"TRITON_SERVER_CPU_ONLY": "1", "ENSEMBLES": "1"}
+_TEST_SH_ENV = {"TRITON_SERVER_CPU_ONLY": "1", "ENSEMBLES": "1"}  # the cpu target, ensembles on
 
 L0_INFER = Suite(
     "L0_infer",
@@ -139,7 +139,7 @@ L0_INFER = Suite(
             "infer_test.py",
             (*PYTHON_MODELS, *NOP_MODELS),
             server_args=HOSTED_ARGS,
-            env=env(BACKENDS="python", **_CPU_ONLY),
+            env=env(BACKENDS="python", **_TEST_SH_ENV),
             timeout_s=1800.0,
         ),
         Run(
@@ -147,7 +147,7 @@ L0_INFER = Suite(
             "infer_test.py",
             (*ONNX_MODELS, *PYTHON_MODELS, *ENSEMBLE_MODELS, *NOP_MODELS),
             server_args=HOSTED_ARGS,
-            env=env(BACKENDS="onnx python", **_CPU_ONLY),
+            env=env(BACKENDS="onnx python", **_TEST_SH_ENV),
             timeout_s=2400.0,
         ),
     ),
