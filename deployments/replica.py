@@ -116,14 +116,12 @@ def replica_dataplane(
     )
 
 
-class HostedModel:
-    """A :class:`~deployments.protocol.dataplane.ServedModel` for a pooled model of a model host: available
-    (so ready, as Triton reports an available model) whether or not it is resident right now."""
+class DescribedModel:
+    """A :class:`~deployments.protocol.dataplane.ServedModel` answered from its description: ready, and
+    described, in every version it lists. Its statistics are a subclass's."""
 
-    def __init__(self, host: ModelHost, description: ModelDescription, cluster_stats: StatsFn | None) -> None:
-        self.host = host
+    def __init__(self, description: ModelDescription) -> None:
         self.description = description
-        self._cluster_stats = cluster_stats
 
     def _check_version(self, version: str) -> None:
         if version and (not version.isdigit() or int(version) not in self.description.versions):
@@ -147,6 +145,16 @@ class HostedModel:
         self._check_version(version)
         return dict(self.description.config_json)
 
+
+class HostedModel(DescribedModel):
+    """A pooled model of a model host: available (so ready, as Triton reports an available model)
+    whether or not it is resident right now."""
+
+    def __init__(self, host: ModelHost, description: ModelDescription, cluster_stats: StatsFn | None) -> None:
+        super().__init__(description)
+        self.host = host
+        self._cluster_stats = cluster_stats
+
     async def statistics(self, version: str = "") -> list[dict[str, Any]]:
         self._check_version(version)
         name = self.description.name
@@ -155,6 +163,23 @@ class HostedModel:
             return stats
         own = self.host.statistics(name)
         return [s for s in own if s["version"] == version] if version else own
+
+
+class ServedElsewhere(DescribedModel):
+    """A model with replicas of its own, asked of a model host: HAProxy sends every model route it does
+    not know yet to the hosts (their route is the longest-prefix fallback of every model's), as it does
+    for a model just loaded until its own route reaches HAProxy. Described by the server application
+    as it serves the model now (its error is the answer: a model unloaded is not ready); its
+    statistics are the server's."""
+
+    def __init__(self, description: ModelDescription, statistics: StatsFn) -> None:
+        super().__init__(description)
+        self._statistics = statistics
+
+    async def statistics(self, version: str = "") -> list[dict[str, Any]]:
+        self._check_version(version)
+        stats: list[dict[str, Any]] = (await self._statistics(self.description.name, version))["model_stats"]
+        return stats
 
 
 class HostRegistry:
@@ -200,20 +225,26 @@ def host_dataplane(
     describe_elsewhere: Describe | None = None,
     shared_memory: SharedMemory | None = None,
     traces: TraceControl | None = None,
+    statistics_elsewhere: StatsFn | None = None,
 ) -> ModelDataPlane:
     """The data plane of a model host replica: every available pooled model runs here (loaded on its
     first request); ``remote`` reaches every other model. A name the host does not pool is described
     by ``describe_elsewhere`` (the server application), whose error (a model still loading, an
-    unknown one) is the answer."""
+    unknown one) is the answer, and is then answered as the server answers it
+    (:class:`ServedElsewhere`, its statistics from ``statistics_elsewhere``)."""
 
     async def discover(name: str) -> bool:
         try:
             await host.description(name)
         except NotFound:
-            if describe_elsewhere is not None:
-                await describe_elsewhere(name, "")  # raises the server's own answer for the model
             return False
         return True
+
+    async def elsewhere(name: str) -> ServedElsewhere:
+        if describe_elsewhere is None:
+            raise NotFound(f"Request for unknown model: '{name}' is not found")
+        description = await describe_elsewhere(name, "")  # raises the server's own answer for the model
+        return ServedElsewhere(description, statistics_elsewhere or _no_statistics)
 
     router = Router(local=HostedModels(host), remote=remote)
     return ModelDataPlane(
@@ -221,6 +252,11 @@ def host_dataplane(
         router,
         describe_elsewhere=describe_elsewhere,
         discover=discover,
+        elsewhere=elsewhere,
         shared_memory=shared_memory,
         traces=traces,
     )
+
+
+async def _no_statistics(name: str, version: str) -> dict[str, Any]:
+    raise Unsupported(f"statistics of model '{name}' are served by the server application")

@@ -192,6 +192,8 @@ class ModelDataPlane:
     ``front_ends_ready`` (the server application) holds readiness back until every front end
     answers, so that a client told "ready" over HTTP is answered over gRPC too. ``discover`` (a
     model host) makes a model its registry does not know yet known, where it exists (True).
+    ``elsewhere`` (a model host) answers for a model that is neither in its registry nor
+    discovered: one served elsewhere, as the server application describes it now (or its error).
     ``logs`` (the server application) holds the server's log settings (the logging extension).
     ``shared_memory`` is the process's view of the registered shared-memory regions (default: a
     table of its own, as the server application holds it; a model replica's asks the server's).
@@ -206,6 +208,7 @@ class ModelDataPlane:
         front_ends_ready: Callable[[], bool] | None = None,
         server_name: str = SERVER_NAME,
         discover: Callable[[str], Awaitable[bool]] | None = None,
+        elsewhere: Callable[[str], Awaitable[ServedModel]] | None = None,
         logs: LogBoard | None = None,
         shared_memory: SharedMemory | None = None,
         traces: TraceControl | None = None,
@@ -216,6 +219,7 @@ class ModelDataPlane:
         # the trace settings: the server application's own, asked of it by a model replica
         self.traces: TraceControl = traces or LocalTraces()
         self._discover = discover
+        self._elsewhere = elsewhere
         self.router = router
         # extra fields of the server metadata: what the operator must know (e.g. a slow request path)
         self.notices = dict(notices or {})
@@ -241,9 +245,11 @@ class ModelDataPlane:
         except NoAvailableVersion:
             raise
         except NotFound:
-            if self._discover is None or not await self._discover(name):
+            if self._discover is not None and await self._discover(name):
+                return self.registry.get(name)
+            if self._elsewhere is None:
                 raise
-        return self.registry.get(name)
+        return await self._elsewhere(name)
 
     async def model_ready(self, name: str, version: str = "") -> bool:
         if self._front_ends_ready is not None and not self._front_ends_ready():

@@ -30,7 +30,7 @@ from deployments.protocol.log_settings import LogBoard
 from deployments.protocol.region_table import Answer, Region, RegionTable, TableState
 from deployments.protocol.shared_memory import SharedMemory
 from deployments.runtime.batch_execute import HoldBoard
-from deployments.runtime.metrics import HostGauges, merge_model_metrics, render_model_hosts, render_triton
+from deployments.runtime.metrics import HostGauges, merge_model_metrics, render_triton
 from deployments.runtime.router import Router
 from deployments.runtime.stats import merge_snapshots
 from deployments.serve import hooks, logs, request_path
@@ -703,15 +703,15 @@ class ServerDeployment:
         models = {
             name: merge_model_metrics(snapshots) for name, snapshots in zip(names, gathered, strict=True)
         }
-        text = render_triton(
+        current = time.monotonic() - 3 * self.deployer.settings.stats_heartbeat_s
+        hosts = [status for seen, status in self._host_status.values() if seen >= current]
+        return render_triton(
             models,
             merge_custom_metrics(custom),
             self._host_gauges.read(),
             self.deployer.settings.metrics_config,
+            hosts,
         )
-        current = time.monotonic() - 3 * self.deployer.settings.stats_heartbeat_s
-        hosts = [status for seen, status in self._host_status.values() if seen >= current]
-        return text + render_model_hosts(hosts)
 
     async def _model_metrics(self, name: str) -> list[dict[str, Any]]:
         """The model's snapshots by replica: each replica's counts asked now, and the last push of a
@@ -782,6 +782,11 @@ class ServerDeployment:
     async def describe(self, name: str, version: str) -> ModelDescription:
         """A served model's description (a model replica answering a stream's request for another model)."""
         return await self.dataplane.model_description(name, version)
+
+    async def model_statistics(self, name: str, version: str) -> dict[str, Any]:
+        """A served model's statistics extension document (a model host answering for a model it
+        does not pool, ``deployments.replica.ServedElsewhere``)."""
+        return await self.dataplane.model_statistics(name, version)
 
     def deployed_plan(self) -> dict[str, list[dict[str, Any]]]:
         """The plan entries each deployed model's applications were started from (one per instance

@@ -108,6 +108,7 @@ class ModelHostDeployment:
             describe_elsewhere=self.server.describe,
             shared_memory=self.shared_memory,
             traces=traces,
+            statistics_elsewhere=self.server.model_statistics,
         )
         self.router = dataplane.router
         self._app = ServerHTTPApp(dataplane, limits=settings.limits)

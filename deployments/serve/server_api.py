@@ -76,6 +76,10 @@ class ServerClient:
         found: ModelDescription = await self._call(self.handle.describe, name, version)
         return found
 
+    async def model_statistics(self, name: str, version: str) -> dict[str, Any]:
+        found: dict[str, Any] = await self._call(self.handle.model_statistics, name, version)
+        return found
+
     async def sequence_register(self, model: str, rank: int, member: Member) -> None:
         await self._call(self.handle.sequence_register, model, rank, member)
 

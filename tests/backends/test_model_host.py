@@ -11,6 +11,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -295,22 +296,39 @@ async def test_a_start_of_many_pooled_models_starts_the_host_application_once(
 
 
 async def test_a_name_the_host_does_not_pool_gets_the_servers_answer(tmp_path: Path) -> None:
-    """A model with a deployment of its own that is still loading reaches the host through the
-    ``/v2/models`` fallback route: the host answers as the server application does (not ready), and
+    """A model with a deployment of its own reaches the host through the ``/v2/models`` fallback route
+    until HAProxy routes its own prefix (just after its load): the host answers as the server
+    application does: ready, described and counted where it is served, not ready while it loads, and
     an unknown name is not found."""
     from deployments.replica import host_dataplane
     from repository_loader.errors import ServerError
 
     host = _host(sized_models(tmp_path, {"a": 1}), budget_mib=100)
+    served = sized_models(tmp_path / "elsewhere", {"served": 1})["served"]
 
     async def server_describe(name: str, version: str) -> ModelDescription:
+        if name == "served":
+            return served
         if name == "loading":
             raise Unavailable("model 'loading' is not ready")
         raise NotFound(f"Request for unknown model: '{name}' is not found")
 
-    dataplane = host_dataplane(host, describe_elsewhere=server_describe)
+    async def server_statistics(name: str, version: str) -> dict[str, Any]:
+        return {"model_stats": [{"name": name, "version": version or "1", "inference_count": 7}]}
+
+    dataplane = host_dataplane(
+        host, describe_elsewhere=server_describe, statistics_elsewhere=server_statistics
+    )
     try:
         assert await dataplane.model_ready("a") is True
+        assert await dataplane.model_ready("served") is True
+        assert await dataplane.model_ready("served", "1") is True
+        assert await dataplane.model_ready("served", "2") is False
+        assert (await dataplane.model_metadata("served"))["name"] == "served"
+        assert await dataplane.model_config("served") == dict(served.config_json)
+        stats = await dataplane.model_statistics("served")
+        assert stats["model_stats"][0]["inference_count"] == 7
+        assert "served" not in host.known  # answered for, never pooled here
         assert await dataplane.model_ready("loading") is False
         with pytest.raises(Unavailable):
             await dataplane.model_metadata("loading")

@@ -55,6 +55,7 @@ ARGS: dict[str, tuple[Any, ...]] = {
     "pooled": ("m",),
     "pool_generations": (),
     "describe": ("m", "1"),
+    "model_statistics": ("m", "1"),
     "sequence_register": ("m", 1, ("model-m", "actor")),
     "sequence_members": ("m",),
     "report_stats": ("m", "r", []),
