@@ -259,12 +259,15 @@ def render_triton(
     custom: list[dict[str, Any]] | None = None,
     system: Mapping[str, float] | None = None,
     config: MetricsConfig | None = None,
+    hosts: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     """The text of Triton's ``/metrics``: its counter families per model and version (``models``: merged
     snapshots by model name, see :func:`merge_model_metrics`), then the models' custom counters, the
     pending-request gauge, the host gauges (``system``, by name of :data:`SYSTEM_GAUGES`), the custom
-    gauges and the custom histograms — the order tritonserver prints them in. ``config``
-    (``--metrics-config``) leaves the latency counters out or adds the latency summaries."""
+    gauges and the custom histograms — the order tritonserver prints them in: counters, gauges,
+    histograms. ``config`` (``--metrics-config``) leaves the latency counters out or adds the latency
+    summaries. The model-host families (``hosts``: each host replica's status, :func:`render_model_hosts`)
+    follow the counters and the gauges of their kind."""
     from deployments import custom_metrics
 
     config = config or MetricsConfig()
@@ -301,6 +304,8 @@ def render_triton(
         lines += _summaries(models, rows, cached, config.summary_quantiles)
     text = "".join(line + "\n" for line in lines)
     text += custom_metrics.render_prometheus(by_kind[custom_metrics.COUNTER])
+    host_counters, host_gauges = _model_host_lines(hosts)
+    text += "".join(line + "\n" for line in host_counters)
     lines = [f"# HELP {PENDING} {PENDING_HELP}", f"# TYPE {PENDING} gauge"]
     for name, stats in rows:
         count = models[name].get("pending", {}).get(stats["version"], 0)
@@ -309,7 +314,7 @@ def render_triton(
         if system is not None and gauge in system:
             value = custom_metrics.format_value(system[gauge])
             lines += [f"# HELP {gauge} {help_text}", f"# TYPE {gauge} gauge", f"{gauge} {value}"]
-    text += "".join(line + "\n" for line in lines)
+    text += "".join(line + "\n" for line in lines + host_gauges)
     text += custom_metrics.render_prometheus(by_kind[custom_metrics.GAUGE])
     return text + custom_metrics.render_prometheus(by_kind[custom_metrics.HISTOGRAM])
 
@@ -384,9 +389,15 @@ def _quantile(ordered: list[float], quantile: float) -> str:
 
 
 def render_model_hosts(statuses: Sequence[Mapping[str, Any]]) -> str:
-    """The model-host families of ``/metrics`` from each host replica's status (its ``counters``, and
-    ``resident`` and ``resident_gpu`` footprints by model, ``ModelHostDeployment.host_status``); empty
-    without hosts."""
+    """The model-host families of ``/metrics`` alone from each host replica's status (its ``counters``,
+    and ``resident`` and ``resident_gpu`` footprints by model, ``ModelHostDeployment.host_status``);
+    empty without hosts. :func:`render_triton` prints them among Triton's families."""
+    counters, gauges = _model_host_lines(statuses)
+    return "".join(line + "\n" for line in counters + gauges)
+
+
+def _model_host_lines(statuses: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str]]:
+    """The model-host counter families' lines and gauge families' lines (none without hosts)."""
     counters: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     resident: dict[str, list[int]] = defaultdict(list)
     on_gpus: dict[str, int] = defaultdict(int)
@@ -400,7 +411,7 @@ def render_model_hosts(statuses: Sequence[Mapping[str, Any]]) -> str:
             resident[model].append(int(footprint))
     models = sorted(set(counters) | set(resident))
     if not models:
-        return ""
+        return [], []
     lines: list[str] = []
     for family, (key, help_text) in MODEL_HOST_COUNTERS.items():
         lines += [f"# HELP {family} {help_text}", f"# TYPE {family} counter"]
@@ -408,15 +419,16 @@ def render_model_hosts(statuses: Sequence[Mapping[str, Any]]) -> str:
             value = counters[model].get(key, 0.0)
             shown = int(value * 1e6) if key.endswith("_s") else int(value)
             lines.append(f'{family}{{model="{_escape(model)}"}} {shown}')
+    gauges: list[str] = []
     for family, help_text in MODEL_HOST_GAUGES.items():
-        lines += [f"# HELP {family} {help_text}", f"# TYPE {family} gauge"]
+        gauges += [f"# HELP {family} {help_text}", f"# TYPE {family} gauge"]
         for model in models:
             if family.endswith("gpu_bytes"):
                 value = on_gpus[model]
             else:
                 value = len(resident[model]) if family.endswith("resident") else sum(resident[model])
-            lines.append(f'{family}{{model="{_escape(model)}"}} {value}')
-    return "".join(line + "\n" for line in lines)
+            gauges.append(f'{family}{{model="{_escape(model)}"}} {value}')
+    return lines, gauges
 
 
 def _counter_value(family: str, stats: Mapping[str, Any]) -> int:

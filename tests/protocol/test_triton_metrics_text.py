@@ -107,12 +107,19 @@ def test_custom_families_print_among_tritons_by_kind() -> None:
         },
         {"name": "c_total", "description": "C", "kind": "counter", "metrics": [{"labels": {}, "value": 3.0}]},
     ]
-    text = render_triton({}, custom_metrics.merge_snapshots([families, families]), HostGauges().read())
+    host = {"counters": {"pooled": {"loads": 1}}, "resident": {"pooled": 100}}
+    text = render_triton(
+        {}, custom_metrics.merge_snapshots([families, families]), HostGauges().read(), hosts=[host]
+    )
     order = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
     assert order.index("nv_inference_compute_output_duration_us") < order.index("c_total")
-    assert order.index("c_total") < order.index("nv_inference_pending_request_count")
-    assert order.index("nv_cpu_memory_used_bytes") < order.index("c_gauge") < order.index("c_hist")
+    assert order.index("c_total") < order.index("nv_model_host_load_total")
+    assert order.index("nv_model_host_load_duration_us") < order.index("nv_inference_pending_request_count")
+    assert order.index("nv_cpu_memory_used_bytes") < order.index("nv_model_host_resident")
+    assert order.index("nv_model_host_resident_gpu_bytes") < order.index("c_gauge") < order.index("c_hist")
+    assert order[-1] == "c_hist"  # histograms last, as tritonserver prints them
     assert "c_total 6\n" in text and 'c_gauge{a="b"} 4\n' in text and "c_hist_count 2\n" in text
+    assert 'nv_model_host_resident_bytes{model="pooled"} 100\n' in text
 
 
 async def test_listener_answers_metrics_only_and_keeps_the_connection() -> None:

@@ -1,5 +1,5 @@
 """The Grafana dashboards of ``deploy/grafana`` query only the families and labels the server exports:
-Triton's ``/metrics`` as ``render_triton`` and ``render_model_hosts`` print it, and the replicas'
+Triton's ``/metrics`` as ``render_triton`` prints it, and the replicas'
 counters as Ray's Prometheus export names them."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from deployments.runtime.metrics import FAMILIES, TritonMetrics, render_model_hosts, render_triton
+from deployments.runtime.metrics import FAMILIES, TritonMetrics, render_triton
 from deployments.serve.ray_metrics import RayGauges
 
 GRAFANA = Path(__file__).resolve().parents[2] / "deploy" / "grafana"
@@ -82,7 +82,7 @@ def triton_export() -> Exported:
     model = {"stats": [stats], "pending": {"1": 1}, "failures": {}, "response_cache": True}
     system = {"nv_cpu_utilization": 0.5, "nv_cpu_memory_total_bytes": 2.0, "nv_cpu_memory_used_bytes": 1.0}
     host = {"counters": {"m": {"loads": 1}}, "resident": {"m": 10}, "resident_gpu": {"m": 0}}
-    text = render_triton({"m": model}, None, system) + render_model_hosts([host])
+    text = render_triton({"m": model}, None, system, hosts=[host])
     kinds = dict(line.split()[2:4] for line in text.splitlines() if line.startswith("# TYPE "))
     labels: dict[str, set[str]] = {name: set() for name in kinds}
     for line in text.splitlines():
