@@ -74,6 +74,18 @@ output [
 instance_group [ { count: 1 kind: KIND_CPU } ]
 """
 
+# written whole, then renamed: a test that polls for the marker never reads it half-written
+MARK_CANCELLED = textwrap.dedent(
+    """
+    def mark_cancelled(marker_dir, x, step):
+        path = os.path.join(marker_dir, f"{x}.cancelled")
+        with open(path + ".part", "w") as f:
+            f.write(str(step))
+        os.replace(path + ".part", path)
+
+    """
+)
+
 UNTIL_CANCELLED_PY = textwrap.dedent(
     """
     import json
@@ -103,8 +115,7 @@ UNTIL_CANCELLED_PY = textwrap.dedent(
             sender = request.get_response_sender()
             for step in range(3000):
                 if request.is_cancelled():
-                    with open(os.path.join(self.marker_dir, f"{x}.cancelled"), "w") as f:
-                        f.write(str(step))
+                    mark_cancelled(self.marker_dir, x, step)
                     break
                 out = pb_utils.Tensor("Y", np.array([step], dtype=np.int32))
                 sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
@@ -115,7 +126,7 @@ UNTIL_CANCELLED_PY = textwrap.dedent(
             for thread in self.threads:
                 thread.join()
     """
-)
+).replace("class TritonPythonModel", MARK_CANCELLED + "class TritonPythonModel")
 
 
 UNTIL_CANCELLED_UNARY_PY = textwrap.dedent(
@@ -140,8 +151,7 @@ UNTIL_CANCELLED_UNARY_PY = textwrap.dedent(
                 error = None
                 for step in range(3000):
                     if request.is_cancelled():
-                        with open(os.path.join(self.marker_dir, f"{x}.cancelled"), "w") as f:
-                            f.write(str(step))
+                        mark_cancelled(self.marker_dir, x, step)
                         error = pb_utils.TritonError("cancelled", pb_utils.TritonError.CANCELLED)
                         break
                     time.sleep(0.01)
@@ -149,7 +159,7 @@ UNTIL_CANCELLED_UNARY_PY = textwrap.dedent(
                 responses.append(pb_utils.InferenceResponse(output_tensors=[out], error=error))
             return responses
     """
-)
+).replace("class TritonPythonModel", MARK_CANCELLED + "class TritonPythonModel")
 
 
 def until_cancelled_config(marker_dir: Path, name: str = "until_cancelled", decoupled: bool = True) -> str:
