@@ -137,6 +137,7 @@ class ModelHost:
         self.known: dict[str, ModelDescription] = {}  # available models seen so far
         self.composing: dict[str, dict[str, ModelDescription]] = {}  # every model each ensemble reaches
         self._retired: dict[str, list[list[dict[str, Any]]]] = {}  # statistics of evicted loads
+        self._retired_failures: dict[str, list[dict[str, dict[str, int]]]] = {}  # and their failures
         self.counters: dict[str, HostCounters] = {}
         self.ongoing = 0  # requests inside this host now, those waiting for a load included
 
@@ -373,6 +374,8 @@ class ModelHost:
             return
         del self.resident[name]
         self._retired.setdefault(name, []).append(resident.runtime.statistics())
+        failures = resident.runtime.request_metrics()["failures"]
+        self._retired_failures.setdefault(name, []).append(failures)
         self.counters.setdefault(name, HostCounters()).evictions += 1
         while resident.inside:  # a forgotten model still answering: let its requests finish
             await asyncio.sleep(0.01)
@@ -393,6 +396,20 @@ class ModelHost:
         if resident is not None:
             snapshots.append(resident.runtime.statistics())
         return merge_snapshots(snapshots)
+
+    def request_metrics(self, name: str) -> dict[str, Any]:
+        """What ``/metrics`` prints of model ``name`` beside its statistics
+        (``ModelRuntime.request_metrics``): its failures by reason over every load of it, and its
+        pending requests, caching and recent durations in the load resident now."""
+        from deployments.runtime.metrics import merge_model_metrics
+
+        snapshots = [{"failures": failures} for failures in self._retired_failures.get(name, ())]
+        resident = self.resident.get(name)
+        if resident is not None:
+            snapshots.append(resident.runtime.request_metrics())
+        merged = merge_model_metrics(snapshots)
+        del merged["stats"]
+        return merged
 
     def served(self) -> Iterator[str]:
         """Every model this host has run (resident or evicted)."""

@@ -510,11 +510,14 @@ class ModelRuntime:
         :func:`deployments.runtime.metrics.render_triton`): statistics, pending requests and failures
         by reason per version, this process's custom metric families, and where the latency summaries
         are on, each version's recent durations (``samples``)."""
-        snapshot = {
-            "stats": self.statistics(),
+        return {"stats": self.statistics(), **self.request_metrics(), "custom": custom_metrics.snapshot()}
+
+    def request_metrics(self) -> dict[str, Any]:
+        """The part of :meth:`metrics_snapshot` that is this model's own beside its statistics: pending
+        requests and failures by reason per version, whether it caches, and the recent durations."""
+        snapshot: dict[str, Any] = {
             "pending": {str(v): r.pending for v, r in self.versions.items()},
             "failures": {str(v): dict(r.failures) for v, r in self.versions.items()},
-            "custom": custom_metrics.snapshot(),
             "response_cache": any(r.cache is not None for r in self.versions.values()),
         }
         windows = {str(v): r.stats.window for v, r in self.versions.items() if r.stats.window is not None}

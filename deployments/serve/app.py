@@ -678,11 +678,13 @@ class ServerDeployment:
         self._stats.get(model, {}).clear()  # in place: a served model's view holds this mapping
 
     def report_host(self, replica: str, status: dict[str, Any]) -> None:
-        """A model host replica's push (``replica``: its statistics key): the statistics of the models
-        whose statistics changed, what it holds and its counters (``/metrics``, kept while the replica
-        reports within a few heartbeats)."""
+        """A model host replica's push (``replica``: its statistics key): the statistics and request
+        metrics of the models whose own changed, what it holds and its counters (``/metrics``, kept
+        while the replica reports within a few heartbeats)."""
         for model, snapshot in status.pop("stats", {}).items():
             self.report_stats(model, replica, snapshot)
+        for model, metrics in status.pop("metrics", {}).items():  # no statistics: those come above
+            self._metrics.setdefault(model, {})[replica] = metrics
         self._host_status[replica] = (time.monotonic(), status)
 
     def report_metrics(self, model: str, replica: str, snapshot: dict[str, Any]) -> None:

@@ -182,20 +182,25 @@ class ModelHostDeployment:
                     await self.host.forget(name)
 
     async def _push_stats(self) -> None:
-        """This replica's status and the statistics of every model whose statistics changed since the
-        last push (cumulative over its loads), in one call; a heartbeat without change."""
+        """This replica's status, and the statistics and request metrics (failures, pending requests)
+        of every model whose own changed since the last push (cumulative over its loads), in one
+        call; a heartbeat without change."""
         gate = PushGate(self.settings.stats_heartbeat_s)
         sent: dict[str, list[dict[str, Any]]] = {}
+        sent_metrics: dict[str, dict[str, Any]] = {}
         while True:
             await asyncio.sleep(self.settings.stats_push_interval_s)
             current = {name: self.host.statistics(name) for name in self.host.served()}
             changed = {name: stats for name, stats in current.items() if sent.get(name) != stats}
-            status = {**self.host_status(), "stats": changed}
-            if not changed and not gate.due(status):
+            metrics = {name: self.host.request_metrics(name) for name in self.host.served()}
+            moved = {name: m for name, m in metrics.items() if sent_metrics.get(name) != m}
+            status = {**self.host_status(), "stats": changed, "metrics": moved}
+            if not changed and not moved and not gate.due(status):
                 continue
             try:
                 await self.server.report_host(hosted_key(self.replica_id, HOST_KEY), status)
                 sent.update(changed)
+                sent_metrics.update(moved)
                 gate.sent(status)
             except Exception as exc:  # the server may be restarting; try again next round
                 logger.debug("stats push failed: %s", exc)

@@ -478,3 +478,30 @@ async def test_a_runtime_of_several_instances_runs_that_many_batches_at_once(ins
     finally:
         await runtime.close()
         _BACKENDS.pop("concurrency_probe", None)
+
+
+RAISING_PY = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        raise pb_utils.TritonModelException("no answer for this")
+"""
+
+
+async def test_failures_count_over_every_load_of_a_pooled_model(tmp_path: Path) -> None:
+    """What ``/metrics`` prints of a pooled model beside its statistics (its failures by reason) is
+    the host's to report, as a replica reports its own, and outlives an eviction."""
+    host = _host(sized_models(tmp_path, {"f": 1}, source=RAISING_PY), budget_mib=100)
+    try:
+        for expected in (1, 2):
+            answer = await host.infer(request("f", X=np.array([0.0], dtype=np.float32)))
+            assert answer.error is not None
+            metrics = host.request_metrics("f")
+            assert metrics["failures"] == {"1": {"BACKEND": expected}}
+            assert metrics["pending"] == {"1": 0} and "stats" not in metrics
+            await host.forget("f")  # unloaded here: the next request loads it again
+            assert host.request_metrics("f")["failures"] == {"1": {"BACKEND": expected}}
+    finally:
+        await host.close()
