@@ -177,12 +177,15 @@ class ModelHost:
 
     async def forget(self, name: str) -> None:
         """``name`` is no longer available as it was (unloaded, or changed): unload it here when idle,
-        and look its description up again on its next request; so too every ensemble that reaches it."""
+        and look its description up again on its next request; so too every ensemble that reaches it.
+        Its statistics and failures go with it: loaded again, it counts from zero, as in Triton."""
         self.known.pop(name, None)
         self.composing.pop(name, None)
         resident = self.resident.get(name)
         if resident is not None:
             await self._evict(name, resident, reason="no longer available as loaded")
+        self._retired.pop(name, None)
+        self._retired_failures.pop(name, None)
         for ensemble in [e for e, steps in self.composing.items() if name in steps]:
             await self.forget(ensemble)
 

@@ -492,16 +492,26 @@ class TritonPythonModel:
 
 async def test_failures_count_over_every_load_of_a_pooled_model(tmp_path: Path) -> None:
     """What ``/metrics`` prints of a pooled model beside its statistics (its failures by reason) is
-    the host's to report, as a replica reports its own, and outlives an eviction."""
+    the host's to report, as a replica reports its own; it outlives an eviction, and goes with the
+    model when the model is unloaded (forgotten), as its statistics do."""
     host = _host(sized_models(tmp_path, {"f": 1}, source=RAISING_PY), budget_mib=100)
+
+    async def fail() -> None:
+        answer = await host.infer(request("f", X=np.array([0.0], dtype=np.float32)))
+        assert answer.error is not None
+
     try:
         for expected in (1, 2):
-            answer = await host.infer(request("f", X=np.array([0.0], dtype=np.float32)))
-            assert answer.error is not None
+            await fail()
             metrics = host.request_metrics("f")
             assert metrics["failures"] == {"1": {"BACKEND": expected}}
             assert metrics["pending"] == {"1": 0} and "stats" not in metrics
-            await host.forget("f")  # unloaded here: the next request loads it again
+            await host._evict("f", host.resident["f"], reason="test")  # the budget's eviction
             assert host.request_metrics("f")["failures"] == {"1": {"BACKEND": expected}}
+        assert host.statistics("f")[0]["inference_stats"]["fail"]["count"] == 2
+        await host.forget("f")  # unloaded: loaded again, it counts from zero
+        assert host.request_metrics("f")["failures"] == {} and host.statistics("f") == []
+        await fail()
+        assert host.request_metrics("f")["failures"] == {"1": {"BACKEND": 1}}
     finally:
         await host.close()
