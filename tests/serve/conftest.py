@@ -202,7 +202,37 @@ def build_test_repository(root: Path) -> Path:
     add_python_api_models(repo)
     add_streaming_models(repo)
     _python_api_e2e_models(repo)
+    for name in SESSION_POOLED:
+        with (repo / name / "config.pbtxt").open("a") as config:
+            config.write(POOLED_PARAMETER)
     return repo
+
+
+# The session's server runs one model host (docs/hosts.md) for the models below, which ask for it with
+# ``ray.placement``; every other model keeps its own deployment, as the tests of replicas, placement,
+# recovery and per-replica logs and metrics need. The pooled ones are models whose tests look only at
+# what a client sees, so those tests also hold for a pooled model; and a replica process fewer each
+# makes the shared server start sooner and leaves the 2-core machine more CPU for every test.
+SESSION_POOLED = (
+    "auto_complete_scale",
+    "identity_fp32",
+    "simple_torchscript",
+    "string_upper",
+    "request_api",
+    "dlpack_identity",
+    "dlpack_report",
+    "auto_complete",
+    "bls_args",
+    "error_codes",
+    "bls_by_name",
+    "bls_decoupled_async",
+    "bls_decoupled_sync",
+    "control_target",
+    "model_control",
+)
+# one host replica, for the models that ask (SESSION_POOLED) alone
+SESSION_HOSTS = {"model_hosts": 1, "model_host_placement": "dedicated", "model_host_cpus": 0.1}
+POOLED_PARAMETER = '\nparameters { key: "ray.placement" value: { string_value: "pooled" } }\n'
 
 
 # tests/serve/test_python_api_e2e.py: the Ray-free API models of tests/backends/python_models (with
@@ -419,6 +449,7 @@ def server_url(test_repository: Path, session_ports: dict[str, int]) -> Iterator
             "load_model": ["*"],
             "exit_on_error": False,  # broken_config and failing_init are meant to fail
             "cache_config": ["local,size=1048576"],
+            **SESSION_HOSTS,
             "placement_timeout_s": 5,  # test_model_control_e2e: a load no node can place fails soon
             # Triton's --exit-timeout-secs (default 30): a replica stopping with a request the test left
             # hanging ends after this long

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from deployments.settings import ServerSettings
 from repository_loader import load_repository
 from repository_loader.plan import ClusterResources, plan_deployments
-from tests.serve.conftest import SESSION_EXIT_TIMEOUT_S
+from tests.serve.conftest import SESSION_EXIT_TIMEOUT_S, SESSION_HOSTS, SESSION_POOLED
 
 pytestmark = pytest.mark.serve
 
@@ -23,8 +24,10 @@ def test_deployed_serve_options_equal_the_plan(server_url: str, tmp_path: Path) 
     # with, on this cluster (other tests add models to the shared repository later): every entry of
     # every model (one per instance group), each its own application
     initial = load_repository(str(build_test_repository(tmp_path))).models
-    plan = plan_deployments(initial, ClusterResources(num_cpus=2))
+    hosts = ServerSettings.from_args({"model_repository": str(tmp_path), **SESSION_HOSTS}).host_policy
+    plan = plan_deployments(initial, ClusterResources(num_cpus=2), hosts=hosts)
     started = [name for name in deployed if plan.entry(name) is not None]
+    assert not set(SESSION_POOLED) & set(deployed)  # the models that asked are on the host
     assert {"add_sub", "batched", "multi_version"} <= set(started)
     for name in started:
         assert deployed[name] == [entry.to_dict() for entry in plan.for_model(name)], name
