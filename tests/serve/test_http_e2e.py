@@ -15,6 +15,8 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
+from tests.serve.counts import successes
+
 pytestmark = pytest.mark.serve
 
 
@@ -270,20 +272,16 @@ def test_ensemble_equals_its_steps_by_hand(client: httpclient.InferenceServerCli
     text = call("crnn_postprocess", post_cfg["input"][0]["name"], logits, "FP32")
     expected = text.as_numpy(post_cfg["output"][0]["name"])
 
-    def crnn_successes() -> int:
-        entry = client.get_inference_statistics("crnn")["model_stats"][0]
-        return int(entry["inference_stats"]["success"]["count"])
-
-    before = crnn_successes()
+    before = successes(client, "crnn")
     result = call("text_recognition", "IMAGE", image, "UINT8").as_numpy("TEXT")
     np.testing.assert_array_equal(result, expected)
     stats = client.get_inference_statistics("text_recognition")["model_stats"][0]
     assert stats["inference_stats"]["success"]["count"] >= 1
     # the ensemble's replica hosts crnn in process; those runs count toward crnn's own statistics
     deadline = time.monotonic() + 10
-    while crnn_successes() < before + 1 and time.monotonic() < deadline:
+    while successes(client, "crnn") < before + 1 and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert crnn_successes() >= before + 1
+    assert successes(client, "crnn") >= before + 1
 
 
 def test_ensemble_unknown_output_is_400(server_url: str) -> None:

@@ -24,6 +24,8 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from tests.serve.counts import successes
+
 pytestmark = pytest.mark.serve
 
 FACTOR_PY = textwrap.dedent(
@@ -425,16 +427,11 @@ def _seen(url: str, model: str) -> tuple[int, int]:
     return int(out[0, 0]), int(out[0, 1])
 
 
-def _successes(client: httpclient.InferenceServerClient, model: str) -> int:
-    stats = client.get_inference_statistics(model)["model_stats"]
-    return sum(int(s["inference_stats"]["success"]["count"]) for s in stats)
-
-
 def _until_successes(client: httpclient.InferenceServerClient, model: str, count: int) -> None:
     """Until the statistics count ``count`` successes of ``model`` (replicas push theirs within seconds)."""
     deadline = time.monotonic() + 15
-    while _successes(client, model) != count:
-        assert time.monotonic() < deadline, _successes(client, model)
+    while successes(client, model) != count:
+        assert time.monotonic() < deadline, successes(client, model)
         time.sleep(0.2)
 
 
@@ -451,7 +448,7 @@ def test_a_model_loaded_again_after_an_unload_counts_from_zero(
     assert post(server_url, "/v2/repository/models/mc_counts/unload")[0] == 200
     assert post(server_url, "/v2/repository/models/mc_counts/load")[0] == 200
     for _ in range(4):  # a few push intervals: still nothing counted
-        assert _successes(client, "mc_counts") == 0
+        assert successes(client, "mc_counts") == 0
         time.sleep(0.5)
     infer(client, "mc_counts")
     _until_successes(client, "mc_counts", 1)
