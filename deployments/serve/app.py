@@ -707,6 +707,7 @@ class ServerDeployment:
         }
         current = time.monotonic() - 3 * self.deployer.settings.stats_heartbeat_s
         hosts = [status for seen, status in self._host_status.values() if seen >= current]
+        custom += [status.get("custom", []) for status in hosts]  # the pooled models' own families
         return render_triton(
             models,
             merge_custom_metrics(custom),

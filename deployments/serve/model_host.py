@@ -27,6 +27,7 @@ import ray
 from ray import serve
 
 import ensembles
+from deployments import custom_metrics
 from deployments.backends.python_api.context import as_stub_process
 from deployments.backends.python_api.logger import log_to_stderr
 from deployments.inference import InferRequest, InferResponse
@@ -219,7 +220,8 @@ class ModelHostDeployment:
             await stream.aclose()
 
     def host_status(self) -> dict[str, Any]:
-        """What this host holds: resident models with their footprints, and its counters."""
+        """What this host holds: resident models with their footprints, its counters, and the custom
+        metric families its models made."""
         return {
             "replica": self.replica_id,
             "budget_bytes": self.host.budget_bytes,
@@ -228,6 +230,7 @@ class ModelHostDeployment:
             "gpu_budget_bytes": self.host.gpu_budget_bytes,
             "resident_gpu": {name: sum(r.gpu_footprint.values()) for name, r in self.host.resident.items()},
             "counters": {name: c.as_dict() for name, c in self.host.counters.items()},
+            "custom": custom_metrics.snapshot(),  # its models' custom metric families, one process's
         }
 
     async def __del__(self) -> None:

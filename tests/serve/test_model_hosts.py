@@ -17,6 +17,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.serve import processes
+from tests.serve.counts import successes
 from tests.serve.standalone import Server, http
 
 MIB = 2**20
@@ -42,10 +43,15 @@ class TritonPythonModel:
         self.block = bytearray(size)
         for i in range(0, size, 4096):
             self.block[i] = 1
+        family = pb_utils.MetricFamily(
+            name="pooled_calls_total", description="Requests a model ran", kind=pb_utils.MetricFamily.COUNTER
+        )
+        self.calls = family.Metric(labels={"model": args["model_name"]})
 
     def execute(self, requests):
         out = []
         for request in requests:
+            self.calls.increment(1)
             x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
             if self.add == 0 and float(x[0]) == -1.0:  # the crasher: the whole host process ends
                 import os
@@ -191,7 +197,8 @@ def test_walking_more_models_than_the_budget_evicts_and_fails_nothing(server: Se
 
 def test_metrics_count_the_hosts_loads_and_evictions(server: Server) -> None:
     """After the walk above (or on its own: each model called once loads it), ``/metrics`` holds the
-    model host families, summed over host replicas (pushed every second)."""
+    model host families, summed over host replicas (pushed every second), and the custom metric
+    families the pooled models made in the host's process."""
     client = _http(server)
     for name in POOLED:
         _infer_http(client, name)
@@ -202,14 +209,20 @@ def test_metrics_count_the_hosts_loads_and_evictions(server: Server) -> None:
         values = {
             line.split(" ")[0]: float(line.split(" ")[1])
             for line in text.splitlines()
-            if line.startswith("nv_model_host_")
+            if line.startswith(("nv_model_host_", "pooled_calls_total"))
         }
         loads = [values.get(f'nv_model_host_load_total{{model="{name}"}}', 0) for name in POOLED]
         evictions = sum(values.get(f'nv_model_host_eviction_total{{model="{name}"}}', 0) for name in POOLED)
-        if (all(n >= 1 for n in loads) and evictions >= 1) or time.monotonic() > deadline:
+        # a model's custom families go with it when it is evicted (finalized), as in Triton
+        resident_now = [n for n in POOLED if values.get(f'nv_model_host_resident{{model="{n}"}}', 0) >= 1]
+        calls = [values.get(f'pooled_calls_total{{model="{name}"}}', 0) for name in resident_now]
+        counted = all(n >= 1 for n in loads) and evictions >= 1 and calls and all(n >= 1 for n in calls)
+        if counted or time.monotonic() > deadline:
             break
         time.sleep(1)
     assert all(n >= 1 for n in loads), loads
+    assert calls and all(n >= 1 for n in calls), calls  # the resident models' own family, from the host
+    assert "# TYPE pooled_calls_total counter" in text
     assert evictions >= 1  # four 40 MiB models never fit a 100 MiB budget together
     resident = sum(values.get(f'nv_model_host_resident{{model="{name}"}}', 0) for name in POOLED)
     assert 1 <= resident <= 2
@@ -241,21 +254,16 @@ def test_an_ensemble_of_pooled_models_is_pooled_with_them(server: Server) -> Non
     steps' constants (1, then 2), and the steps' statistics count the ensemble's calls."""
     client = _http(server)
     assert client.is_model_ready(ENSEMBLE)
-    before = _success(client, POOLED[0])
+    before = successes(client, POOLED[0])
     for x in (1.0, 5.0):
         assert _infer_http(client, ENSEMBLE, x=x) == x + 1 + 2
     assert all(server.replica_pids(name) == [] for name in [ENSEMBLE, *POOLED[:2]])
     assert len(_host_pids(server)) == 1
     deadline = time.monotonic() + 15  # the host pushes its statistics every second
-    while _success(client, POOLED[0]) < before + 2 and time.monotonic() < deadline:
+    while successes(client, POOLED[0]) < before + 2 and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _success(client, POOLED[0]) >= before + 2
-    assert _success(client, ENSEMBLE) >= 2
-
-
-def _success(client: httpclient.InferenceServerClient, model: str) -> int:
-    stats = client.get_inference_statistics(model)["model_stats"]
-    return sum(int(s["inference_stats"]["success"]["count"]) for s in stats)
+    assert successes(client, POOLED[0]) >= before + 2
+    assert successes(client, ENSEMBLE) >= 2
 
 
 def test_a_model_that_ends_its_host_fails_only_its_own_request(server: Server) -> None:
