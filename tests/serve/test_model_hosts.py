@@ -43,10 +43,10 @@ class TritonPythonModel:
         self.block = bytearray(size)
         for i in range(0, size, 4096):
             self.block[i] = 1
-        family = pb_utils.MetricFamily(
+        self.family = pb_utils.MetricFamily(
             name="pooled_calls_total", description="Requests a model ran", kind=pb_utils.MetricFamily.COUNTER
         )
-        self.calls = family.Metric(labels={"model": args["model_name"]})
+        self.calls = self.family.Metric(labels={"model": args["model_name"]})
 
     def execute(self, requests):
         out = []
