@@ -105,6 +105,7 @@ class ModelHostDeployment:
         configure_tracing(settings.trace, take=traces.take)
         dataplane = host_dataplane(
             self.host,
+            cluster_stats=self._cluster_stats,
             remote=self.remote,
             describe_elsewhere=self.server.describe,
             shared_memory=self.shared_memory,
@@ -156,6 +157,21 @@ class ModelHostDeployment:
             instances=pooled_instances(model),
             **ensemble,
         )
+
+    async def _cluster_stats(self, name: str, version: str) -> dict[str, Any]:
+        """A pooled model's statistics: this host's own, counted now, summed with what the other host
+        replicas pushed last (HAProxy's hash sends a model to one host replica, but a busy one's
+        overflow, or a lost node's models, go to another); this host's alone where the server does
+        not answer."""
+        own = self.host.statistics(name)
+        try:
+            merged = await self.server.cluster_stats(name, hosted_key(self.replica_id, HOST_KEY), own, False)
+        except Exception as exc:
+            logger.warning("statistics of other host replicas unavailable: %s", exc)
+            merged = own
+        if version:
+            merged = [s for s in merged if s["version"] == str(version)]
+        return {"model_stats": merged}
 
     async def _describe_elsewhere(self, name: str) -> ModelDescription:
         return await self.server.describe(name, "")

@@ -16,6 +16,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from tests.serve import processes
+from tests.serve.counts import successes
 from tests.serve.standalone import Server
 
 POOLED = [f"pooled_{i}" for i in range(16)]
@@ -105,6 +106,7 @@ def _until(what: str, check: object, timeout_s: float) -> float:
 def test_hosts_grow_under_load_share_the_models_and_shrink_after(server: Server) -> None:
     url = server.url.removeprefix("http://")
     answered: Counter[str] = Counter()
+    per_model: Counter[str] = Counter()
     failures: list[str] = []
     stop = threading.Event()
 
@@ -116,6 +118,7 @@ def test_hosts_grow_under_load_share_the_models_and_shrink_after(server: Server)
             turn += 1
             try:
                 answered[_where(client, model, DELAY_MS)] += 1
+                per_model[model] += 1
             except Exception as exc:  # counted: the test fails on any
                 failures.append(f"{model}: {exc!r}"[:200])
 
@@ -133,6 +136,12 @@ def test_hosts_grow_under_load_share_the_models_and_shrink_after(server: Server)
     assert failures == [], failures[:3]
     assert len(_host_pids(server)) == 2
     client = httpclient.InferenceServerClient(url, network_timeout=60.0)
+    # a model's statistics count its requests on every host replica that ran them, whichever answers
+    _until(
+        "each model's statistics count every request it answered",
+        lambda: all(successes(client, model) == per_model[model] for model in POOLED),
+        15,
+    )
     # HAProxy's hash spreads the models: each replica holds some of them, and a model stays on one
     homes = {model: _where(client, model) for model in POOLED}
     assert len(set(homes.values())) == 2, homes
