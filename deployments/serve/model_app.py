@@ -28,7 +28,7 @@ from deployments.serve.devices import pin_replica_gpu
 from deployments.serve.names import hosted_key, model_app_name, model_route, stats_path
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory
 from deployments.serve.response_writes import coalesce_response_writes
-from deployments.serve.server_api import ServerClient, ServerHolds, ServerRegions
+from deployments.serve.server_api import ServerClient, ServerHolds, ServerRegions, summed_stats
 from deployments.serve.traces import RemoteTraces, follow_traces
 from deployments.settings import ServerSettings, compile_header_pattern
 from deployments.tracing import configure as configure_tracing
@@ -340,21 +340,10 @@ class ModelDeployment:
         siblings = await self._remote.replica_snapshots(
             name, skip=ray.get_runtime_context().get_actor_name() or ""
         )
-        own = self.stats_snapshot()
-        try:
-            merged = await self.server.cluster_stats(
-                name,
-                self.replica_id,
-                own,
-                remember=True,
-                siblings={replica: snapshot["stats"] for replica, snapshot in siblings.items()},
-            )
-        except Exception as exc:
-            logger.warning("statistics of other replicas unavailable: %s", exc)
-            merged = own
-        if version:
-            merged = [s for s in merged if s["version"] == str(version)]
-        return {"model_stats": merged}
+        asked = {replica: snapshot["stats"] for replica, snapshot in siblings.items()}
+        return await summed_stats(
+            self.server, name, self.replica_id, self.stats_snapshot(), version, remember=True, siblings=asked
+        )
 
     async def __del__(self) -> None:
         ingress.withdraw(self._route)

@@ -43,7 +43,7 @@ from deployments.serve import grpc_ingress, hooks, ingress, logs, ray_metrics
 from deployments.serve.names import hosted_key
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory
 from deployments.serve.response_writes import coalesce_response_writes
-from deployments.serve.server_api import ServerClient, ServerRegions
+from deployments.serve.server_api import ServerClient, ServerRegions, summed_stats
 from deployments.serve.traces import RemoteTraces, follow_traces
 from deployments.settings import ServerSettings, compile_header_pattern
 from deployments.tracing import configure as configure_tracing
@@ -163,15 +163,8 @@ class ModelHostDeployment:
         replicas pushed last (HAProxy's hash sends a model to one host replica, but a busy one's
         overflow, or a lost node's models, go to another); this host's alone where the server does
         not answer."""
-        own = self.host.statistics(name)
-        try:
-            merged = await self.server.cluster_stats(name, hosted_key(self.replica_id, HOST_KEY), own, False)
-        except Exception as exc:
-            logger.warning("statistics of other host replicas unavailable: %s", exc)
-            merged = own
-        if version:
-            merged = [s for s in merged if s["version"] == str(version)]
-        return {"model_stats": merged}
+        key = hosted_key(self.replica_id, HOST_KEY)
+        return await summed_stats(self.server, name, key, self.host.statistics(name), version, remember=False)
 
     async def _describe_elsewhere(self, name: str) -> ModelDescription:
         return await self.server.describe(name, "")

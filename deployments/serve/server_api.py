@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from typing import Any
 
 from deployments.inference import InferRequest, InferResponse
@@ -21,6 +22,8 @@ from deployments.tracing.store import TraceState
 from repository_loader.errors import ServerError
 from repository_loader.model import ModelDescription
 from repository_loader.plan import HOST_APP, HOST_DEPLOYMENT
+
+logger = logging.getLogger(__name__)
 
 GroupApps = tuple[tuple[str, int], ...]
 """A model's Serve applications, one per instance group in group order, each with its replica count."""
@@ -185,6 +188,28 @@ class ServerClient:
 
     async def hold_forget(self, model: str, reporter: str) -> None:
         await self._call(self.handle.hold_forget, model, reporter)
+
+
+async def summed_stats(
+    server: ServerClient,
+    model: str,
+    replica: str,
+    own: list[dict[str, Any]],
+    version: str,
+    remember: bool,
+    siblings: dict[str, list[dict[str, Any]]] | None = None,
+) -> dict[str, Any]:
+    """The statistics document of ``model`` (of ``version`` where given) that a replica answers: its
+    ``own`` counts summed with the others' (``ServerClient.cluster_stats``); its own alone where the
+    server does not answer."""
+    try:
+        merged = await server.cluster_stats(model, replica, own, remember, siblings)
+    except Exception as exc:
+        logger.warning("statistics of the other replicas of '%s' unavailable: %s", model, exc)
+        merged = own
+    if version:
+        merged = [s for s in merged if s["version"] == str(version)]
+    return {"model_stats": merged}
 
 
 class ServerRegions:
