@@ -44,6 +44,7 @@ from typing import Any
 
 from deployments.inference import InferRequest, InferResponse
 from deployments.runtime.gpu_memory import release_cached_gpu_memory
+from deployments.runtime.metrics import merge_model_metrics
 from deployments.runtime.model import ModelRuntime
 from deployments.runtime.stats import merge_snapshots
 from repository_loader.errors import NotFound, ServerError, Unavailable
@@ -404,8 +405,6 @@ class ModelHost:
         """What ``/metrics`` prints of model ``name`` beside its statistics
         (``ModelRuntime.request_metrics``): its failures by reason over every load of it, and its
         pending requests, caching and recent durations in the load resident now."""
-        from deployments.runtime.metrics import merge_model_metrics
-
         snapshots = [{"failures": failures} for failures in self._retired_failures.get(name, ())]
         resident = self.resident.get(name)
         if resident is not None:
