@@ -461,8 +461,10 @@ def pooled(
 def _one_instance(model: ModelDescription, group: InstanceGroup) -> bool:
     """Whether a host can run ``group`` as one loaded model: a group of one instance, or a CPU group of
     a stateless backend (its instances differ only in running at the same time)."""
-    if group.count * max(len(group.gpus), 1) <= 1:
-        return True
+    return group.count * max(len(group.gpus), 1) <= 1 or _stateless_cpu(model, group)
+
+
+def _stateless_cpu(model: ModelDescription, group: InstanceGroup) -> bool:
     return model.kind in STATELESS_BACKENDS and group.kind in (InstanceKind.CPU, InstanceKind.AUTO)
 
 
@@ -471,7 +473,7 @@ def pooled_instances(model: ModelDescription) -> int:
     backend (Triton's instances of it), else 1 (one instance; a Python model's instances each hold
     state, so it is pooled only with one)."""
     groups = model.instance_groups
-    if model.kind in STATELESS_BACKENDS and len(groups) == 1 and groups[0].kind != InstanceKind.GPU:
+    if len(groups) == 1 and _stateless_cpu(model, groups[0]):
         return max(groups[0].count, 1)
     return 1
 
