@@ -1,8 +1,10 @@
-"""The same custom-metrics model file on tritonserver 2.51 and on this server: the same answers and the
-same ``/metrics`` lines (where ``python -m bench.peers`` installed the peer; skipped otherwise)."""
+"""The same model files on tritonserver 2.51 and on this server: the same answers, the same ``/metrics``
+lines and the same shape of statistics (where ``python -m bench.peers`` installed the peer; skipped
+otherwise)."""
 
 from __future__ import annotations
 
+import queue
 import re
 import shutil
 import socket
@@ -13,11 +15,13 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from bench import peers
 from tests.peer import require_tritonserver
 from tests.serve.python_api_models import PEER_METRICS_MODEL, add_model_copy
+from tests.serve.streaming_models import WORD_STREAM_CONFIG, WORD_STREAM_PY
 
 pytestmark = [pytest.mark.serve, pytest.mark.slow]
 
@@ -36,13 +40,17 @@ def _free_ports(count: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    """``(http url, metrics url)`` of a tritonserver serving the custom-metrics model alone."""
+def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str]]:
+    """``(http url, metrics url, grpc url)`` of a tritonserver serving the custom-metrics model and
+    the decoupled ``word_stream``."""
     require_tritonserver()
     root = tmp_path_factory.mktemp("triton_peer")
     repository = root / "models"
     repository.mkdir()
     add_model_copy(repository, "custom_metrics", PEER_METRICS_MODEL)
+    (repository / "word_stream" / "1").mkdir(parents=True)
+    (repository / "word_stream" / "1" / "model.py").write_text(WORD_STREAM_PY)
+    (repository / "word_stream" / "config.pbtxt").write_text(WORD_STREAM_CONFIG)
     http, grpc, metrics = _free_ports(3)
     log_path = root / "tritonserver.log"
     command = [
@@ -63,7 +71,7 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]
         handle = peers.ServerHandle(process, http, grpc, log_path, "tritonserver")
         try:
             peers.wait_ready(handle, timeout=120)
-            yield handle.url, f"127.0.0.1:{metrics}"
+            yield handle.url, f"127.0.0.1:{metrics}", f"127.0.0.1:{grpc}"
         finally:
             handle.stop()
             shutil.rmtree(repository, ignore_errors=True)
@@ -124,9 +132,9 @@ def _counts(lines: list[str]) -> dict[str, str]:
 
 
 def test_custom_metrics_model_matches_tritonserver(
-    triton: tuple[str, str], server_url: str, metrics_url: str
+    triton: tuple[str, str, str], server_url: str, metrics_url: str
 ) -> None:
-    triton_http, triton_metrics = triton
+    triton_http, triton_metrics, _ = triton
     assert _answers(server_url) == _answers(triton_http) == [[1.0], [2.0], [3.0]]
     theirs = _scrape(triton_metrics)
     # a model with several replicas: their counters reach the server with the next push (1 s)
@@ -142,3 +150,56 @@ def test_custom_metrics_model_matches_tritonserver(
     # the failure counter's reasons print in hash order on tritonserver: compare them as a set
     assert sorted(_nv_shape(ours)) == sorted(_nv_shape(theirs))
     assert _counts(ours) == _counts(theirs)
+
+
+def _stream_words(grpc_url: str, text: str) -> list[str]:
+    """Send ``text`` to ``word_stream`` over one gRPC stream; the words that came back."""
+    answers: queue.Queue[tuple[object, object]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(grpc_url)
+    client.start_stream(lambda result, error: answers.put((result, error)))
+    tensor = grpcclient.InferInput("text_input", [1], "BYTES")
+    tensor.set_data_from_numpy(np.array([text.encode()], dtype=np.object_))
+    client.async_stream_infer("word_stream", [tensor], enable_empty_final_response=True)
+    words = []
+    while True:
+        result, error = answers.get(timeout=30)
+        assert error is None, error
+        reply = result.get_response()  # type: ignore[attr-defined]
+        if reply.outputs:
+            words.append(result.as_numpy("text_output")[0].decode())  # type: ignore[attr-defined]
+        if reply.parameters["triton_final_response"].bool_param:
+            break
+    client.stop_stream()
+    client.close()
+    return words
+
+
+def _statistics(http_url: str, grpc_url: str) -> tuple[dict, dict]:
+    http = httpclient.InferenceServerClient(http_url)
+    grpc = grpcclient.InferenceServerClient(grpc_url)
+    try:
+        over_http = http.get_inference_statistics("word_stream")["model_stats"][0]
+        over_grpc = grpc.get_inference_statistics("word_stream", as_json=True)["model_stats"][0]
+    finally:
+        http.close()
+        grpc.close()
+    return over_http, over_grpc
+
+
+def test_a_decoupled_models_statistics_have_tritonservers_shape(
+    triton: tuple[str, str, str], server_url: str, grpc_url: str
+) -> None:
+    """tritonserver's Python backend reports no per-response statistics, decoupled or not: after a
+    stream of several responses ``response_stats`` is an empty map on both servers and both
+    protocols, and the statistics hold the same fields."""
+    triton_http, _, triton_grpc = triton
+    assert _stream_words(grpc_url, "one two three") == _stream_words(triton_grpc, "one two three")
+    ours_http, ours_grpc = _statistics(server_url, grpc_url)
+    theirs_http, theirs_grpc = _statistics(triton_http, triton_grpc)
+    assert sorted(ours_http) == sorted(theirs_http)
+    assert sorted(ours_http["inference_stats"]) == sorted(theirs_http["inference_stats"])
+    assert ours_http["response_stats"] == theirs_http["response_stats"] == {}
+    # an empty map is left out of protobuf's JSON form
+    assert "response_stats" not in ours_grpc and "response_stats" not in theirs_grpc
+    assert int(theirs_http["inference_stats"]["success"]["count"]) == 1
+    assert int(ours_http["inference_stats"]["success"]["count"]) >= 1
