@@ -228,6 +228,12 @@ def tags_for(model: str, version: Any) -> Tags:
 # --- Triton's metrics endpoint: Prometheus text as tritonserver prints it ---------------------------
 
 
+def settled(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """The last snapshot of a replica that is gone: its counters stand (Triton's counters never go
+    back), while its gauge of pending requests falls to zero, since nothing waits on it any more."""
+    return {**snapshot, "pending": {}}
+
+
 def merge_model_metrics(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
     """Sum ``ModelRuntime.metrics_snapshot()`` entries of one model (several replicas, nodes)."""
     from deployments.runtime.stats import merge_snapshots

@@ -30,7 +30,7 @@ from deployments.protocol.log_settings import LogBoard
 from deployments.protocol.region_table import Answer, Region, RegionTable, TableState
 from deployments.protocol.shared_memory import SharedMemory
 from deployments.runtime.batch_execute import HoldBoard
-from deployments.runtime.metrics import HostGauges, merge_model_metrics, render_triton
+from deployments.runtime.metrics import HostGauges, merge_model_metrics, render_triton, settled
 from deployments.runtime.router import Router
 from deployments.runtime.stats import merge_snapshots
 from deployments.serve import hooks, logs, request_path
@@ -518,6 +518,7 @@ class ServerDeployment:
         )
         self.controller = ModelController(settings, self.deployer, remote=self._remote)
         self._metrics: dict[str, dict[str, dict[str, Any]]] = {}  # pushed metrics snapshots: model, replica
+        self._pushed_at: dict[str, dict[str, float]] = {}  # when each of those came: model, replica
         self._retired: dict[str, set[str]] = {}  # model -> replicas of its deleted deployments
         self.deployer.on_delete.append(self._forget_pushes)
         self._host_gauges = HostGauges()
@@ -674,6 +675,7 @@ class ServerDeployment:
         the model hosts', which serve other models and may load it again) are retired: a push they
         send while they stop is dropped."""
         replicas = {*self._metrics.pop(model, {}), *self._stats.get(model, {})} - set(self._host_status)
+        self._pushed_at.pop(model, None)
         self._retired.setdefault(model, set()).update(replicas)
         self._stats.get(model, {}).clear()  # in place: a served model's view holds this mapping
 
@@ -685,13 +687,14 @@ class ServerDeployment:
             self.report_stats(model, replica, snapshot)
         for model, metrics in status.pop("metrics", {}).items():  # no statistics: those come above
             self._metrics.setdefault(model, {})[replica] = metrics
-        self._host_status[replica] = (time.monotonic(), status)
+        self._host_status[replica] = (time.monotonic(), status)  # also how recent its models' pushes are
 
     def report_metrics(self, model: str, replica: str, snapshot: dict[str, Any]) -> None:
         """A replica's push: its ``ModelRuntime.metrics_snapshot()`` (statistics included)."""
         if replica in self._retired.get(model, ()):
             return
         self._metrics.setdefault(model, {})[replica] = snapshot
+        self._pushed_at.setdefault(model, {})[replica] = time.monotonic()
         self.report_stats(model, replica, snapshot["stats"])
         if "load_error" in snapshot:
             self.controller.replica_loaded(model, replica, snapshot["load_error"])
@@ -718,8 +721,13 @@ class ServerDeployment:
 
     async def _model_metrics(self, name: str) -> list[dict[str, Any]]:
         """The model's snapshots by replica: each replica's counts asked now, and the last push of a
-        replica that does not answer (one that is busy, restarting, or died: its counts stay counted)."""
-        snapshots = dict(self._metrics.get(name, {}))
+        replica that does not answer (one that is busy, restarting, or died: its counts stay counted).
+        A replica silent for three heartbeats is gone: nothing is pending on it any more."""
+        quiet = time.monotonic() - 3 * self.deployer.settings.stats_heartbeat_s
+        snapshots = {
+            replica: snapshot if self._last_heard(name, replica) >= quiet else settled(snapshot)
+            for replica, snapshot in self._metrics.get(name, {}).items()
+        }
         if name not in self.deployer.pooled:  # a pooled model has no replica of its own: its hosts push
             try:
                 fresh = await self._models.replica_snapshots(name)
@@ -732,6 +740,12 @@ class ServerDeployment:
                 logger.debug("metrics of model '%s' not asked: %s", name, exc)
         hosted = await self._models.hosted_now(name, self._stats.get(name, {}))
         return list(snapshots.values()) + [{"stats": s} for s in hosted.values()]
+
+    def _last_heard(self, model: str, replica: str) -> float:
+        """When ``replica`` last pushed: a model host pushes a model's metrics when they change and
+        its own status every heartbeat; a model replica pushes its metrics every heartbeat."""
+        host = self._host_status.get(replica)
+        return host[0] if host is not None else self._pushed_at.get(model, {}).get(replica, 0.0)
 
     async def control_load(self, name: str, config: str, files: dict[str, bytes]) -> None:
         """BLS ``pb_utils.load_model``: the repository API's load, with its checks and model control mode."""

@@ -21,6 +21,7 @@ from deployments.runtime.metrics import (
     TritonMetrics,
     merge_model_metrics,
     render_triton,
+    settled,
 )
 from deployments.runtime.model import VersionRuntime
 from tests.backends.helpers import describe, spec
@@ -89,6 +90,16 @@ def test_replicas_sum_into_tritons_families() -> None:
     ):
         assert line in lines, line
     assert "ray_" not in text
+
+
+def test_a_gone_replicas_counts_stand_and_its_pending_requests_do_not() -> None:
+    live = {"stats": [_stats("1", 2, 1, 4, 2)], "pending": {"1": 1}, "failures": {"1": {"BACKEND": 1}}}
+    gone = {"stats": [_stats("1", 3, 0, 3, 3)], "pending": {"1": 2}, "failures": {"1": {"BACKEND": 2}}}
+    lines = render_triton({"m": merge_model_metrics([live, settled(gone)])}).splitlines()
+    assert 'nv_inference_request_success{model="m",version="1"} 5' in lines
+    assert 'nv_inference_request_failure{model="m",reason="BACKEND",version="1"} 3' in lines
+    assert 'nv_inference_pending_request_count{model="m",version="1"} 1' in lines
+    assert gone["pending"] == {"1": 2}  # the pushed snapshot itself is kept as it came
 
 
 def test_custom_families_print_among_tritons_by_kind() -> None:

@@ -111,6 +111,7 @@ class Server:
         self.stats_port = int(self.ports_env["RAY_SERVE_HAPROXY_STATS_PORT"])
         self.metrics_port = int(self.ports_env["RAY_SERVE_HAPROXY_METRICS_PORT"])
         self.url = f"http://127.0.0.1:{self.port}"
+        self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"  # Triton's, not HAProxy's
         config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
         config["http_options"] = {"host": "127.0.0.1", "port": self.port}
         app = config["applications"][0]

@@ -11,7 +11,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -68,6 +68,49 @@ def test_statistics_are_cumulative_across_a_replica_restart(server: Server) -> N
     while not one_request(server.url, "add_one", 1.0).correct and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _success_count(server, "add_one") >= before + 1  # before: restarted at 0
+
+
+def _pending(server: Server, model: str) -> float | None:
+    """The model's ``nv_inference_pending_request_count`` in Triton's ``/metrics`` (None: no line)."""
+    _, _, body = http(server.metrics_url)
+    prefix = f'nv_inference_pending_request_count{{model="{model}",'
+    lines = [line for line in body.decode().splitlines() if line.startswith(prefix)]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines) if lines else None
+
+
+def _until(check: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.25)
+    return True
+
+
+def test_requests_pending_on_a_killed_replica_leave_the_pending_gauge(server: Server, tmp_path: Path) -> None:
+    """Requests queued on a replica that is then killed no longer count as pending once the server
+    has not heard from it for three heartbeats (15 s); its counters stay (the test above)."""
+    marker = tmp_path / "held"
+    held = recovery_models.infer_body(-1.0, hang_marker=str(marker))
+    senders = [
+        threading.Thread(target=http, args=(f"{server.url}/v2/models/add_one/infer", body), daemon=True)
+        for body in (held, recovery_models.infer_body(1.0), recovery_models.infer_body(2.0))
+    ]
+    senders[0].start()
+    assert _until(marker.exists, 30), "the first request never reached the model"
+    for sender in senders[1:]:
+        sender.start()
+    assert _until(lambda: _pending(server, "add_one") == 2, 30), _pending(server, "add_one")
+    time.sleep(2.5)  # the replica's push (every second) has carried its two pending requests
+    pid = server.replica_pids("add_one")[0]
+    os.kill(pid, signal.SIGKILL)
+    assert _until(lambda: server.replica_pids("add_one") not in ([], [pid]), 60)
+    server.wait_ready(["add_one"])
+    assert _until(lambda: one_request(server.url, "add_one", 1.0).correct, 30)
+    # before: the dead replica's last push (2 pending) stood in /metrics for good
+    assert _until(lambda: _pending(server, "add_one") == 0, 40), _pending(server, "add_one")
+    for sender in senders:
+        sender.join(timeout=30)
 
 
 def test_with_two_replicas_a_crash_loses_only_the_requests_sent_before_the_ingress_saw_it_gone(
