@@ -68,6 +68,8 @@ from repository_loader.plan import (
 from repository_loader.revision import code_version, files_digest
 
 logger = logging.getLogger("ray.serve")
+# what an operator must see where the server runs (stderr, Triton's format: the launching console)
+console = logging.getLogger(__name__)
 
 Snapshots = dict[str, dict[str, list[dict[str, Any]]]]
 
@@ -154,7 +156,7 @@ class RayDeployer:
     def prepare(self, models: dict[str, ModelDescription]) -> None:
         hint = hosts_hint(models, self.settings.host_policy)
         if hint is not None:
-            logger.warning(hint)
+            console.warning(hint)
         self.plan = self._plan(models)
         self.models = dict(models)
         self.planned_from = dict(models)

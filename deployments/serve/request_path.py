@@ -51,6 +51,10 @@ REQUEST_PATH_ENV = {
     # window update, not 64 KiB: a 1 MiB ModelInfer answered about a third more calls a second
     "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": str(64 * 1024),
     "RAY_SERVE_HAPROXY_H2_FE_INITIAL_WINDOW_SIZE": str(1024 * 1024),
+    # Serve's replica log files are written line by line, not held back until 1,000 lines (what
+    # RAY_SERVE_THROUGHPUT_OPTIMIZED sets): with access logs off, a replica logs little, and what it
+    # logs (a start, a warning) is wanted in the dashboard and the file when it happens
+    "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1",
 }
 TUNING = (  # request-path variables whose other values are slower, not wrong
     "RAY_worker_niceness",

@@ -133,3 +133,21 @@ def test_a_change_reaches_running_and_later_replicas(
     finally:
         http.unload_model("logger_late")
         shutil.rmtree(late)
+
+
+def test_serves_replica_log_file_has_the_replicas_start(server_url: str) -> None:
+    """Serve's own log file of a model replica (``logs/serve/replica_<app>_<deployment>_<id>.log``,
+    what the Ray dashboard shows) holds its lines as they come: the replica's start is there, not held
+    back until a thousand lines (``RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE``)."""
+    client = httpclient.InferenceServerClient(server_url)
+    pid, _ = _log_through(client, "logger_api")
+    client.close()
+    logs = Path(os.readlink(f"/proc/{pid}/fd/2")).parent / "serve"
+    files = {
+        f.stem.rsplit("_", 1)[1]: f.read_text(errors="replace")
+        for f in logs.glob("replica_model-logger_api_*.log")
+    }
+    assert files, sorted(logs.iterdir())
+    # every replica of the model, the one that answered included, has its start line in its file
+    for replica, text in files.items():
+        assert any(f" {replica} -- Start" in line for line in text.splitlines()), (replica, text[:500])

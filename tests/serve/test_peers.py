@@ -306,3 +306,20 @@ def test_without_the_direct_lane_no_replica_is_asked() -> None:
         raise AssertionError("not asked")
 
     assert asyncio.run(RemoteModels(group_apps).replica_snapshots("m")) == {}
+
+
+def test_the_model_hosts_hint_reaches_the_servers_console(caplog: pytest.LogCaptureFixture) -> None:
+    """Many poolable models without hosts: the hint is a warning of the server's own log (stderr,
+    Triton's format, shown where the server was started), not of Serve's replica file."""
+    import logging
+
+    from deployments.serve.app import RayDeployer
+    from repository_loader.plan import HOSTS_HINT_MODELS
+
+    deployer = RayDeployer(ServerSettings("/r"), ClusterResources(4, 0))
+    python = dataclasses.replace(_two_groups(), backend="python", platform="", instance_groups=())
+    models = {f"m{i}": dataclasses.replace(python, name=f"m{i}") for i in range(HOSTS_HINT_MODELS)}
+    with caplog.at_level(logging.WARNING, logger="deployments"):
+        deployer.prepare(models)
+    hints = [r for r in caplog.records if "--model-hosts 1" in r.getMessage()]
+    assert hints and all(r.name.startswith("deployments.") for r in hints), caplog.records
