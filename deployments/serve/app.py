@@ -710,7 +710,7 @@ class ServerDeployment:
         models = {
             name: merge_model_metrics(snapshots) for name, snapshots in zip(names, gathered, strict=True)
         }
-        current = time.monotonic() - 3 * self.deployer.settings.stats_heartbeat_s
+        current = self._alive_since()
         hosts = [status for seen, status in self._host_status.values() if seen >= current]
         custom += [status.get("custom", []) for status in hosts]  # the pooled models' own families
         return render_triton(
@@ -725,9 +725,9 @@ class ServerDeployment:
         """The model's snapshots by replica: each replica's counts asked now, and the last push of a
         replica that does not answer (one that is busy, restarting, or died: its counts stay counted).
         A replica silent for three heartbeats is gone: nothing is pending on it any more."""
-        quiet = time.monotonic() - 3 * self.deployer.settings.stats_heartbeat_s
+        alive = self._alive_since()
         snapshots = {
-            replica: snapshot if self._last_heard(name, replica) >= quiet else settled(snapshot)
+            replica: snapshot if self._last_heard(name, replica) >= alive else settled(snapshot)
             for replica, snapshot in self._metrics.get(name, {}).items()
         }
         if name not in self.deployer.pooled:  # a pooled model has no replica of its own: its hosts push
@@ -742,6 +742,10 @@ class ServerDeployment:
                 logger.debug("metrics of model '%s' not asked: %s", name, exc)
         hosted = await self._models.hosted_now(name, self._stats.get(name, {}))
         return list(snapshots.values()) + [{"stats": s} for s in hosted.values()]
+
+    def _alive_since(self) -> float:
+        """A replica last heard from before this (three heartbeats ago) is counted as gone."""
+        return time.monotonic() - 3 * self.deployer.settings.stats_heartbeat_s
 
     def _last_heard(self, model: str, replica: str) -> float:
         """When ``replica`` last pushed: a model host pushes a model's metrics when they change and
