@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import re
 import time
 import urllib.error
 import urllib.request
@@ -28,6 +27,7 @@ from tritonclient.utils import InferenceServerException
 
 from repository_loader.errors import STATUS_TABLE, ErrorCode
 from tests.backends.helpers import TRITON_INITIALIZE_ARGS
+from tests.serve.counts import metric
 
 pytestmark = pytest.mark.serve
 
@@ -64,15 +64,9 @@ def _scrape_until(metrics_url: str, ready: Callable[[str], bool], timeout: float
 
 
 def _value(text: str, family: str, model: str, extra: str = "") -> float:
-    found = _found(text, family, model, extra)
+    found = metric(text, family, model, extra)
     assert found is not None, f"no {family} of {model} ({extra}) in /metrics"
     return found
-
-
-def _found(text: str, family: str, model: str, extra: str = "") -> float | None:
-    labels = f'model="{model}",{extra}version="1"'
-    match = re.search(rf"^{family}\{{{re.escape(labels)}\}} (\S+)$", text, re.MULTILINE)
-    return None if match is None else float(match.group(1))
 
 
 @pytest.mark.parametrize("target", ["add_sub_flat", "add_sub_ensemble"])
@@ -217,10 +211,10 @@ def test_triton_metrics_after_requests(
     with pytest.raises(InferenceServerException):
         client.infer("error_codes", [code])
     done = _value(before, "nv_inference_request_success", "add_sub_flat") + 3
-    failures = _found(before, "nv_inference_request_failure", "error_codes", 'reason="BACKEND",') or 0
+    failures = metric(before, "nv_inference_request_failure", "error_codes", 'reason="BACKEND",') or 0
 
     def counted(text: str) -> bool:  # error_codes is pooled: its host pushes its counts every second
-        failed = _found(text, "nv_inference_request_failure", "error_codes", 'reason="BACKEND",') or 0
+        failed = metric(text, "nv_inference_request_failure", "error_codes", 'reason="BACKEND",') or 0
         return _value(text, "nv_inference_request_success", "add_sub_flat") >= done and failed > failures
 
     after = _scrape_until(metrics_url, counted)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.serve import processes, recovery_models
+from tests.serve.counts import metric
 from tests.serve.recovery_load import kill_under_load, one_request
 from tests.serve.standalone import Server, http
 
@@ -72,10 +73,7 @@ def test_statistics_are_cumulative_across_a_replica_restart(server: Server) -> N
 
 def _pending(server: Server, model: str) -> float | None:
     """The model's ``nv_inference_pending_request_count`` in Triton's ``/metrics`` (None: no line)."""
-    _, _, body = http(server.metrics_url)
-    prefix = f'nv_inference_pending_request_count{{model="{model}",'
-    lines = [line for line in body.decode().splitlines() if line.startswith(prefix)]
-    return sum(float(line.rsplit(" ", 1)[1]) for line in lines) if lines else None
+    return metric(http(server.metrics_url)[2].decode(), "nv_inference_pending_request_count", model)
 
 
 def _until(check: Callable[[], bool], timeout_s: float) -> bool:
