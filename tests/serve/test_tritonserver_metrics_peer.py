@@ -174,16 +174,25 @@ def _stream_words(grpc_url: str, text: str) -> list[str]:
     return words
 
 
-def _statistics(http_url: str, grpc_url: str) -> tuple[dict, dict]:
+def _statistics(http_url: str, grpc_url: str, successes: int) -> tuple[dict, dict]:
+    """``word_stream``'s statistics over HTTP and gRPC once they count at least ``successes``.
+
+    Both servers count a decoupled request when it is released, which can come after the client
+    has read the final response: the count is waited for, not read once."""
     http = httpclient.InferenceServerClient(http_url)
     grpc = grpcclient.InferenceServerClient(grpc_url)
+    deadline = time.monotonic() + 10
     try:
-        over_http = http.get_inference_statistics("word_stream")["model_stats"][0]
-        over_grpc = grpc.get_inference_statistics("word_stream", as_json=True)["model_stats"][0]
+        while True:
+            over_http = http.get_inference_statistics("word_stream")["model_stats"][0]
+            over_grpc = grpc.get_inference_statistics("word_stream", as_json=True)["model_stats"][0]
+            counted = int(over_http["inference_stats"]["success"]["count"])
+            if counted >= successes or time.monotonic() > deadline:
+                return over_http, over_grpc
+            time.sleep(0.05)
     finally:
         http.close()
         grpc.close()
-    return over_http, over_grpc
 
 
 def test_a_decoupled_models_statistics_have_tritonservers_shape(
@@ -194,8 +203,8 @@ def test_a_decoupled_models_statistics_have_tritonservers_shape(
     protocols, and the statistics hold the same fields."""
     triton_http, _, triton_grpc = triton
     assert _stream_words(grpc_url, "one two three") == _stream_words(triton_grpc, "one two three")
-    ours_http, ours_grpc = _statistics(server_url, grpc_url)
-    theirs_http, theirs_grpc = _statistics(triton_http, triton_grpc)
+    ours_http, ours_grpc = _statistics(server_url, grpc_url, successes=1)
+    theirs_http, theirs_grpc = _statistics(triton_http, triton_grpc, successes=1)
     assert sorted(ours_http) == sorted(theirs_http)
     assert sorted(ours_http["inference_stats"]) == sorted(theirs_http["inference_stats"])
     assert ours_http["response_stats"] == theirs_http["response_stats"] == {}
