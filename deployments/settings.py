@@ -275,6 +275,39 @@ def cache_size(cache_config: tuple[str, ...], response_cache_byte_size: int | No
     return size
 
 
+RATE_LIMIT_MODES = ("off", "execution_count")
+
+
+@dataclass(frozen=True)
+class ResourceLimit:
+    """Triton's ``--rate-limit-resource=<name>:<count>[:<device>]``: the copies of a rate-limiter resource
+    the server has, on every device or on ``device`` alone (a global resource: its one pool)."""
+
+    name: str
+    count: int
+    device: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> ResourceLimit:
+        parts = text.split(":")
+        try:
+            if len(parts) not in (2, 3) or not parts[0]:
+                raise ValueError
+            count = int(parts[1])
+            device = int(parts[2]) if len(parts) == 3 else None
+            if count < 0 or (device is not None and device < 0):
+                raise ValueError
+        except ValueError:
+            raise SettingsError(
+                f"rate_limit_resource '{text}' must be <name>:<count> or <name>:<count>:<device>, "
+                "with a count and device that are not negative"
+            ) from None
+        return cls(parts[0], count, device)
+
+    def to_text(self) -> str:
+        return f"{self.name}:{self.count}" + ("" if self.device is None else f":{self.device}")
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     """Everything the server application and its model applications are configured with."""
@@ -342,6 +375,9 @@ class ServerSettings:
     model_host_max_per_node: int = 0  # model host replicas one node may run; 0: no limit
     # Serve's autoscaling of the hosts (repository_loader.autoscaling fields); None: model_hosts, fixed
     model_host_autoscaling: Autoscaling | None = None
+    # Triton's --rate-limit (off | execution_count) and --rate-limit-resource (docs/rate_limiter.md)
+    rate_limit: str = "off"
+    rate_limit_resources: tuple[ResourceLimit, ...] = ()
 
     @property
     def log_settings(self) -> LogSettings:
@@ -424,6 +460,10 @@ class ServerSettings:
         for name in ("model_host_cpus", "model_host_memory_bytes"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive, not {getattr(self, name)}")
+        if self.rate_limit not in RATE_LIMIT_MODES:
+            raise SettingsError(
+                f"rate_limit must be one of {', '.join(RATE_LIMIT_MODES)}, not '{self.rate_limit}'"
+            )
 
     @classmethod
     def from_args(cls, args: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> ServerSettings:
@@ -436,7 +476,7 @@ class ServerSettings:
         ``deploy_timeout_s``, ``stats_push_interval_s``, ``exit_timeout_secs``, ``server_id``,
         ``control_app_cpus``, ``model_hosts``, ``model_host_cpus``, ``model_host_memory_bytes``, ``model_host_gpus``,
         ``model_host_gpu_memory_bytes``, ``model_host_placement``, ``model_host_max_per_node``, ``model_host_autoscaling`` (a mapping, or
-        ``field=value`` texts), and the :class:`RequestLimits` by their field names (``max_input_size``,
+        ``field=value`` texts), ``rate_limit``, ``rate_limit_resource`` (a text or a list), and the :class:`RequestLimits` by their field names (``max_input_size``,
         ...). An unknown name is an error, so a misspelt argument is not ignored.
         """
         unknown = sorted(set(args) - _ARG_NAMES)
@@ -477,6 +517,10 @@ class ServerSettings:
                 BACKLOG_DELAY_SCHEDULER_ENV, env.get(BACKLOG_DELAY_SCHEDULER_ENV) or "0", int
             ),
             "metrics_config": MetricsConfig.parse(_texts(args.get("metrics_config"))),
+            "rate_limit": str(args.get("rate_limit") or "off").lower(),
+            "rate_limit_resources": tuple(
+                ResourceLimit.parse(t) for t in _texts(args.get("rate_limit_resource"))
+            ),
             "trace": _trace_config(args.get("trace_config")),
             "response_cache_bytes": cache_size(
                 _texts(args.get("cache_config")),
@@ -572,6 +616,8 @@ class ServerSettings:
                 None if self.model_host_autoscaling is None else self.model_host_autoscaling.serve_config()
             ),
             "metrics_config": self.metrics_config.to_texts(),
+            "rate_limit": self.rate_limit,
+            "rate_limit_resource": [r.to_text() for r in self.rate_limit_resources],
             "trace_config": list(self.trace.flags),
             "cache_config": []
             if self.response_cache_bytes is None
@@ -629,6 +675,8 @@ _ARG_NAMES = {
     "model_host_placement",
     "model_host_max_per_node",
     "model_host_autoscaling",
+    "rate_limit",
+    "rate_limit_resource",
     "cache_config",
     "metrics_config",
     "response_cache_byte_size",

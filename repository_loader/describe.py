@@ -15,6 +15,8 @@ from repository_loader.model import (
     InstanceKind,
     ModelDescription,
     QueuePolicy,
+    RateLimiter,
+    RateLimitResource,
     SequenceBatching,
     SequenceControl,
     TensorSpec,
@@ -94,6 +96,13 @@ def _group(config: pb.ModelConfig, index: int, group: pb.ModelInstanceGroup) -> 
         gpus=tuple(group.gpus),
         host_policy=group.host_policy,
         passive=group.passive,
+        rate_limiter=RateLimiter(
+            resources=tuple(
+                RateLimitResource(name=r.name, count=r.count, global_=getattr(r, "global"))
+                for r in group.rate_limiter.resources
+            ),
+            priority=group.rate_limiter.priority,
+        ),
     )
 
 

@@ -74,6 +74,26 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
+class RateLimitResource:
+    """``ModelRateLimiter.Resource``: ``count`` copies of ``name`` an instance holds while it executes;
+    ``global_`` resources have one pool for the whole server, the others one per device."""
+
+    name: str
+    count: int
+    global_: bool = False
+
+
+@dataclass(frozen=True)
+class RateLimiter:
+    """``ModelRateLimiter``: what each instance of a group needs to execute (docs/rate_limiter.md), and
+    its ``priority`` among instances waiting for the same resources (a weight: 2 runs half as often
+    as 1 under contention; 0 counts as 1)."""
+
+    resources: tuple[RateLimitResource, ...] = ()
+    priority: int = 0
+
+
+@dataclass(frozen=True)
 class InstanceGroup:
     """``ModelInstanceGroup``."""
 
@@ -83,6 +103,7 @@ class InstanceGroup:
     gpus: tuple[int, ...] = ()
     host_policy: str = ""
     passive: bool = False
+    rate_limiter: RateLimiter = RateLimiter()
 
 
 @dataclass(frozen=True)

@@ -254,6 +254,7 @@ class DeploymentEntry:
             "replicas": self.model_replicas,
             "rank_offset": self.rank_offset,
             "gpu_ids": [r.gpu for r in self.replicas],
+            "group_index": self.group_index,
         }
 
     def serve_options(self) -> dict[str, Any]:
@@ -429,7 +430,8 @@ def pooled(
     """Whether ``model`` is served by the model host rather than a deployment of its own.
 
     Where hosts are on, a model is pooled unless it needs a replica of its own (state, streams,
-    autoscaling, a GPU, several instances of a Python model, a backend hosts do not run) or its ``ray.placement``
+    autoscaling, a GPU, several instances of a Python model, a backend hosts do not run, rate-limiter
+    resources) or its ``ray.placement``
     parameter says ``dedicated``; ``pooled`` there cannot pool a model that needs its own replica (it
     keeps its deployment). A model whose parameter says nothing goes where the policy's ``placement``
     says: with ``dedicated`` only the models that ask for it are pooled. Hosts with GPUs
@@ -453,6 +455,7 @@ def pooled(
         and model.sequence_batching is None
         and not any(str(key).startswith(AUTOSCALING_PREFIX) for key in (model.parameters or {}))
         and len(groups) <= 1
+        and not any(g.rate_limiter.resources for g in groups)  # each instance holds its own (rate limiter)
         and all(_one_instance(model, g) and g.kind in _pooled_kinds(policy) for g in groups)
         and asked == POOLED
     )

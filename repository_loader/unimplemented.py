@@ -74,12 +74,6 @@ UNIMPLEMENTED: tuple[Unimplemented, ...] = (
         lambda c: bool(c.model_repository_agents.agents),
     ),
     Unimplemented(
-        "instance_group.rate_limiter",
-        Policy.WARN,
-        "the rate limiter is not implemented; instances run without resource limits or priority",
-        _any_group(lambda g: g.HasField("rate_limiter")),
-    ),
-    Unimplemented(
         "instance_group.host_policy",
         Policy.WARN,
         "host policies (--host-policy) are not implemented; instances use the default placement",

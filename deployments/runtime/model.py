@@ -49,6 +49,9 @@ from repository_loader.model import InstanceKind, ModelDescription
 if TYPE_CHECKING:
     from deployments.runtime.batching import Scheduler
 
+ExecutionGate = Callable[[], contextlib.AbstractAsyncContextManager[None]]
+"""What an execution holds while it runs (the rate limiter's resources, docs/rate_limiter.md)."""
+
 logger = logging.getLogger(__name__)
 
 _tickets = itertools.count(1)
@@ -82,10 +85,13 @@ class VersionRuntime:
         backend: Backend,
         metrics: TritonMetrics,
         max_concurrent: int = 1,
+        gate: ExecutionGate | None = None,
     ) -> None:
         from deployments.runtime.batching import make_scheduler
 
         self.model = model
+        # docs/rate_limiter.md: each execution holds the instance's rate-limiter resources
+        self._gate = gate
         self.version = version
         self.backend = backend
         self.stats = ModelStats(model.name, str(version))
@@ -117,20 +123,24 @@ class VersionRuntime:
         return len(self._waiting)
 
     async def _execute(self, requests: Sequence[InferRequest]) -> list[InferResponse]:
-        start = time.monotonic_ns()
-        queue = [start - (r.arrival_ns or start) for r in requests]
-        for request in requests:
-            self._waiting.discard(_ticket(request))
         if self.hung is not None:
+            for request in requests:
+                self._waiting.discard(_ticket(request))
             raise Unavailable(f"{self.hung}; the instance is being restarted")
-        times, token = begin_compute_times()
-        try:
-            if self.execution_timeout_s is None:
-                responses = await self.backend.execute(requests)
-            else:
-                responses = await self._execute_within_limit(requests, self.execution_timeout_s)
-        finally:
-            end_compute_times(token)
+        gate = self._gate() if self._gate is not None else contextlib.nullcontext()
+        async with gate:  # a wait for the rate limiter's resources is queue time, and still pending
+            start = time.monotonic_ns()
+            queue = [start - (r.arrival_ns or start) for r in requests]
+            for request in requests:
+                self._waiting.discard(_ticket(request))
+            times, token = begin_compute_times()
+            try:
+                if self.execution_timeout_s is None:
+                    responses = await self.backend.execute(requests)
+                else:
+                    responses = await self._execute_within_limit(requests, self.execution_timeout_s)
+            finally:
+                end_compute_times(token)
         end = time.monotonic_ns()
         if TRACER.active and self._computes:
             for request in requests:
@@ -156,13 +166,15 @@ class VersionRuntime:
         response stream, then holds the instance until the model's ``execute`` returns."""
         start = time.monotonic_ns()
         queue = [start - (r.arrival_ns or start) for r in requests]
-        streams, execution = self.backend.stream_batch(requests)
-        for request, stream in zip(requests, streams, strict=True):
-            self._waiting.discard(_ticket(request))
-            started = self._stream_starts.pop(id(request), None)
-            if started is not None and not started.done():
-                started.set_result(stream)
-        await execution
+        gate = self._gate() if self._gate is not None else contextlib.nullcontext()
+        async with gate:
+            streams, execution = self.backend.stream_batch(requests)
+            for request, stream in zip(requests, streams, strict=True):
+                self._waiting.discard(_ticket(request))
+                started = self._stream_starts.pop(id(request), None)
+                if started is not None and not started.done():
+                    started.set_result(stream)
+            await execution
         infer_ns = time.monotonic_ns() - start
         rows = sum(r.batch_rows() for r in requests) if self.model.max_batch_size > 0 else len(requests)
         self.stats.record_batch(rows, len(requests), queue, 0, infer_ns, 0)
@@ -363,8 +375,10 @@ class ModelRuntime:
         composing: Mapping[str, ModelDescription] | None = None,
         steps_in_process: bool = True,
         instances: int = 1,
+        gate: ExecutionGate | None = None,
     ) -> None:
         self.model = model
+        self.gate = gate
         self.composing = dict(composing or {})
         self.steps_in_process = steps_in_process
         # a model host runs a stateless model's CPU instances as one loaded model: this many batches at once
@@ -402,7 +416,7 @@ class ModelRuntime:
             try:
                 await backend.start()
                 concurrent = backend.max_concurrency * self.instances
-                runtime = VersionRuntime(self.model, version, backend, self.metrics, concurrent)
+                runtime = VersionRuntime(self.model, version, backend, self.metrics, concurrent, self.gate)
                 await runtime.warmup()
             except BaseException:
                 try:

@@ -31,6 +31,7 @@ from deployments.protocol.region_table import Answer, Region, RegionTable, Table
 from deployments.protocol.shared_memory import SharedMemory
 from deployments.runtime.batch_execute import HoldBoard
 from deployments.runtime.metrics import HostGauges, merge_model_metrics, render_triton, settled
+from deployments.runtime.rate_limit import check_limits
 from deployments.runtime.router import Router
 from deployments.runtime.stats import merge_snapshots
 from deployments.serve import hooks, logs, request_path
@@ -200,6 +201,7 @@ class RayDeployer:
         removes replicas and the others serve on (``repository_loader.revision``); any other
         redeploy replaces every replica (Serve stops a one-replica application's old replica before
         the new one starts)."""
+        self._check_rate_limits(new)
         if self.is_pooled(new):
             await self._pool(new)  # hosts load the new description on the model's next request
             return
@@ -214,7 +216,14 @@ class RayDeployer:
             return
         await self.deploy(new)
 
+    def _check_rate_limits(self, model: ModelDescription) -> None:
+        """With the rate limiter on, a model an instance of which needs more of a resource than
+        ``--rate-limit-resource`` gives is refused: it could never execute."""
+        if self.settings.rate_limit != "off":
+            check_limits(model, self.settings.rate_limit_resources)
+
     async def deploy(self, model: ModelDescription) -> None:
+        self._check_rate_limits(model)
         if self.is_pooled(model):
             await self._pool(model)
             return

@@ -142,6 +142,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--response-cache-byte-size", type=int, default=None, help="older form of --cache-config")
     p.add_argument(
+        "--rate-limit",
+        default="off",
+        choices=["off", "execution_count"],
+        help="execution_count: an instance runs only when the resources its instance_group's rate_limiter "
+        "lists are free (docs/rate_limiter.md)",
+    )
+    p.add_argument(
+        "--rate-limit-resource",
+        action="append",
+        default=[],
+        metavar="NAME:COUNT[:DEVICE]",
+        help="copies of a rate-limiter resource (default: the most any loaded instance needs)",
+    )
+    p.add_argument(
         "--metrics-config",
         action="append",
         default=[],
@@ -238,6 +252,8 @@ def server_args(args: argparse.Namespace) -> dict[str, Any]:
         "strict_readiness": "false" if args.no_strict_readiness else args.strict_readiness,
         "access_log": args.access_log,
         "cache_config": args.cache_config,
+        "rate_limit": args.rate_limit,
+        "rate_limit_resource": args.rate_limit_resource,
         "metrics_config": args.metrics_config,
         "trace_config": [
             f"{setting}{value}"
@@ -273,8 +289,6 @@ NO_EFFECT: dict[str, str] = {
     "--model-load-thread-count": "models load in their own replicas, all at once",
     "--model-load-retry-count": "a model that fails to load is not retried at start",
     "--http-thread-count": "HAProxy and each replica's event loop serve HTTP",
-    "--rate-limit": "instances are Ray replicas, scheduled by Ray's resources",
-    "--rate-limit-resource": "instances are Ray replicas, scheduled by Ray's resources",
     "--allow-cpu-metrics": "Ray's dashboard and metrics carry the nodes' CPU and memory",
     "--allow-gpu-metrics": "Ray's dashboard and metrics carry the GPUs",
     "--metrics-interval-ms": "model metrics are counted as requests are answered",

@@ -68,6 +68,9 @@ versions without starting Ray, so an upgrade that moves one fails there, by name
   then waits in ``time.sleep`` and shuts Serve down on ``KeyboardInterrupt``. Ray's driver installs
   absl's failure-signal handler for SIGTERM in ``ray.init`` (it prints a stack trace and dies by the
   signal, skipping that shutdown); :func:`serve_run` sets SIGTERM back to an interrupt after it.
+* ``actor_ready_probe``: every actor class gets a ``__ray_ready__`` method (``ray/actor.py``,
+  ``_modify_class``); calling it on a handle of a dead actor raises ``RayActorError``. The rate
+  limiter's actor asks it of the replicas holding resources (:func:`actor_gone`).
 * ``haproxy_grpc_frontend``: Serve's HAProxy template writes ``frontend grpc_frontend`` and one
   backend ``grpc-<application>`` per application (``haproxy.py``, ``haproxy_templates.py``), which
   ``deployments.serve.haproxy_shim`` routes by model name.
@@ -113,6 +116,7 @@ HOOKS = (
     "cluster_kv",
     "pending_resource_demands",
     "serve_run_interrupt",
+    "actor_ready_probe",
 )
 
 KV_NAMESPACE = "triton_serve"
@@ -180,6 +184,22 @@ def serve_status() -> Any:
 
     with _RUN_LOCK:
         return serve.status()
+
+
+async def actor_gone(handle: Any, timeout_s: float) -> bool:
+    """Whether the actor of ``handle`` is gone (a busy or slow one, not answering in ``timeout_s``, is
+    not)."""
+    import asyncio
+
+    from ray.exceptions import RayActorError
+
+    try:
+        await asyncio.wait_for(handle.__ray_ready__.remote(), timeout_s)
+    except RayActorError:
+        return True
+    except Exception:
+        return False
+    return False
 
 
 def kv_get(key: str) -> bytes | None:

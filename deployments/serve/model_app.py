@@ -27,6 +27,7 @@ from deployments.serve import grpc_ingress, hooks, ingress, logs, ray_metrics, r
 from deployments.serve.devices import pin_replica_gpu
 from deployments.serve.names import hosted_key, model_app_name, model_route, stats_path
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory
+from deployments.serve.rate_limiter import rate_gate
 from deployments.serve.response_writes import coalesce_response_writes
 from deployments.serve.server_api import ServerClient, ServerHolds, ServerRegions, summed_stats
 from deployments.serve.traces import RemoteTraces, follow_traces
@@ -65,6 +66,7 @@ class ModelDeployment:
         composing: dict[str, ModelDescription] | None = None,
         gpu_ids: list[int | None] | None = None,
         rank_offset: int = 0,
+        group_index: int = 0,
     ) -> None:
         coalesce_response_writes()
         log_to_stderr(settings.log_settings)  # pb_utils.Logger lines into the replica's worker log
@@ -101,6 +103,7 @@ class ModelDeployment:
             rank = rank_offset + int(getattr(own, "rank", own))
             self._ranks = Ranks(model.name, rank, replicas)
         self.router = Router(remote=remote, ranks=self._ranks, owners=self._calls)
+        self._group_index = group_index
         self.runtime = ModelRuntime(
             model,
             instance_kind=kind,
@@ -108,6 +111,7 @@ class ModelDeployment:
             executor=self.router,
             instance_name=self.instance_name,
             composing=composing,
+            gate=self._gate(model),
         )
         self.load_error: str | None = None
         try:
@@ -151,6 +155,16 @@ class ModelDeployment:
             self._publish = asyncio.get_running_loop().create_task(self._publish_rank(context.app_name))
         if settings.allow_grpc:  # ModelInfer calls and streams that start with this model, routed by HAProxy
             grpc_ingress.serve_grpc(dataplane, grpc_ingress.grpc_options(settings))
+
+    def _gate(self, model: ModelDescription) -> Any:
+        """What each execution of this replica's instance holds (docs/rate_limiter.md); None: nothing."""
+        groups = model.instance_groups
+        if self.settings.rate_limit == "off" or self._group_index >= len(groups):
+            return None
+        gpus = (self.visible_gpus or "").split(",")
+        device = int(gpus[0]) if gpus[0].isdigit() else 0
+        gate = rate_gate(self.settings, groups[self._group_index], self.replica_id, device)
+        return None if gate is None else gate.execution
 
     def __serve_build_asgi_app__(self) -> Any:
         return self._asgi
@@ -230,6 +244,7 @@ class ModelDeployment:
             executor=self.router,
             instance_name=self.instance_name,
             composing=composing,
+            gate=self._gate(model),
         )
         try:
             await runtime.load()  # every version, warmup included

@@ -164,8 +164,15 @@ def test_one_entry_per_instance_group_each_with_its_own_kind_and_resources() -> 
         "replicas": 3,
         "rank_offset": 0,
         "gpu_ids": [None, None],
+        "group_index": 0,
     }
-    assert gpu.init_kwargs == {"instance_kind": "KIND_GPU", "replicas": 3, "rank_offset": 2, "gpu_ids": [0]}
+    assert gpu.init_kwargs == {
+        "instance_kind": "KIND_GPU",
+        "replicas": 3,
+        "rank_offset": 2,
+        "gpu_ids": [0],
+        "group_index": 1,
+    }
     # group 0 is the model's own application and route; the others have their own, off the model's
     assert (cpu.app_name, cpu.route_prefix, cpu.deployment_name) == ("model-m", "/v2/models/m", "model")
     assert (gpu.app_name, gpu.route_prefix, gpu.deployment_name) == (
@@ -229,6 +236,7 @@ def test_entry_is_the_serve_deployment_spec() -> None:
         "replicas": 4,
         "rank_offset": 0,
         "gpu_ids": [0, 0, 1, 1],
+        "group_index": 0,
     }
     data = entry.to_dict()
     assert data["app_name"] == "model-m" and data["replica_groups"] == ["g"] * 4

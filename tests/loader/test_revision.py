@@ -10,6 +10,8 @@ from repository_loader.model import (
     InstanceGroup,
     InstanceKind,
     ModelDescription,
+    RateLimiter,
+    RateLimitResource,
     SequenceBatching,
     TensorSpec,
 )
@@ -70,6 +72,10 @@ def test_what_the_replicas_are_built_from_changes_the_version(tmp_path: Path) ->
     assert _version(_model(folder), kind="KIND_MODEL") != before  # another constructor argument
     groups = (InstanceGroup("m_0", InstanceKind.CPU, 2), InstanceGroup("m_1", InstanceKind.CPU, 1))
     assert _version(_model(folder, instance_groups=groups)) != before  # another group
+    # a group's rate-limiter resources (Triton starts such an instance again)
+    limited = RateLimiter((RateLimitResource("R1", 8),))
+    groups = (InstanceGroup("m_0", InstanceKind.CPU, 2, rate_limiter=limited),)
+    assert _version(_model(folder, instance_groups=groups)) != before
     # a model file changed (its size and time)
     (folder / "1" / "model.py").write_text("x = 22\n")
     assert _version(_model(folder)) != before

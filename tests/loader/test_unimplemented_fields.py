@@ -18,9 +18,6 @@ PT = {"1/model.pt": b""}
 
 # field -> config text that sets it on a model that is otherwise valid (pytorch, max_batch_size 8)
 WARN_CASES = {
-    "instance_group.rate_limiter": (
-        'instance_group [ { kind: KIND_CPU rate_limiter { resources [ { name: "R" count: 1 } ] priority: 2 } } ]'
-    ),
     "instance_group.host_policy": 'instance_group [ { kind: KIND_CPU host_policy: "numa0" } ]',
     "instance_group.secondary_devices": (
         "instance_group [ { kind: KIND_GPU gpus: [ 0 ] secondary_devices [ { kind: KIND_NVDLA device_id: 0 } ] } ]"

@@ -451,6 +451,9 @@ def server_url(test_repository: Path, session_ports: dict[str, int]) -> Iterator
             "cache_config": ["local,size=1048576"],
             **SESSION_HOSTS,
             "placement_timeout_s": 5,  # test_model_control_e2e: a load no node can place fails soon
+            # the rate limiter (tests/serve/test_rate_limit_e2e.py): only models that list resources wait
+            "rate_limit": "execution_count",
+            "rate_limit_resource": ["R_ONE:1"],
             # Triton's --exit-timeout-secs (default 30): a replica stopping with a request the test left
             # hanging ends after this long
             "exit_timeout_secs": SESSION_EXIT_TIMEOUT_S,

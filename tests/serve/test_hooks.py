@@ -294,6 +294,18 @@ def _check_serve_run_interrupt() -> None:
 CHECKS["serve_run_interrupt"] = _check_serve_run_interrupt
 
 
+def _check_actor_ready_probe() -> None:
+    import inspect
+
+    import ray.actor
+
+    source = inspect.getsource(ray.actor)
+    assert "def __ray_ready__(self)" in source, "actors no longer get a __ray_ready__ method"
+
+
+CHECKS["actor_ready_probe"] = _check_actor_ready_probe
+
+
 def test_every_hook_has_a_check() -> None:
     assert set(CHECKS) == set(hooks.HOOKS)
 

@@ -12,7 +12,7 @@ from deployments.control import ModelController
 from deployments.protocol.dataplane import DataPlane, ModelDataPlane
 from deployments.runtime.router import Router
 from deployments.serve.cli import NO_EFFECT, add_parser, server_args, unapplied_flags
-from deployments.settings import DIRECT_ROUTES_ENV, ServerSettings, SettingsError
+from deployments.settings import DIRECT_ROUTES_ENV, ResourceLimit, ServerSettings, SettingsError
 from repository_loader.autoscaling import Autoscaling
 from repository_loader.errors import NotFound, Unavailable
 from repository_loader.model import ModelDescription, ModelState, TensorSpec
@@ -221,7 +221,9 @@ def test_every_tritonserver_flag_is_taken() -> None:
     named = {line.split("=", 1)[0] for line in unapplied_flags(ns)}
     # every flag given that has no effect is named at start (NO_EFFECT also has older releases' flags)
     assert named == {f for f in NO_EFFECT if f.removeprefix("--") in TRITONSERVER_2_51_FLAGS}
-    assert len(named) == 40
+    assert len(named) == 38
+    # the rate limiter's flags are applied (docs/rate_limiter.md)
+    assert settings.rate_limit == "off" and settings.rate_limit_resources == (ResourceLimit("R1", 10),)
 
 
 @pytest.mark.parametrize(

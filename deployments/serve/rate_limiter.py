@@ -1,0 +1,135 @@
+"""The rate limiter's one home on a cluster: an actor holding every pool
+(``deployments.runtime.rate_limit.ResourcePools``), and each model replica's gate to it.
+
+With ``--rate-limit=execution_count`` a replica whose instance group lists ``rate_limiter``
+resources asks the actor before each execution and gives the grant back after. The first replica
+that needs the actor starts it (by name, so every replica finds the same one); it lives with that
+replica, and when it is gone the next replica to ask starts another, with no grant held. The actor
+checks the holders it has not heard from for a second: a replica that died holding resources gives
+them back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from deployments.runtime.rate_limit import Needs, ResourcePools, instance_needs
+from deployments.serve import hooks
+from deployments.settings import ResourceLimit, ServerSettings
+from repository_loader.model import InstanceGroup
+
+logger = logging.getLogger(__name__)
+
+ACTOR_NAME = "triton-rate-limiter"
+WATCH_S = 1.0  # how often the actor checks that the holders it serves are alive
+
+
+class RateLimiterActor:
+    """Every pool of the server (an async actor: grants are answered as resources come back)."""
+
+    def __init__(self, limits: list[str]) -> None:
+        self.pools = ResourcePools(tuple(ResourceLimit.parse(t) for t in limits))
+        self._handles: dict[str, Any] = {}
+        self._watch: asyncio.Task[None] | None = None
+
+    def register(self, holder: str, needs: Needs, handle: Any) -> None:
+        self.pools.register(holder, needs)
+        if handle is not None:
+            self._handles[holder] = handle
+        if self._watch is None:
+            self._watch = asyncio.get_running_loop().create_task(self._watch_holders())
+
+    async def acquire(self, holder: str, needs: Needs) -> int:
+        return await self.pools.acquire(holder, needs)
+
+    def release(self, grant: int) -> None:
+        self.pools.release(grant)
+
+    def state(self) -> dict[str, Any]:
+        """Pools in use now (for tests and operators): ``{"<name>@<scope>": [in use, capacity]}``."""
+        keys = {key for needs in self.pools._registered.values() for key, _ in needs.resources}
+        return {f"{n}@{s}": [self.pools.in_use((n, s)), self.pools.capacity((n, s))] for n, s in sorted(keys)}
+
+    def forget(self, holder: str) -> None:
+        self._handles.pop(holder, None)
+        self.pools.forget(holder)
+
+    async def _watch_holders(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_S)
+            for holder in self.pools.holders():
+                handle = self._handles.get(holder)
+                if handle is not None and await hooks.actor_gone(handle, WATCH_S * 5):
+                    logger.warning("rate limiter: instance %s is gone; its resources go back", holder)
+                    self.forget(holder)
+
+
+def limiter_actor(settings: ServerSettings) -> Any:
+    """The server's rate-limiter actor, started if no replica has started it."""
+    import ray
+
+    remote = ray.remote(num_cpus=0)(RateLimiterActor)  # an async actor: grants wait side by side
+    return remote.options(name=ACTOR_NAME, get_if_exists=True).remote(  # type: ignore[attr-defined]
+        [limit.to_text() for limit in settings.rate_limit_resources]
+    )
+
+
+class RateGate:
+    """One replica's gate: ``async with gate.execution():`` holds its group's resources for one
+    execution. Where the actor cannot be reached, the execution goes on unlimited and says so once."""
+
+    def __init__(self, settings: ServerSettings, holder: str, needs: Needs) -> None:
+        self.settings = settings
+        self.holder = holder
+        self.needs = needs
+        self._actor: Any = None
+        self._warned = False
+
+    async def _ready(self) -> Any:
+        if self._actor is None:
+            import ray
+
+            actor = await asyncio.to_thread(limiter_actor, self.settings)
+            context = ray.get_runtime_context()
+            handle = context.current_actor if context.get_actor_id() else None
+            await actor.register.remote(self.holder, self.needs, handle)
+            self._actor = actor
+        return self._actor
+
+    @contextlib.asynccontextmanager
+    async def execution(self) -> AsyncIterator[None]:
+        grant = None
+        actor = None
+        for attempt in (1, 2):  # once more with a new actor where the last one is gone
+            try:
+                actor = await self._ready()
+                grant = await actor.acquire.remote(self.holder, self.needs)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._actor = None
+                if attempt == 2 and not self._warned:
+                    self._warned = True
+                    logger.warning("rate limiter not reached (%s): executing without it", exc)
+        try:
+            yield
+        finally:
+            if grant is not None and actor is not None:
+                with contextlib.suppress(Exception):
+                    actor.release.remote(grant)
+
+
+def rate_gate(settings: ServerSettings, group: InstanceGroup, holder: str, device: int) -> RateGate | None:
+    """The gate of a replica of ``group`` on ``device`` (None where nothing is limited)."""
+    if settings.rate_limit != "execution_count" or not group.rate_limiter.resources:
+        return None
+    import ray
+
+    node = ray.get_runtime_context().get_node_id()
+    needs = instance_needs(group.rate_limiter, node, device)
+    return RateGate(settings, holder, needs) if needs.resources else None
