@@ -129,6 +129,10 @@ class ResourcePools:
             return given
         return max((c for n in self._registered.values() for k, c in n.resources if k == key), default=0)
 
+    def keys(self) -> set[Key]:
+        """Every pool some registered instance uses."""
+        return {key for needs in self._registered.values() for key, _ in needs.resources}
+
     def in_use(self, key: Key) -> int:
         return self._held.get(key, 0)
 

@@ -44,6 +44,7 @@ from deployments.serve.names import (
     model_app_name,
 )
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory, ServedElsewhere, own_app
+from deployments.serve.rate_limiter import limiter_actor
 from deployments.serve.reloads import Order, ReloadBoard
 from deployments.serve.server_api import GroupApps, Member, ReplicaClient, replica_client
 from deployments.serve.traces import TraceBoard
@@ -519,6 +520,10 @@ class ServerDeployment:
             num_cpus=float(cluster.get("CPU", 1)), num_gpus=int(cluster.get("GPU", 0))
         )
         self.deployer = RayDeployer(settings, resources, instance)
+        # the rate limiter's pools (docs/rate_limiter.md), held here so that they outlive any model replica
+        self._rate_limiter = (
+            None if settings.rate_limit == "off" else await asyncio.to_thread(limiter_actor, settings)
+        )
         self._stats: Snapshots = {}
         self._sequence_members: dict[str, dict[int, Member]] = {}
         self._holds = HoldBoard()  # TRITONSERVER_DELAY_SCHEDULER over a model's replicas (testing)

@@ -2,9 +2,9 @@
 (``deployments.runtime.rate_limit.ResourcePools``), and each model replica's gate to it.
 
 With ``--rate-limit=execution_count`` a replica whose instance group lists ``rate_limiter``
-resources asks the actor before each execution and gives the grant back after. The first replica
-that needs the actor starts it (by name, so every replica finds the same one); it lives with that
-replica, and when it is gone the next replica to ask starts another, with no grant held. The actor
+resources asks the actor before each execution and gives the grant back after. The server
+application starts the actor and holds it (every replica finds it by name); where it is gone (the
+server application restarting), the next replica to ask starts another, with no grant held. The actor
 checks the holders it has not heard from for a second: a replica that died holding resources gives
 them back.
 """
@@ -31,13 +31,27 @@ WATCH_S = 1.0  # how often the actor checks that the holders it serves are alive
 class RateLimiterActor:
     """Every pool of the server (an async actor: grants are answered as resources come back)."""
 
-    def __init__(self, limits: list[str]) -> None:
+    def __init__(self, limits: list[str], verbose: int = 0) -> None:
         self.pools = ResourcePools(tuple(ResourceLimit.parse(t) for t in limits))
         self._handles: dict[str, Any] = {}
         self._watch: asyncio.Task[None] | None = None
+        self._verbose = verbose
+        self._logged: dict[str, list[int]] = {}
+
+    def _log_pools(self) -> None:
+        """With ``--log-verbose``, each pool's copies as they change, in Triton's words."""
+        if self._verbose < 1:
+            return
+        now = self.state()
+        for pool, (_, capacity) in sorted(now.items()):
+            if self._logged.get(pool, [0, None])[1] != capacity:
+                name, _, scope = pool.partition("@")
+                logger.info("Rate limiter pool %s: Resource: %s\t Count: %d", scope, name, capacity)
+        self._logged = now
 
     def register(self, holder: str, needs: Needs, handle: Any) -> None:
         self.pools.register(holder, needs)
+        self._log_pools()
         if handle is not None:
             self._handles[holder] = handle
         if self._watch is None:
@@ -51,12 +65,13 @@ class RateLimiterActor:
 
     def state(self) -> dict[str, Any]:
         """Pools in use now (for tests and operators): ``{"<name>@<scope>": [in use, capacity]}``."""
-        keys = {key for needs in self.pools._registered.values() for key, _ in needs.resources}
-        return {f"{n}@{s}": [self.pools.in_use((n, s)), self.pools.capacity((n, s))] for n, s in sorted(keys)}
+        pools = self.pools
+        return {f"{n}@{s}": [pools.in_use((n, s)), pools.capacity((n, s))] for n, s in sorted(pools.keys())}
 
     def forget(self, holder: str) -> None:
         self._handles.pop(holder, None)
         self.pools.forget(holder)
+        self._log_pools()
 
     async def _watch_holders(self) -> None:
         while True:
@@ -74,7 +89,7 @@ def limiter_actor(settings: ServerSettings) -> Any:
 
     remote = ray.remote(num_cpus=0)(RateLimiterActor)  # an async actor: grants wait side by side
     return remote.options(name=ACTOR_NAME, get_if_exists=True).remote(  # type: ignore[attr-defined]
-        [limit.to_text() for limit in settings.rate_limit_resources]
+        [limit.to_text() for limit in settings.rate_limit_resources], settings.log_verbose
     )
 
 
