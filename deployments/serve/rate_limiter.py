@@ -17,9 +17,10 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from deployments.backends.python_api.logger import log_to_stderr
 from deployments.runtime.rate_limit import Needs, ResourcePools, instance_needs
 from deployments.serve import hooks
-from deployments.settings import ResourceLimit, ServerSettings
+from deployments.settings import LogSettings, ResourceLimit, ServerSettings
 from repository_loader.model import InstanceGroup
 
 logger = logging.getLogger(__name__)
@@ -31,11 +32,13 @@ WATCH_S = 1.0  # how often the actor checks that the holders it serves are alive
 class RateLimiterActor:
     """Every pool of the server (an async actor: grants are answered as resources come back)."""
 
-    def __init__(self, limits: list[str], verbose: int = 0) -> None:
+    def __init__(self, limits: list[str], log_settings: LogSettings | None = None) -> None:
+        settings = log_settings or LogSettings()
+        log_to_stderr(settings)  # the server's log flags, as in every replica
         self.pools = ResourcePools(tuple(ResourceLimit.parse(t) for t in limits))
         self._handles: dict[str, Any] = {}
         self._watch: asyncio.Task[None] | None = None
-        self._verbose = verbose
+        self._verbose = settings.verbose_level
         self._logged: dict[str, list[int]] = {}
 
     def _log_pools(self) -> None:
@@ -89,7 +92,7 @@ def limiter_actor(settings: ServerSettings) -> Any:
 
     remote = ray.remote(num_cpus=0)(RateLimiterActor)  # an async actor: grants wait side by side
     return remote.options(name=ACTOR_NAME, get_if_exists=True).remote(  # type: ignore[attr-defined]
-        [limit.to_text() for limit in settings.rate_limit_resources], settings.log_verbose
+        [limit.to_text() for limit in settings.rate_limit_resources], settings.log_settings
     )
 
 
