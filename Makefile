@@ -8,8 +8,9 @@ BIN := $(VENV)/bin
 .PHONY: install ssh-peers serve validate test test-fast test-multinode test-gpu lint bench-peers peers clean
 
 # uv (from the package registry) installs the same packages pip resolves, in seconds instead of
-# minutes; like pip here, it looks in $PIP_FIND_LINKS first (where the CPU build of torch is). Where
-# uv cannot be had or cannot reach the registry, pip does the same install.
+# minutes; like pip here, it looks in $PIP_FIND_LINKS first (where the CPU build of torch is), and it
+# compiles the bytecode as pip does (else every new Ray process compiles Ray's modules on its first
+# import). Where uv cannot be had or cannot reach the registry, pip does the same install.
 UV := $(BIN)/uv
 FIND_LINKS := $(foreach dir,$(PIP_FIND_LINKS),--find-links $(dir))
 
@@ -18,7 +19,7 @@ $(BIN)/activate:
 
 install: $(BIN)/activate
 	@[ -x $(UV) ] || $(BIN)/pip install -q uv || echo "uv not installed: pip installs instead"
-	@if [ -x $(UV) ] && $(UV) pip install -q --python $(BIN)/python $(FIND_LINKS) torch==2.13.0 -e ".[cpu,dev]"; \
+	@if [ -x $(UV) ] && $(UV) pip install -q --compile-bytecode --python $(BIN)/python $(FIND_LINKS) torch==2.13.0 -e ".[cpu,dev]"; \
 	then :; else \
 	  $(BIN)/pip install -q torch==2.13.0 && $(BIN)/pip install -q -e ".[cpu,dev]"; \
 	fi
