@@ -4,9 +4,9 @@
 With ``--rate-limit=execution_count`` a replica whose instance group lists ``rate_limiter``
 resources asks the actor before each execution and gives the grant back after. The server
 application starts the actor and holds it (every replica finds it by name); where it is gone (the
-server application restarting), the next replica to ask starts another, with no grant held. The actor
-checks the holders it has not heard from for a second: a replica that died holding resources gives
-them back.
+server application restarting), the next replica to ask starts another, with no grant held. Every second
+the actor asks each replica holding or waiting for resources whether it is alive: a replica that
+died holding resources gives them back.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class RateLimiterActor:
 
 
 def limiter_actor(settings: ServerSettings) -> Any:
-    """The server's rate-limiter actor, started if no replica has started it."""
+    """The server's rate-limiter actor: the running one, or a new one where none runs."""
     import ray
 
     remote = ray.remote(num_cpus=0)(RateLimiterActor)  # an async actor: grants wait side by side
