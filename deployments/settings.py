@@ -44,6 +44,8 @@ API_GROUPS = (
 DIRECT_ROUTES_ENV = "TRITON_SERVE_DIRECT_ROUTES"
 DELAY_SCHEDULER_ENV = "TRITONSERVER_DELAY_SCHEDULER"  # tritonserver's testing variables (Triton's qa)
 BACKLOG_DELAY_SCHEDULER_ENV = "TRITONSERVER_BACKLOG_DELAY_SCHEDULER"
+# "0" (or "false") writes log messages as the code logged them, not as JSON strings (tritonserver's variable)
+ESCAPE_LOG_MESSAGES_ENV = "TRITON_SERVER_ESCAPE_LOG_MESSAGES"
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -206,6 +208,9 @@ class LogSettings:
     error: bool = True  # --log-error
     verbose_level: int = 0  # --log-verbose: >0 shows the models' verbose lines and the server's debug lines
     format: str = "default"  # --log-format: default | ISO8601
+    # each message written as a JSON string, as tritonserver does unless TRITON_SERVER_ESCAPE_LOG_MESSAGES
+    # is "0"; set at start only, not one of the logging extension's settings
+    escape: bool = True
 
     def to_json(self) -> dict[str, Any]:
         """The extension's ``$log_setting_response``: every setting, under Triton's names."""
@@ -336,6 +341,8 @@ class ServerSettings:
     # batcher, requests of sequences wait in its backlog); 0: off. Read from the environment as tritonserver does.
     delay_scheduler: int = 0
     backlog_delay_scheduler: int = 0
+    # log messages as JSON strings (tritonserver's TRITON_SERVER_ESCAPE_LOG_MESSAGES, read from the environment)
+    log_escape: bool = True
     deploy_timeout_s: float = 600.0  # how long one model's application may take to start
     placement_timeout_s: float = 60.0  # how long its replicas may wait for a node with free resources
     stats_push_interval_s: float = 1.0  # how often replicas push statistics to the server application
@@ -389,6 +396,7 @@ class ServerSettings:
             error=self.log_error,
             verbose_level=self.log_verbose,
             format=self.log_format,
+            escape=self.log_escape,
         )
 
     @property
@@ -513,6 +521,7 @@ class ServerSettings:
             "allow_grpc": _flag(args, "allow_grpc", True),
             "direct_routes": env.get(DIRECT_ROUTES_ENV, "1").strip() != "0",
             "delay_scheduler": _typed(DELAY_SCHEDULER_ENV, env.get(DELAY_SCHEDULER_ENV) or "0", int),
+            "log_escape": env.get(ESCAPE_LOG_MESSAGES_ENV, "1").strip().lower() not in ("0", "false"),
             "backlog_delay_scheduler": _typed(
                 BACKLOG_DELAY_SCHEDULER_ENV, env.get(BACKLOG_DELAY_SCHEDULER_ENV) or "0", int
             ),

@@ -34,11 +34,19 @@ from deployments.settings import (
 T = TypeVar("T")
 
 
+LOG_DEDUP_ENV = "RAY_DEDUP_LOGS"
+"""Ray's driver folds log lines that differ only in their numbers (pids, times, counts) into one
+"[repeated Nx across cluster]"; the server's log shows every line, as tritonserver's does (each
+replica's "ready", the rate limiter's pool counts)."""
+
+
 def configure_environment(direct_ingress: bool = True) -> None:
-    """Set the request-path variables (kept where the user already set them)."""
+    """Set the request-path variables (kept where the user already set them), and Ray's log
+    deduplication off for the process that prints the server's log (:data:`LOG_DEDUP_ENV`)."""
     if direct_ingress:
         for key, value in request_path_env().items():
             os.environ.setdefault(key, value)
+    os.environ.setdefault(LOG_DEDUP_ENV, "0")
     project = str(Path(__file__).resolve().parents[2])
     path = os.environ.get("PYTHONPATH", "")
     if project not in path.split(os.pathsep):

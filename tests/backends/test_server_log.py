@@ -63,7 +63,9 @@ def test_tritons_log_flags_choose_the_levels_the_form_and_the_file(tmp_path) -> 
     # --log-info=false hides INFO lines with verbose logging on too, as in tritonserver
     assert "hidden info line" not in done.stderr and "shown warning line" in done.stderr
     assert "no more debug lines" not in done.stderr  # verbose off again: the server's debug lines stop
-    assert re.match(r"W\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ <string>:\d+] shown", done.stderr.lstrip())
+    assert re.match(
+        r'W\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ <string>:\d+] "shown warning line"$', done.stderr.strip()
+    )
 
 
 def test_lines_take_tritons_two_forms() -> None:
@@ -75,8 +77,43 @@ def test_lines_take_tritons_two_forms() -> None:
 
     record = logging.LogRecord("deployments.x", logging.DEBUG, "/src/model.py", 12, "a %s", ("line",), None)
     record.created, record.process = 1764174225.5, 42
-    assert TritonLogForm().format(record) == "I1126 16:23:45.500000 42 model.py:12] a line"
-    assert TritonLogForm(iso8601=True).format(record) == "2025-11-26T16:23:45Z I 42 model.py:12] a line"
+    assert TritonLogForm().format(record) == 'I1126 16:23:45.500000 42 model.py:12] "a line"'
+    assert TritonLogForm(iso8601=True).format(record) == '2025-11-26T16:23:45Z I 42 model.py:12] "a line"'
+    assert TritonLogForm(escape=False).format(record) == "I1126 16:23:45.500000 42 model.py:12] a line"
+
+
+def test_a_message_is_one_json_string_unless_escaping_is_off() -> None:
+    """tritonserver writes each message as a JSON string (``TRITON_SERVER_ESCAPE_LOG_MESSAGES``, on
+    unless "0"): a tab, a quote, a newline or a terminal escape in a message cannot break or forge a
+    record; a traceback is part of the string. Off, the message is written as logged."""
+    import json
+    import logging
+    import sys
+
+    from deployments.backends.python_api.logger import TritonLogForm
+    from deployments.settings import ServerSettings
+
+    forged = 'Resource: R1\t Count: 3\nE1126 00:00:00.000000 1 x.cc:1] "forged" \x1b[31mred'
+    record = logging.LogRecord("deployments.x", logging.INFO, "/src/m.py", 3, forged, (), None)
+    line = TritonLogForm().format(record)
+    assert "\n" not in line and "\t" not in line and "\x1b" not in line
+    assert "Resource: R1\\t Count: 3" in line  # the literal backslash-t Triton's qa tests look for
+    assert json.loads(line.split("] ", 1)[1]) == forged
+    try:
+        raise ValueError('bad "input"')
+    except ValueError:
+        failed = logging.LogRecord(
+            "deployments.x", logging.ERROR, "/src/m.py", 4, "failed", (), sys.exc_info()
+        )
+    message = json.loads(TritonLogForm().format(failed).split("] ", 1)[1])
+    assert message.startswith("failed\nTraceback") and 'ValueError: bad "input"' in message
+    assert TritonLogForm(escape=False).format(record).endswith("] " + forged)
+    root = {"model_repository": "/tmp"}
+    assert ServerSettings.from_args(root, environ={}).log_settings.escape
+    for off in ("0", "false", "FALSE"):
+        environ = {"TRITON_SERVER_ESCAPE_LOG_MESSAGES": off}
+        assert not ServerSettings.from_args(root, environ=environ).log_settings.escape
+    assert ServerSettings.from_args(root, environ={"TRITON_SERVER_ESCAPE_LOG_MESSAGES": "1"}).log_escape
 
 
 def test_the_log_flags_are_checked_at_start(tmp_path) -> None:
@@ -88,3 +125,27 @@ def test_the_log_flags_are_checked_at_start(tmp_path) -> None:
     assert not settings.log_info and settings.to_args()["log_info"] is False
     with pytest.raises(SettingsError, match="log_format must be 'default' or 'ISO8601'"):
         ServerSettings.from_args({"model_repository": str(tmp_path), "log_format": "json"})
+
+
+def test_the_launcher_prints_every_log_line_without_rays_deduplication() -> None:
+    """Ray's driver would fold lines differing only in numbers ("Resource: R1\\t Count: 3" after
+    "... Count: 2", every replica's "ready") into "[repeated Nx]"; the launcher turns that off before
+    Ray is imported, unless the user set it."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import os, sys\n"
+        "import deployments.serve.launch as launch\n"
+        "assert 'ray._private.ray_constants' not in sys.modules\n"
+        "launch.configure_environment()\n"
+        "from ray._private import ray_constants\n"
+        "print(os.environ['RAY_DEDUP_LOGS'], ray_constants.RAY_DEDUP_LOGS)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_DEDUP_LOGS"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["0", "False"]
+    env["RAY_DEDUP_LOGS"] = "1"
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["1", "True"]

@@ -6,6 +6,7 @@ Lines go to the Python logger ``triton_python_backend``; in a served replica
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
@@ -72,7 +73,7 @@ def _handler(settings: LogSettings, server: bool) -> logging.Handler:
     else:
         handler = logging.StreamHandler(sys.__stderr__ or sys.stderr)
     handler.addFilter(lambda record: shows(settings, record.levelno, server))
-    handler.setFormatter(TritonLogForm(iso8601=settings.format == "ISO8601"))
+    handler.setFormatter(TritonLogForm(iso8601=settings.format == "ISO8601", escape=settings.escape))
     setattr(handler, "_triton_stderr", True)  # noqa: B010 - marks ours, to replace it on a second call
     return handler
 
@@ -84,11 +85,16 @@ class TritonLogForm(logging.Formatter):
     """Triton's two log line forms (docs/protocol/extension_logging.md), in UTC:
     ``default``: ``<L><mmdd> <HH:MM:SS.uuuuuu> <pid> <file>:<line>] <message>``;
     ``ISO8601``: ``<yyyy-mm-dd>T<HH:MM:SS>Z <L> <pid> <file>:<line>] <message>``.
-    ``L`` is I, W or E (verbose lines are I, as in Triton); a traceback follows on its own lines."""
+    ``L`` is I, W or E (verbose lines are I, as in Triton). With ``escape`` (tritonserver's default) the
+    message, a traceback included, is one JSON string: quoted, with its quotes, backslashes, tabs,
+    newlines and other control characters escaped, so every record is one line that a log parser can
+    trust (a message cannot forge a record of its own); without it the message is written as logged and
+    a traceback follows on its own lines."""
 
-    def __init__(self, iso8601: bool = False) -> None:
+    def __init__(self, iso8601: bool = False, escape: bool = True) -> None:
         super().__init__()
         self.iso8601 = iso8601
+        self.escape = escape
 
     def format(self, record: logging.LogRecord) -> str:
         when = time.gmtime(record.created)
@@ -98,12 +104,14 @@ class TritonLogForm(logging.Formatter):
         else:
             micros = int((record.created % 1) * 1_000_000)
             head = f"{letter}{time.strftime('%m%d %H:%M:%S', when)}.{micros:06d}"
-        text = f"{head} {record.process} {record.filename}:{record.lineno}] {record.getMessage()}"
+        message = record.getMessage()
         if record.exc_info and not record.exc_text:
             record.exc_text = self.formatException(record.exc_info)
         if record.exc_text:
-            text += "\n" + record.exc_text
-        return text
+            message += "\n" + record.exc_text
+        if self.escape:
+            message = json.dumps(message, ensure_ascii=False)
+        return f"{head} {record.process} {record.filename}:{record.lineno}] {message}"
 
 
 def _emit(level: int, message: Any) -> None:
