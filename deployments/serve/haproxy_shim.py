@@ -239,13 +239,24 @@ _SERVER_LINE = re.compile(r"^\s*server\s+(\S+)\s+(\S+)(.*)$")
 
 def _over_http1(lines: list[str], start: int, end: int, source: str, name: str) -> list[str]:
     """Backend ``name``: the replicas of HTTP backend ``source`` (its lines ``start:end``), backups left
-    out, each tracking its own state there, for gRPC calls handed over as HTTP/1.1."""
+    out, each tracking its own state there, for gRPC calls handed over as HTTP/1.1. Where Serve has a
+    server observe its connections (``observe layer4 ... on-error mark-down``), so does its copy: a
+    replica being removed refuses connections once its draining window ends, and without it the gRPC
+    calls of a client would go on meeting the closed port (each tried up to ``retries`` times, then a
+    503) until the health check found it."""
     out = [f"backend {name}", "    log global", "    http-reuse always"]
     out += [line for line in lines[start:end] if line.split()[:1] == ["timeout"]]
     for line in lines[start:end]:
         m = _SERVER_LINE.match(line)
         if m and not _is_backup(line):
-            tracked = f" track {source}/{m.group(1)}" if "check" in m.group(3).split() else ""
+            options = m.group(3).split()
+            tracked = f" track {source}/{m.group(1)}" if "check" in options else ""
+            if "observe" in options:  # connection errors mark the server down here as in the HTTP backend
+                tracked += "".join(
+                    f" {key} {options[i + 1]}"
+                    for i, key in enumerate(options[:-1])
+                    if key in ("observe", "error-limit", "on-error")
+                )
             out.append(f"    server {m.group(1)} {m.group(2)}{tracked}")
     return out
 

@@ -354,7 +354,11 @@ def test_serves_proxy_is_no_longer_a_backup(tmp_path: Path) -> None:
         return found[: found.find("\nbackend ")]
 
     h1 = section("trs-grpc-h1-model-m")
-    assert "server r-model-m 127.0.0.1:10 track http-model-m/r-model-m" in h1 and "fallback-" not in h1
+    # connection errors of gRPC calls mark a replica down as those of HTTP requests do (a removed
+    # replica's closed port is not tried again and again until the health check fails)
+    observe = "observe layer4 error-limit 3 on-error mark-down"
+    assert f"server r-model-m 127.0.0.1:10 track http-model-m/r-model-m {observe}" in h1.splitlines()[-1]
+    assert "fallback-" not in h1
     assert "timeout server 31s" in h1 and "http-error status 503 hdr grpc-status 14" in h1
     assert "server r-model-m 127.0.0.1:2 proto h2" in section("grpc-model-m")
     assert "fallback-" not in section("grpc-model-m") and "fallback-" not in section("grpc-triton")
