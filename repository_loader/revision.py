@@ -10,8 +10,10 @@ per count. A count-only change (``instance_group`` counts, same files) keeps the
 version, and Serve scales the deployment in place (docs/compatibility.md, Model
 updates).
 
-A stateful model's replicas hold their rank among the model's replicas
-(docs/sequence.md), so its version includes the count: a count change redeploys it.
+A stateful model's replicas hold their rank among the model's replicas (docs/sequence.md); with one
+instance group they follow a count change (its new world size, and the rank Serve may renumber), so
+it scales in place too. With several groups each group's ranks start after the earlier groups' counts,
+so its version includes the counts: a count change redeploys it.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ def code_version(model: ModelDescription, files: str, built_with: Mapping[str, A
     ``files`` (:func:`files_digest`), and ``built_with``, the replica's other constructor arguments
     that hold for every count (the kind, the server's settings, an ensemble's composing models)."""
     described = uncounted(model)
-    if stateful(model):
+    if stateful(model) and len(model.instance_groups) > 1:
         described["instance_groups"] = model.instance_groups
     parts = {"model": described, "files": files, "built_with": dict(built_with)}
     text = json.dumps(canonical(parts), sort_keys=True, separators=(",", ":"))

@@ -465,6 +465,14 @@ class ModelRuntime:
             return failed
         return runtime
 
+    def holds_sequence(self, correlation_id: int | str) -> bool:
+        """Whether a version's sequence batcher holds sequence ``correlation_id`` (docs/sequence.md)."""
+        for runtime in self.versions.values():
+            holds = getattr(runtime.scheduler, "holds", None)
+            if holds is not None and holds(correlation_id):
+                return True
+        return False
+
     async def infer(self, request: InferRequest) -> InferResponse:
         """Run ``request`` on the version it names; every failure comes back in ``response.error``."""
         runtime = self._ready_version(request)

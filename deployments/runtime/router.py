@@ -7,7 +7,9 @@ is the decision and returns a :class:`Placement`:
 * ``LOCAL``: a model this process runs (a replica's own model, or a composing model an
   ensemble hosts in process, handed tensors as the same objects);
 * ``OWNER``: the replica holding a sequence's state, when this replica serves the model but
-  another rank owns the sequence (:func:`owner_rank`);
+  another rank owns the sequence (:func:`owner_rank`); a sequence that its owner does not hold (it
+  started before the model's replica count changed, under another owner) is asked of the other
+  ranks (:meth:`Router.route`);
 * ``REMOTE``: any other model, through the serving layer's executor (another replica).
 
 The router is Ray-free: how an owner or another model is reached is given to it
@@ -19,6 +21,7 @@ owner's reply comes back as it is (:data:`RawReply`), the one fast path, decided
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
@@ -41,7 +44,14 @@ REPLICA_SNAPSHOT = b"x-triton-replica-snapshot"
 """Set on a sibling's request for a replica's own counts now (its statistics and metrics, not summed
 with other replicas'). HAProxy removes these and ``TRACE_STEP_HEADER`` from client requests."""
 
-INTERNAL_HEADERS = (FORWARDED, SEQUENCE_ORDER, REPLICA_SNAPSHOT, TRACE_STEP_HEADER)
+PROBE = b"x-triton-sequence-probe"
+"""Set beside ``FORWARDED`` on a request asked of a replica that may hold its sequence: one that does
+not answers :data:`ABSENT` at once instead of running it (or refusing it for its missing START)."""
+
+ABSENT = b"x-triton-sequence-absent"
+"""Set on a probed replica's answer where it does not hold the request's sequence."""
+
+INTERNAL_HEADERS = (FORWARDED, PROBE, SEQUENCE_ORDER, REPLICA_SNAPSHOT, TRACE_STEP_HEADER)
 """Headers only replicas set on their calls to each other."""
 
 
@@ -51,6 +61,13 @@ class Runner(Protocol):
     async def infer(self, request: InferRequest) -> InferResponse: ...
 
     def infer_stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]: ...
+
+
+def _holds(runner: Runner, correlation_id: int | str) -> bool:
+    """Whether ``runner`` holds sequence ``correlation_id`` (a slot, or a place in the backlog): its
+    ``holds_sequence``, which a stateful model's runtime has; True for one without it."""
+    holds = getattr(runner, "holds_sequence", None)
+    return True if holds is None else bool(holds(correlation_id))
 
 
 @dataclass(frozen=True)
@@ -67,6 +84,11 @@ class RawRequest:
         return any(key == FORWARDED for key, _ in self.headers)
 
     @property
+    def probe(self) -> bool:
+        """Whether this request only asks whether this replica holds its sequence (:data:`PROBE`)."""
+        return any(key == PROBE for key, _ in self.headers)
+
+    @property
     def order(self) -> Order | None:
         """Its place among the sequence's requests sent here from the same replica, if it has one."""
         return next((Order.parse(value) for key, value in self.headers if key == SEQUENCE_ORDER), None)
@@ -76,10 +98,17 @@ class OwnerCalls(Protocol):
     """How a request reaches the replica that holds rank ``rank`` of stateful model ``model``."""
 
     async def forward(
-        self, model: str, rank: int, request: InferRequest, raw: RawRequest | None, order: Order
+        self,
+        model: str,
+        rank: int,
+        request: InferRequest,
+        raw: RawRequest | None,
+        order: Order | None,
+        probe: bool = False,
     ) -> InferResponse | RawReply:
         """The owner's answer: its reply as it came where ``raw`` is given, else a response. ``order``
-        travels as the :data:`SEQUENCE_ORDER` header."""
+        travels as the :data:`SEQUENCE_ORDER` header; with ``probe`` the request carries :data:`PROBE`
+        and a rank that no replica holds answers :data:`ABSENT_REPLY`."""
         ...
 
 
@@ -96,9 +125,15 @@ def owner_rank(correlation_id: int | str, world_size: int) -> int:
     return correlation_id % world_size
 
 
-@dataclass(frozen=True)
+ABSENT_REPLY: RawReply = (404, [(ABSENT, b"1")], b"")
+"""A probed replica's answer where it does not hold the sequence."""
+
+
+@dataclass
 class Ranks:
-    """This replica's place among the replicas of a stateful model (docs/sequence.md)."""
+    """This replica's place among the replicas of a stateful model (docs/sequence.md). Both numbers
+    follow the model: ``world_size`` a count change that keeps this replica, ``rank`` Serve
+    renumbering its replicas after some were removed."""
 
     model: str
     rank: int
@@ -160,7 +195,7 @@ class Router:
         ranks = self.ranks
         if ranks is None or not request.correlation_id or (raw is not None and raw.forwarded):
             return _LOCAL
-        if request.model_name != ranks.model:
+        if request.model_name != ranks.model or ranks.world_size <= 1:
             return _LOCAL
         owner = ranks.owner(request.correlation_id)
         return _LOCAL if owner == ranks.rank else Placement(Where.OWNER, owner)
@@ -169,14 +204,21 @@ class Router:
         """The answer to ``request`` from where it runs (an owner's raw reply where ``raw`` is given)."""
         placement = self.place(request, raw)
         if placement.where is Where.LOCAL:
-            if self.ranks is not None and request.correlation_id:
-                self.answered_here += 1
+            runner = self.local[request.model_name]
+            if self.ranks is not None and request.correlation_id and request.model_name == self.ranks.model:
                 order = raw.order if raw is not None and raw.forwarded else None
                 if order is not None:
                     # queued in the order the sender numbered them: turn() returns once the request
                     # before it passed, and the runner queues it before its first suspension
                     await self.arrivals.turn(request.correlation_id, order)
-            return await self.local[request.model_name].infer(request)
+                if not request.sequence_start and not _holds(runner, request.correlation_id):
+                    if raw is not None and raw.probe:
+                        return ABSENT_REPLY
+                    found = await self._held_elsewhere(request, raw)
+                    if found is not None:
+                        return found
+                self.answered_here += 1
+            return await runner.infer(request)
         if placement.where is Where.OWNER:
             if self.owners is None:
                 raise self._owner_unreachable(request, placement.rank)
@@ -189,6 +231,38 @@ class Router:
             self.sent_to_owner += 1
             return answer
         return await self._remote(request).infer(request)
+
+    async def _held_elsewhere(
+        self, request: InferRequest, raw: RawRequest | None
+    ) -> InferResponse | RawReply | None:
+        """The answer of the replica that holds ``request``'s sequence where this one, its owner, does
+        not; None where no other replica holds it (it then fails here for its missing START).
+
+        Sequences start at their owner for the model's replica count then; after the count changed
+        (the replicas serving on keep their sequences, docs/sequence.md) a sequence that started
+        before lives at its owner of the old count, which this owner cannot name: every other rank is
+        asked at once, and the one holding the sequence runs the request, the others answer
+        :data:`ABSENT` without queuing it."""
+        ranks = self.ranks
+        if ranks is None or self.owners is None or ranks.world_size <= 1:
+            return None
+        owners = self.owners
+        others = [r for r in range(ranks.world_size) if r != ranks.rank]
+
+        async def ask(rank: int) -> InferResponse | RawReply | None:
+            try:
+                answer = await owners.forward(request.model_name, rank, request, raw, None, probe=True)
+            except Exception:  # gone, or not there yet: it holds nothing this request could use
+                return None
+            if isinstance(answer, tuple) and any(key == ABSENT for key, _ in answer[1]):
+                return None
+            return answer
+
+        for answer in await asyncio.gather(*(ask(r) for r in others)):
+            if answer is not None:
+                self.sent_to_owner += 1
+                return answer
+        return None
 
     async def infer(self, request: InferRequest) -> InferResponse:
         """``ModelExecutor.infer``: the response of ``request``, wherever it runs."""
@@ -245,9 +319,12 @@ async def _one(executor: ModelExecutor, request: InferRequest) -> AsyncGenerator
 
 
 __all__ = [
+    "ABSENT",
+    "ABSENT_REPLY",
     "FORWARDED",
     "INTERNAL_HEADERS",
     "OwnerCalls",
+    "PROBE",
     "Placement",
     "Ranks",
     "RawReply",

@@ -164,6 +164,10 @@ class SequenceBatcher:
     def backlog_size(self) -> int:
         return len(self._backlog)
 
+    def holds(self, correlation_id: int | str) -> bool:
+        """Whether sequence ``correlation_id`` is live here: it holds a slot or waits in the backlog."""
+        return correlation_id in self._bound or correlation_id in self._backlog_open
+
     # -- admission -------------------------------------------------------------
 
     async def submit(self, request: InferRequest) -> InferResponse:

@@ -71,6 +71,11 @@ versions without starting Ray, so an upgrade that moves one fails there, by name
 * ``actor_ready_probe``: every actor class gets a ``__ray_ready__`` method (``ray/actor.py``,
   ``_modify_class``); calling it on a handle of a dead actor raises ``RayActorError``. The rate
   limiter's actor asks it of the replicas holding resources (:func:`actor_gone`).
+* ``reconfigure_rank``: after replicas of a deployment are removed, Serve's controller renumbers the
+  others so their ranks run ``0 .. N-1`` (``deployment_state.py``,
+  ``check_rank_consistency_and_reassign_minimally``) and calls the deployment's ``reconfigure`` with
+  the new rank where that method takes a ``rank`` argument (``replica.py``, ``call_reconfigure``);
+  a stateful model's replica follows its rank there (``deployments.serve.model_app``).
 * ``haproxy_grpc_frontend``: Serve's HAProxy template writes ``frontend grpc_frontend`` and one
   backend ``grpc-<application>`` per application (``haproxy.py``, ``haproxy_templates.py``), which
   ``deployments.serve.haproxy_shim`` routes by model name.
@@ -117,6 +122,7 @@ HOOKS = (
     "pending_resource_demands",
     "serve_run_interrupt",
     "actor_ready_probe",
+    "reconfigure_rank",
 )
 
 KV_NAMESPACE = "triton_serve"

@@ -40,6 +40,11 @@ from repository_loader.revision import uncounted
 logger = logging.getLogger("ray.serve")
 
 
+def _rank_number(rank: Any) -> int:
+    """Serve's rank of a replica within its deployment: a ``ReplicaRank`` (its ``rank``), or the number."""
+    return int(getattr(rank, "rank", rank))
+
+
 # Recovery (docs/recovery.md): Serve checks each replica every second, so a dead or hung one is replaced
 # within about a second plus the model's load time; an unload waits at most 5 s for requests still running.
 @serve.deployment(
@@ -96,12 +101,11 @@ class ModelDeployment:
         self._remote = remote
         self._ranks: Ranks | None = None
         sequences = model.sequence_batching is not None and not model.sequence_batching.iterative
-        if sequences and replicas > 1 and context is not None:
+        if sequences and context is not None:
             # ranked over the replicas of every instance group of the model: one owner per sequence (an
-            # iterative sequence is one request, which any replica can run)
-            own: Any = context.rank  # a ReplicaRank (its ``rank``), or the number itself
-            rank = rank_offset + int(getattr(own, "rank", own))
-            self._ranks = Ranks(model.name, rank, replicas)
+            # iterative sequence is one request, which any replica can run); a model of one replica is
+            # ranked too, for a count change that keeps it
+            self._ranks = Ranks(model.name, rank_offset + _rank_number(context.rank), replicas)
         self.router = Router(remote=remote, ranks=self._ranks, owners=self._calls)
         self._group_index = group_index
         self.runtime = ModelRuntime(
@@ -201,16 +205,33 @@ class ModelDeployment:
         actor = ray.get_runtime_context().get_actor_name() or ""
         deadline = time.monotonic() + timeout_s
         while True:
+            rank = self._ranks.rank
             try:
-                await self._directory.register_rank(self.model.name, self._ranks.rank, (app, actor))
+                await self._directory.register_rank(self.model.name, rank, (app, actor))
                 return
             except Exception as exc:  # the server may be starting
                 if time.monotonic() > deadline:
-                    logger.error(
-                        "model '%s': rank %d not registered: %s", self.model.name, self._ranks.rank, exc
-                    )
+                    logger.error("model '%s': rank %d not registered: %s", self.model.name, rank, exc)
                     return
                 await asyncio.sleep(0.2)
+
+    async def reconfigure(self, user_config: Any, rank: Any = None) -> None:
+        """Serve's call after it renumbered its replicas (hook ``reconfigure_rank``): after a count
+        change removed some, a replica serving on may take a lower rank. A stateful model's replica
+        then owns that rank's sequences from now on (those it holds stay here; docs/sequence.md)."""
+        ranks, context = self._ranks, serve.get_replica_context()
+        if ranks is None or rank is None or context is None:
+            return
+        number = self.rank_offset + _rank_number(rank)
+        if number == ranks.rank:
+            return
+        logger.info(
+            "model '%s': this replica now holds rank %d (was %d)", self.model.name, number, ranks.rank
+        )
+        ranks.rank = number
+        if self._publish is not None:
+            self._publish.cancel()
+        self._publish = asyncio.get_running_loop().create_task(self._publish_rank(context.app_name))
 
     def sequence_routing(self) -> dict[str, int]:
         """This replica's rank and how many sequence requests it answered itself / sent to their owner."""
@@ -265,13 +286,16 @@ class ModelDeployment:
     async def _discard_runtime(self, runtime: ModelRuntime) -> None:
         await runtime.close()
 
-    async def _describe(self, model: ModelDescription) -> None:
+    async def _describe(self, model: ModelDescription, replicas: int) -> None:
         """The model's new description after its instance counts changed (this replica stays): what
-        its config reports; a description that differs in more is not this replica's to take."""
+        its config reports, and for a stateful model the number of ranks new sequences are spread
+        over; a description that differs in more is not this replica's to take."""
         if uncounted(model) != uncounted(self.runtime.model):
             logger.warning("model '%s': a new description that changes more than counts, ignored", model.name)
             return
         self.runtime.model = self.model = model
+        if self._ranks is not None and replicas > 0:
+            self._ranks.world_size = self.replicas = replicas
 
     def load_status(self) -> dict[str, Any]:
         return {"ready": self.load_error is None and self.runtime.is_ready(), "error": self.load_error}

@@ -36,7 +36,16 @@ from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.codec import HEADER_LENGTH, decode_infer_response, encode_infer_request
 from deployments.protocol.dataplane import empty_model_statistics, model_metadata_document
 from deployments.runtime.forward_order import SEQUENCE_ORDER, Order
-from deployments.runtime.router import FORWARDED, REPLICA_SNAPSHOT, RawReply, RawRequest, owner_rank
+from deployments.runtime.router import (
+    ABSENT,
+    ABSENT_REPLY,
+    FORWARDED,
+    PROBE,
+    REPLICA_SNAPSHOT,
+    RawReply,
+    RawRequest,
+    owner_rank,
+)
 from deployments.runtime.stats import merge_snapshots
 from deployments.serve import hooks
 from deployments.serve.names import hosted_key, hosting_ensemble, is_hosted_key, model_app_name, stats_path
@@ -66,7 +75,13 @@ GroupAppsLookup = Callable[[str], Awaitable[GroupApps]]
 Connect = Callable[[str], ReplicaClient]  # application name -> its model deployment's client
 
 _PASSED = (b"content-type", b"inference-header-content-length", b"content-encoding", b"accept-encoding")
-_RETURNED = ("content-type", "inference-header-content-length", "content-encoding", ERROR_CODE_HEADER)
+_RETURNED = (
+    "content-type",
+    "inference-header-content-length",
+    "content-encoding",
+    ERROR_CODE_HEADER,
+    ABSENT.decode(),
+)
 
 K = TypeVar("K")
 
@@ -188,9 +203,16 @@ class ReplicaCalls:
                 return None
 
     async def forward(
-        self, model: str, rank: int, request: InferRequest, raw: RawRequest | None, order: Order
+        self,
+        model: str,
+        rank: int,
+        request: InferRequest,
+        raw: RawRequest | None,
+        order: Order | None,
+        probe: bool = False,
     ) -> InferResponse | RawReply:
-        """``OwnerCalls.forward``: the owner's reply (as it came where ``raw`` is given)."""
+        """``OwnerCalls.forward``: the owner's reply (as it came where ``raw`` is given, and a probed
+        replica's :data:`ABSENT` reply as it came always)."""
         if raw is not None:
             path, body = raw.path, raw.body
             headers = {k.decode(): v.decode("latin-1") for k, v in raw.headers if k in _PASSED}
@@ -201,10 +223,20 @@ class ReplicaCalls:
             path = found
             body, headers = _encoded(request)
         headers[FORWARDED.decode()] = str(rank)
-        headers[SEQUENCE_ORDER.decode()] = order.header()
+        if order is not None:
+            headers[SEQUENCE_ORDER.decode()] = order.header()
+        if probe:
+            headers[PROBE.decode()] = "1"
         if request.trace is not None:
             headers.update(trace_headers(request.trace))
-        reply = await self._to_owner(model, rank, request, path, headers, body)
+        try:
+            reply = await self._to_owner(model, rank, request, path, headers, body)
+        except Unavailable:
+            if probe:  # no replica holds the rank now: it holds no sequence either
+                return ABSENT_REPLY
+            raise
+        if probe and any(key == ABSENT for key, _ in reply[1]):
+            return reply
         return reply if raw is not None else _decoded(reply)
 
     async def _to_owner(

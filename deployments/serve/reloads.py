@@ -49,6 +49,7 @@ class Order:
     phase: str
     model: ModelDescription
     composing: dict[str, ModelDescription] | None = None
+    replicas: int = 0  # DESCRIBE: how many replicas the model has now (over all its instance groups)
 
     @property
     def key(self) -> tuple[int, str]:
@@ -150,7 +151,7 @@ class ReloadBoard:
         gen, name = self._generation, model.name
         reports = self._reports.setdefault((name, gen), _Reports())
         try:
-            await self._post(Order(gen, DESCRIBE, model))
+            await self._post(Order(gen, DESCRIBE, model, replicas=replicas))
             if not await self._until(
                 lambda: len(reports.committed) >= replicas, time.monotonic() + timeout_s
             ):
@@ -162,7 +163,7 @@ class ReloadBoard:
 Prepare = Callable[[ModelDescription, "dict[str, ModelDescription] | None"], Awaitable[Any]]
 Commit = Callable[[Any], Awaitable[None]]
 Discard = Callable[[Any], Awaitable[None]]
-Describe = Callable[[ModelDescription], Awaitable[None]]
+Describe = Callable[[ModelDescription, int], Awaitable[None]]
 
 
 async def follow(
@@ -179,7 +180,7 @@ async def follow(
 
     ``server`` calls the server application; ``prepare`` builds and loads a runtime
     (raising with the reason), ``commit`` swaps to it, ``discard`` closes one not used, ``describe``
-    takes a description that differs only in instance counts."""
+    takes a description that differs only in instance counts, with the model's number of replicas now."""
     seen: tuple[int, str] = (0, "")
     applied = 0  # the generation this replica serves (0: its deployment's arguments)
     prepared: tuple[int, Any] | None = None
@@ -220,7 +221,7 @@ async def follow(
                 applied = order.generation
             await server.reload_report(name, order.generation, replica, COMMIT, None)
         elif order.phase == DESCRIBE and order.generation > applied:
-            await describe(order.model)
+            await describe(order.model, order.replicas)
             applied = order.generation
             await server.reload_report(name, order.generation, replica, DESCRIBE, None)
         seen = order.key

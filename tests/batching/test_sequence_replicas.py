@@ -17,7 +17,17 @@ from deployments.inference import InferRequest, InferResponse
 from deployments.runtime.batching import make_scheduler
 from deployments.runtime.forward_order import SEQUENCE_ORDER, Order
 from deployments.runtime.model import ModelRuntime
-from deployments.runtime.router import FORWARDED, Ranks, RawReply, RawRequest, Router, owner_rank
+from deployments.runtime.router import (
+    ABSENT,
+    ABSENT_REPLY,
+    FORWARDED,
+    PROBE,
+    Ranks,
+    RawReply,
+    RawRequest,
+    Router,
+    owner_rank,
+)
 from deployments.runtime.sequence import SequenceBatcher
 from deployments.runtime.sequence_config import SequenceSettings, model_instances
 from tests.batching.fakes import until
@@ -133,13 +143,32 @@ class InMemoryOwners:
 
     def __init__(self) -> None:
         self.routers: dict[int, Router] = {}
+        self.probes = 0  # requests asked of a replica that may hold their sequence
 
     async def forward(
-        self, model: str, rank: int, request: InferRequest, raw: RawRequest | None, order: Order
+        self,
+        model: str,
+        rank: int,
+        request: InferRequest,
+        raw: RawRequest | None,
+        order: Order | None,
+        probe: bool = False,
     ) -> InferResponse | RawReply:
-        headers = [(FORWARDED, str(rank).encode()), (SEQUENCE_ORDER, order.header().encode())]
+        self.probes += probe
+        headers = [(FORWARDED, str(rank).encode())]
+        if order is not None:
+            headers.append((SEQUENCE_ORDER, order.header().encode()))
+        if probe:
+            headers.append((PROBE, b"1"))
+        router = self.routers.get(rank)
+        if router is None:  # no replica holds the rank (the real calls answer so for a probe too)
+            assert probe
+            return ABSENT_REPLY
         sent_on = RawRequest(f"/v2/models/{model}/infer", headers, b"")
-        return await self.routers[rank].route(request, sent_on)
+        answer = await router.route(request, sent_on)
+        if isinstance(answer, tuple) and raw is None and not any(k == ABSENT for k, _ in answer[1]):
+            raise AssertionError("a raw reply to a request that was not raw")
+        return answer
 
 
 def _two_instance_accumulator(tmp: Path, strategy: str) -> Any:
@@ -195,3 +224,116 @@ async def test_two_replicas_behind_their_routers_run_twelve_sequences_step_by_st
         assert [int(r.outputs["OUT"][0, 0]) for r in responses] == list(np.cumsum(range(1, STEPS + 1))), cid
     assert owners.routers[1].answered_here == 6 * STEPS
     assert owners.routers[0].answered_here == 6 * STEPS
+
+
+async def test_sequences_live_through_a_count_change_that_keeps_their_replicas(tmp_path: Path) -> None:
+    """A count change scales a stateful model in place (docs/sequence.md): the replicas serving on
+    keep the sequences they hold. 2 -> 4 replicas with eight sequences live: those whose owner moved to
+    a new rank are asked of the others and run where they live; 4 -> 3 with Serve removing rank 1 (its
+    sequences ended) and renumbering rank 3 to 1: its live sequences still run there. New sequences
+    start at their owner of the new count and never need asking."""
+    model = _two_instance_accumulator(tmp_path, "direct { }")
+    owners = InMemoryOwners()
+    runtimes: dict[int, ModelRuntime] = {}
+
+    async def add(rank: int, world: int) -> None:
+        runtime = ModelRuntime(model)
+        await runtime.load()
+        runtimes[rank] = runtime
+        owners.routers[rank] = Router(ranks=Ranks(model.name, rank, world), owners=owners)
+        owners.routers[rank].serve(model.name, runtime)
+
+    sums: dict[int, int] = {}
+
+    async def step(cid: int, value: int, landed: int, start: bool = False, end: bool = False) -> None:
+        request = InferRequest(
+            model.name,
+            {"IN": np.array([[value]], dtype=np.int32)},
+            correlation_id=cid,
+            sequence_start=start,
+            sequence_end=end,
+        )
+        response = await owners.routers[landed].infer(request)
+        assert response.error is None, (cid, response.error)
+        sums[cid] = sums.get(cid, 0) + value
+        assert int(response.outputs["OUT"][0, 0]) == sums[cid], cid
+
+    try:
+        for rank in range(2):
+            await add(rank, 2)
+        old = list(range(1, 9))
+        for cid in old:
+            await step(cid, cid, landed=cid % 2, start=True)
+        held = {rank: sorted(c for c in old if runtimes[rank].holds_sequence(c)) for rank in runtimes}
+        assert held == {0: [2, 4, 6, 8], 1: [1, 3, 5, 7]}
+        # 2 -> 4: two replicas added with the new count, the two kept ones told it
+        for rank in (2, 3):
+            await add(rank, 4)
+        for rank in (0, 1):
+            owners.routers[rank].ranks.world_size = 4  # type: ignore[union-attr]
+        for cid in old:  # land anywhere; 3 and 7 now have owner 3, 2 and 6 owner 2: asked, not lost
+            await step(cid, 10, landed=(cid * 3) % 4)
+        assert owners.probes > 0
+        new = list(range(9, 17))
+        for cid in new:
+            await step(cid, 1, landed=cid % 4, start=True)
+        assert all(runtimes[owner_rank(c, 4)].holds_sequence(c) for c in new)
+        asked = owners.probes
+        for cid in new:
+            await step(cid, 2, landed=(cid + 1) % 4)
+        assert owners.probes == asked  # a sequence started under the new count is at its owner
+        # 4 -> 3: rank 1's sequences end, Serve removes it and gives rank 3's replica rank 1
+        for cid in [c for c in old + new if runtimes[1].holds_sequence(c)]:
+            await step(cid, 1, landed=1, end=True)
+        del owners.routers[1]
+        await runtimes.pop(1).close()
+        owners.routers[1] = owners.routers.pop(3)
+        runtimes[1] = runtimes.pop(3)
+        for router in owners.routers.values():
+            router.ranks.world_size = 3  # type: ignore[union-attr]
+        owners.routers[1].ranks.rank = 1  # type: ignore[union-attr]
+        live = [c for c in old + new if any(r.holds_sequence(c) for r in runtimes.values())]
+        assert live and any(runtimes[1].holds_sequence(c) for c in live)
+        for cid in live:
+            await step(cid, 5, landed=cid % 3, end=True)
+        assert not any(r.holds_sequence(c) for r in runtimes.values() for c in old + new)
+        # a request of a sequence nobody holds still fails for its missing START, after asking
+        request = InferRequest(model.name, {"IN": np.array([[1]], dtype=np.int32)}, correlation_id=99)
+        failed = await owners.routers[0].infer(request)
+        assert failed.error is not None and "must specify the START flag" in failed.error.message
+    finally:
+        for runtime in runtimes.values():
+            await runtime.close()
+
+
+async def test_a_probed_replica_that_does_not_hold_the_sequence_answers_absent_without_queuing() -> None:
+    """A probe runs the request only where the sequence lives; elsewhere the answer is ABSENT at once and
+    the runner never sees it (no missing-START failure counted there)."""
+
+    class Holding:
+        def __init__(self, live: set[int]) -> None:
+            self.live = live
+            self.calls: list[int | str] = []
+
+        def holds_sequence(self, cid: int | str) -> bool:
+            return cid in self.live
+
+        async def infer(self, request: InferRequest) -> InferResponse:
+            self.calls.append(request.correlation_id)
+            return InferResponse(id="ran")
+
+        def infer_stream(self, request: InferRequest) -> Any:
+            raise AssertionError("not streamed")
+
+    runner = Holding({7})
+    router = Router(ranks=Ranks("m", 0, 2), owners=InMemoryOwners())
+    router.serve("m", runner)
+    probe = RawRequest("/v2/models/m/infer", [(FORWARDED, b"0"), (PROBE, b"1")], b"")
+    asked = InferRequest("m", {"IN": np.zeros((1, 1), np.int32)}, correlation_id=8)
+    assert await router.route(asked, probe) == ABSENT_REPLY and runner.calls == []
+    held = InferRequest("m", {"IN": np.zeros((1, 1), np.int32)}, correlation_id=7)
+    answer = await router.route(held, probe)
+    assert isinstance(answer, InferResponse) and answer.id == "ran" and runner.calls == [7]
+    start = InferRequest("m", {"IN": np.zeros((1, 1), np.int32)}, correlation_id=8, sequence_start=True)
+    assert isinstance(await router.route(start, probe), InferResponse)  # a START never asks
+    assert runner.calls == [7, 8]

@@ -81,12 +81,23 @@ def test_what_the_replicas_are_built_from_changes_the_version(tmp_path: Path) ->
     assert _version(_model(folder)) != before
 
 
-def test_a_stateful_model_changes_version_with_its_count(tmp_path: Path) -> None:
+def test_a_stateful_model_keeps_its_version_over_a_count_change_unless_it_has_several_groups(
+    tmp_path: Path,
+) -> None:
+    """A sequence model with one group scales in place (its replicas follow the new world size); with
+    several groups a count change moves the later groups' ranks, so it redeploys."""
     folder = _folder(tmp_path)
     stateful = SequenceBatching(strategy="direct")
-    assert _version(_model(folder, 2, sequence_batching=stateful)) != _version(
+    assert _version(_model(folder, 2, sequence_batching=stateful)) == _version(
         _model(folder, 3, sequence_batching=stateful)
     )
+    cpu = InstanceGroup("m_0", InstanceKind.CPU, 1)
+
+    def two_groups(count: int) -> ModelDescription:
+        groups = (cpu, InstanceGroup("m_1", InstanceKind.CPU, count))
+        return _model(folder, sequence_batching=stateful, instance_groups=groups)
+
+    assert _version(two_groups(2)) != _version(two_groups(3))
     iterative = SequenceBatching(iterative=True)  # every request its own sequence: no ranks
     assert _version(_model(folder, 2, sequence_batching=iterative)) == _version(
         _model(folder, 3, sequence_batching=iterative)

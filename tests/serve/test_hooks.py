@@ -306,6 +306,26 @@ def _check_actor_ready_probe() -> None:
 CHECKS["actor_ready_probe"] = _check_actor_ready_probe
 
 
+def _check_reconfigure_rank() -> None:
+    import inspect
+
+    from ray.serve._private import deployment_state, replica
+
+    from deployments.serve.model_app import ModelDeployment
+
+    state = inspect.getsource(deployment_state)
+    assert "def check_rank_consistency_and_reassign_minimally" in state, "Serve no longer renumbers ranks"
+    source = inspect.getsource(replica.UserCallableWrapper.call_reconfigure)
+    assert '"rank" in params' in source and 'kwargs["rank"] = rank' in source, (
+        "Serve no longer passes the rank to a reconfigure method that takes one"
+    )
+    reconfigure = ModelDeployment.func_or_class.reconfigure  # type: ignore[attr-defined]
+    assert "rank" in inspect.signature(reconfigure).parameters
+
+
+CHECKS["reconfigure_rank"] = _check_reconfigure_rank
+
+
 def test_every_hook_has_a_check() -> None:
     assert set(CHECKS) == set(hooks.HOOKS)
 
