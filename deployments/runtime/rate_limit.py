@@ -136,6 +136,10 @@ class ResourcePools:
     def in_use(self, key: Key) -> int:
         return self._held.get(key, 0)
 
+    def registered(self) -> set[str]:
+        """Every instance registered, idle ones included (each counts toward its pools' default size)."""
+        return set(self._registered)
+
     def holders(self) -> set[str]:
         """Instances that hold or wait for resources now."""
         return {owner for owner, _ in self._grants.values()} | {w.holder for w in self._waiting}

@@ -77,11 +77,15 @@ class RateLimiterActor:
         self._log_pools()
 
     async def _watch_holders(self) -> None:
+        """Every :data:`WATCH_S`, ask every registered instance (idle ones included: a gone one would
+        otherwise keep sizing its pools, where Triton sizes them by the instances there are) whether
+        it is alive, all at once; a gone one's grants go back and it stops counting."""
         while True:
             await asyncio.sleep(WATCH_S)
-            for holder in self.pools.holders():
-                handle = self._handles.get(holder)
-                if handle is not None and await hooks.actor_gone(handle, WATCH_S * 5):
+            watched = [(h, self._handles[h]) for h in sorted(self.pools.registered()) if h in self._handles]
+            gone = await asyncio.gather(*(hooks.actor_gone(handle, WATCH_S * 5) for _, handle in watched))
+            for (holder, _), dead in zip(watched, gone, strict=True):
+                if dead:
                     logger.warning("rate limiter: instance %s is gone; its resources go back", holder)
                     self.forget(holder)
 

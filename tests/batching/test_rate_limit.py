@@ -137,6 +137,52 @@ async def test_a_gone_instance_gives_its_resources_back_and_stops_waiting() -> N
     assert pools.in_use(R1) == 2  # the live one's alone
 
 
+async def test_the_actor_forgets_a_gone_idle_instance_so_its_pool_shrinks(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """L0_model_update's resource decrease: a group needing 4 of R1 is replaced by one needing 3. The
+    old replica is gone without holding anything; the actor's watch must still forget it, or the pool
+    stays at 4 (and after an earlier model needing 8, at 8) and never logs Triton's ``Count: 3``."""
+    from deployments.serve import rate_limiter
+
+    alive = {"old": False, "new": True}
+
+    async def gone(handle: str, timeout_s: float) -> bool:
+        return not alive[handle]
+
+    monkeypatch.setattr(rate_limiter.hooks, "actor_gone", gone)
+    monkeypatch.setattr(rate_limiter, "WATCH_S", 0.01)
+    actor = rate_limiter.RateLimiterActor([], rate_limiter.LogSettings(verbose_level=1))
+    caplog.set_level("INFO", logger=rate_limiter.logger.name)
+    actor.register("old", _needs(4), "old")
+    actor.register("new", _needs(3), "new")
+    assert actor.state() == {"R1@node:0": [0, 4]}
+    try:
+        for _ in range(200):
+            if actor.state() == {"R1@node:0": [0, 3]}:
+                break
+            await asyncio.sleep(0.01)
+        assert actor.state() == {"R1@node:0": [0, 3]}  # the live instance's need alone
+        assert actor.pools.registered() == {"new"}
+        assert any("Resource: R1\t Count: 3" in r.getMessage() for r in caplog.records)
+    finally:
+        assert actor._watch is not None
+        actor._watch.cancel()
+        _remove_log_handlers()
+
+
+def _remove_log_handlers() -> None:
+    """What the actor's ``log_to_stderr`` added to this process's loggers, taken out again."""
+    import logging
+
+    for name in ("triton_python_backend", "deployments"):
+        logger = logging.getLogger(name)
+        for handler in [h for h in logger.handlers if getattr(h, "_triton_stderr", False)]:
+            logger.removeHandler(handler)
+        logger.setLevel(logging.NOTSET)
+    logging.getLogger("triton_python_backend").propagate = True
+
+
 async def test_a_waiter_that_leaves_takes_nothing_with_it() -> None:
     pools = ResourcePools()
     held = await pools.acquire("a", _needs(2))
