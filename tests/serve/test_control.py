@@ -749,6 +749,7 @@ class FakeReplica:
         self.serving = "old"
         self.closed: list[str] = []
         self.described: list[int] = []  # the max_batch_size of each description taken
+        self.world: list[int] = []  # ... and the model's replica count it came with
 
     def server(self) -> Any:
         board = self.board
@@ -775,8 +776,9 @@ class FakeReplica:
     async def discard(self, runtime: str) -> None:
         self.closed.append(runtime)
 
-    async def describe(self, model: ModelDescription) -> None:
+    async def describe(self, model: ModelDescription, replicas: int) -> None:
         self.described.append(model.max_batch_size)
+        self.world.append(replicas)
 
     def run(self) -> asyncio.Task[None]:
         return asyncio.get_running_loop().create_task(
@@ -838,6 +840,7 @@ def test_a_describe_order_reaches_every_replica_without_loading_anything(repo: P
         tasks = [r.run() for r in replicas]
         await board.describe(_model(repo, 4), 2, 5.0)  # returns once both took it
         assert [r.described for r in replicas] == [[4], [4]]
+        assert [r.world for r in replicas] == [[2], [2]]  # a stateful model's ranks follow the count
         assert [r.serving for r in replicas] == ["old", "old"] and replicas[0].closed == []
         await board.swap(_model(repo, 2), 2, 5.0)  # a later reload still reaches them
         assert [r.serving for r in replicas] == ["v2", "v2"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
@@ -324,6 +325,22 @@ def _check_reconfigure_rank() -> None:
 
 
 CHECKS["reconfigure_rank"] = _check_reconfigure_rank
+
+
+@pytest.fixture(autouse=True)
+def _no_collection_during_checks() -> Iterator[None]:
+    """The checks read Ray's sources with ``inspect.getsource``, which parses a class's module with
+    ``ast``. CPython 3.11.7 fails that parse ("AST constructor recursion depth mismatch") when the
+    garbage collector runs a finalizer meanwhile (an earlier test's abandoned asyncio task logging
+    "Task was destroyed"), so collect first and keep the collector off while a check runs."""
+    import gc
+
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def test_every_hook_has_a_check() -> None:
