@@ -129,6 +129,11 @@ ABSENT_REPLY: RawReply = (404, [(ABSENT, b"1")], b"")
 """A probed replica's answer where it does not hold the sequence."""
 
 
+def is_absent(answer: object) -> bool:
+    """Whether ``answer`` is a probed replica's :data:`ABSENT` reply."""
+    return isinstance(answer, tuple) and any(key == ABSENT for key, _ in answer[1])
+
+
 @dataclass
 class Ranks:
     """This replica's place among the replicas of a stateful model (docs/sequence.md). Both numbers
@@ -254,9 +259,7 @@ class Router:
                 answer = await owners.forward(request.model_name, rank, request, raw, None, probe=True)
             except Exception:  # gone, or not there yet: it holds nothing this request could use
                 return None
-            if isinstance(answer, tuple) and any(key == ABSENT for key, _ in answer[1]):
-                return None
-            return answer
+            return None if is_absent(answer) else answer
 
         for answer in await asyncio.gather(*(ask(r) for r in others)):
             if answer is not None:
@@ -333,5 +336,6 @@ __all__ = [
     "Router",
     "Runner",
     "Where",
+    "is_absent",
     "owner_rank",
 ]

@@ -44,6 +44,7 @@ from deployments.runtime.router import (
     REPLICA_SNAPSHOT,
     RawReply,
     RawRequest,
+    is_absent,
     owner_rank,
 )
 from deployments.runtime.stats import merge_snapshots
@@ -235,7 +236,7 @@ class ReplicaCalls:
             if probe:  # no replica holds the rank now: it holds no sequence either
                 return ABSENT_REPLY
             raise
-        if probe and any(key == ABSENT for key, _ in reply[1]):
+        if probe and is_absent(reply):
             return reply
         return reply if raw is not None else _decoded(reply)
 

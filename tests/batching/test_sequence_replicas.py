@@ -18,7 +18,6 @@ from deployments.runtime.batching import make_scheduler
 from deployments.runtime.forward_order import SEQUENCE_ORDER, Order
 from deployments.runtime.model import ModelRuntime
 from deployments.runtime.router import (
-    ABSENT,
     ABSENT_REPLY,
     FORWARDED,
     PROBE,
@@ -26,6 +25,7 @@ from deployments.runtime.router import (
     RawReply,
     RawRequest,
     Router,
+    is_absent,
     owner_rank,
 )
 from deployments.runtime.sequence import SequenceBatcher
@@ -166,7 +166,7 @@ class InMemoryOwners:
             return ABSENT_REPLY
         sent_on = RawRequest(f"/v2/models/{model}/infer", headers, b"")
         answer = await router.route(request, sent_on)
-        if isinstance(answer, tuple) and raw is None and not any(k == ABSENT for k, _ in answer[1]):
+        if isinstance(answer, tuple) and raw is None and not is_absent(answer):
             raise AssertionError("a raw reply to a request that was not raw")
         return answer
 
