@@ -75,6 +75,11 @@ class Unavailable(ServerError):
     code = ErrorCode.UNAVAILABLE
 
 
+class Rejected(Unavailable):
+    """A request its model's scheduler refused: the queue was full (``max_queue_size``) or the request's
+    queue timeout expired under ``timeout_action: REJECT``. Triton counts it as a ``REJECTED`` failure."""
+
+
 class Unsupported(ServerError):
     code = ErrorCode.UNSUPPORTED
 
@@ -89,6 +94,12 @@ class AlreadyExists(ServerError):
 
 class Cancelled(ServerError):
     code = ErrorCode.CANCELLED
+
+
+class SequenceCancelled(Cancelled):
+    """A pending request of a sequence whose other request was cancelled: the sequence batcher cancels
+    the whole sequence, as Triton does, and counts it as a ``CANCELED`` failure (a model's own
+    CANCELLED error stays a ``BACKEND`` failure)."""
 
 
 class UnknownError(ServerError):

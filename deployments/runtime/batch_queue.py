@@ -23,7 +23,7 @@ from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
 
 from deployments.inference import InferRequest
-from repository_loader.errors import Unavailable
+from repository_loader.errors import Rejected
 from repository_loader.model import DynamicBatching, QueuePolicy, TensorSpec
 
 NEVER = 1 << 62  # a deadline that never comes, in monotonic nanoseconds
@@ -162,11 +162,11 @@ class PriorityQueues:
             priority = self.default_level
         return self.levels[max(priority, 1) - 1]
 
-    def admit_error(self, level: LevelQueue, request: InferRequest) -> Unavailable | None:
+    def admit_error(self, level: LevelQueue, request: InferRequest) -> Rejected | None:
         """The rejection of a new request when its level's queue is full, else None."""
         limit = level.policy.max_queue_size
         if limit > 0 and len(level) >= limit:
-            return Unavailable(
+            return Rejected(
                 f"Exceeds maximum queue size: model '{self.model_name or request.model_name}' "
                 f"already holds {limit} queued requests at priority level {level.level} "
                 f"(max_queue_size {limit}); request '{request.id}' rejected"
@@ -217,7 +217,7 @@ class PriorityQueues:
         taken = self.take(self.size + 1, dropped)
         return taken + dropped
 
-    def expire(self, now_ns: int, rejected: list[tuple[Entry, Unavailable]]) -> None:
+    def expire(self, now_ns: int, rejected: list[tuple[Entry, Rejected]]) -> None:
         """Apply timeouts that passed: REJECT entries go to ``rejected`` with their error, DELAY ones move behind."""
         if now_ns < self.next_deadline_ns:
             return
@@ -242,10 +242,10 @@ class PriorityQueues:
         return now_ns + timeout * 1000 if timeout > 0 else NEVER
 
 
-def timeout_error(entry: Entry, model_name: str, level: LevelQueue) -> Unavailable:
+def timeout_error(entry: Entry, model_name: str, level: LevelQueue) -> Rejected:
     """The error a request gets when its queue timeout expires under REJECT."""
     request = entry.request
-    return Unavailable(
+    return Rejected(
         f"Request timeout expired: request '{request.id}' waited more than "
         f"{level.timeout_us(request)} us in the queue of model '{model_name or request.model_name}' "
         f"(priority level {level.level}, timeout_action REJECT)"

@@ -36,7 +36,7 @@ from deployments.runtime.batch_queue import (
     grouping_inputs,
     plan_batch,
 )
-from repository_loader.errors import InternalError, Unavailable
+from repository_loader.errors import InternalError, Rejected, Unavailable
 from repository_loader.model import DynamicBatching, ModelDescription, TensorSpec
 
 logger = logging.getLogger(__name__)
@@ -323,7 +323,7 @@ class PassThroughScheduler:
                 else:
                     await self._slots.acquire()
             except asyncio.TimeoutError:
-                error = Unavailable(
+                error = Rejected(
                     f"Request timeout expired: request '{request.id}' waited more than {request.timeout_us} us "
                     f"in the queue of model '{self.model_name or request.model_name}'"
                 )

@@ -41,6 +41,8 @@ from repository_loader.errors import (
     ExecutionTimeout,
     InvalidArgument,
     NotFound,
+    Rejected,
+    SequenceCancelled,
     ServerError,
     Unavailable,
 )
@@ -73,6 +75,17 @@ async def release_backend(backend: Backend) -> None:
         await backend.stop()
     finally:
         backend.unload()
+
+
+def failure_reason(error: ServerError | None) -> str:
+    """Triton's reason label of a request its scheduler or backend failed (``nv_inference_request_failure``):
+    ``CANCELED`` for a request its sequence's cancellation cancelled (a request whose caller left is
+    counted so where it is awaited), ``REJECTED`` for one its queue refused, else ``BACKEND``."""
+    if isinstance(error, SequenceCancelled):
+        return "CANCELED"
+    if isinstance(error, Rejected):
+        return "REJECTED"
+    return "BACKEND"
 
 
 class VersionRuntime:
@@ -280,8 +293,11 @@ class VersionRuntime:
                 response = await self.scheduler.submit(request)
             except asyncio.CancelledError:
                 request.cancelled = True  # the caller left: a running model sees it cancelled
+                reason = "CANCELED"
                 raise
             ok = response.error is None
+            if not ok:
+                reason = failure_reason(response.error)
             if key is not None and self.cache is not None:
                 insert = time.monotonic_ns()
                 if ok:

@@ -48,7 +48,13 @@ from deployments.runtime.batch_execute import (
     run_batch,
 )
 from deployments.runtime.sequence_config import CORRID, SequenceSettings, backend_model
-from repository_loader.errors import InternalError, InvalidArgument, ServerError, Unavailable
+from repository_loader.errors import (
+    InternalError,
+    InvalidArgument,
+    SequenceCancelled,
+    ServerError,
+    Unavailable,
+)
 from repository_loader.model import DynamicBatching, ModelDescription
 
 logger = logging.getLogger(__name__)
@@ -179,7 +185,12 @@ class SequenceBatcher:
             return InferResponse.failed(request, error)
         item = _Item(request, asyncio.get_running_loop().create_future(), time.monotonic_ns())
         self._enqueue(item)
-        return await item.future
+        try:
+            return await item.future
+        except asyncio.CancelledError:
+            if item.future.cancelled():  # still pending: it never reached the model
+                self._cancel_sequence(item)
+            raise
 
     def _own_sequence(self, request: InferRequest) -> None:
         """An iterative sequence (``iterative_sequence: true``): the one request is the whole sequence, its
@@ -254,6 +265,44 @@ class SequenceBatcher:
             self._arm_reaper(backlog.expires_ns)
         if request.sequence_end:
             del self._backlog_open[cid]
+
+    def _cancel_sequence(self, item: _Item) -> None:
+        """A pending request of a sequence was cancelled: as in Triton, every other pending request of
+        the sequence is answered CANCELLED and the sequence ends (its slot goes to the backlog's next
+        sequence once a request of it that already runs is answered). A request that runs goes on."""
+        cid = item.request.correlation_id
+        error = SequenceCancelled(
+            f"request '{item.request.id}' of sequence {cid} to model '{self.model_name}' was cancelled; "
+            "the sequence's other pending requests are cancelled with it"
+        )
+        for backlog in self._backlog:
+            if item in backlog.items:
+                self._drop_backlog(backlog, error)
+                return
+        for instance in self.instances:
+            for slot in instance.slots:
+                if item in slot.queue:
+                    self._end_in_slot(slot, cid, error)
+                    return
+
+    def _end_in_slot(self, slot: _Slot, cid: int | str, error: ServerError) -> None:
+        """Answer ``error`` to the pending requests of sequence ``cid`` in ``slot`` and end the sequence
+        there: a release mark takes their place in the slot's queue."""
+        kept: deque[Any] = deque()
+        marked = False
+        for queued in slot.queue:
+            if queued is not _RELEASE and queued.request.correlation_id == cid:
+                _resolve(queued.future, InferResponse.failed(queued.request, error))
+                if not marked:
+                    kept.append(_RELEASE)
+                    marked = True
+                continue
+            kept.append(queued)
+        slot.queue = kept
+        if self._bound.get(cid) is slot:
+            del self._bound[cid]
+            self._last_ns.pop(cid, None)
+        slot.instance.wake(slot)
 
     # -- slots -----------------------------------------------------------------
 

@@ -107,6 +107,8 @@ async def test_a_running_model_sees_its_request_cancelled_when_the_caller_leaves
         assert answer.error is None
         assert float(np.asarray(answer.outputs["Y"]).reshape(-1)[0]) == pytest.approx(0.05)
         assert await _events(log, 4) == ["start", "cancelled", "start", "finished"]
+        # counted as Triton counts it: nv_inference_request_failure{reason="CANCELED"}
+        assert runtime.versions[1].failures == {"CANCELED": 1}
     finally:
         await runtime.close()
 

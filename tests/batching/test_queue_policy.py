@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from deployments.runtime.batching import DynamicBatcher
+from deployments.runtime.model import failure_reason
 from repository_loader.errors import Unavailable
 from repository_loader.model import DynamicBatching, QueuePolicy
 from tests.batching.fakes import INPUTS, Recorder, config, request, until
@@ -54,6 +55,7 @@ async def test_timeout_reject_fails_the_request_and_spares_the_others() -> None:
     response = hasty.result()
     assert isinstance(response.error, Unavailable)
     assert "Request timeout expired" in response.error.message and "'hasty'" in response.error.message
+    assert failure_reason(response.error) == "REJECTED"  # counted as Triton counts a rejected request
     gate.set()
     await asyncio.gather(first, patient)
     assert patient.result().error is None
@@ -117,6 +119,7 @@ async def test_full_queue_rejects_new_requests_at_once() -> None:
     response = await batcher.submit(request("extra"))
     assert isinstance(response.error, Unavailable) and response.error.http_status == 503
     assert "Exceeds maximum queue size" in response.error.message and "'m'" in response.error.message
+    assert failure_reason(response.error) == "REJECTED"
     gate.set()
     await asyncio.gather(first, *queued)
     assert all(t.result().error is None for t in queued)

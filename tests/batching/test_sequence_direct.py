@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from deployments.runtime.sequence import SequenceBatcher
-from repository_loader.errors import InvalidArgument, Unavailable
+from repository_loader.errors import Cancelled, InvalidArgument, Unavailable
 from repository_loader.model import ModelDescription
 from tests.batching.fakes import until
 from tests.batching.sequence_models import (
@@ -183,24 +183,49 @@ async def test_minimum_slot_utilization_holds_a_batch_until_the_delay() -> None:
     assert [len(b) for b in acc.batches] == [3, 3]
 
 
-async def test_a_cancelled_request_is_skipped_and_the_sequence_goes_on() -> None:
+async def test_a_cancelled_pending_request_cancels_its_sequence_and_frees_the_slot() -> None:
+    """Triton: cancelling a pending request of a sequence cancels the sequence's other pending
+    requests (CANCELLED) and ends it; the request already running goes on."""
     gate = asyncio.Event()
-    acc = Accumulator()
-
-    async def gated(requests):  # type: ignore[no-untyped-def]
-        await gate.wait()
-        return await acc(requests)
-
-    batcher = SequenceBatcher(sequence_model(), gated)
+    acc = Accumulator(gate=gate)
+    batcher = SequenceBatcher(sequence_model(max_batch_size=1), acc)
     first = asyncio.ensure_future(batcher.submit(req(1, 1.0, start=True)))
-    await asyncio.sleep(0)
+    await until(lambda: acc.active == 1)  # the START runs (held by the gate)
     dropped = asyncio.ensure_future(batcher.submit(req(1, 100.0)))
-    await asyncio.sleep(0)
+    pending = asyncio.ensure_future(batcher.submit(req(1, 5.0)))
+    await asyncio.sleep(0.01)
     dropped.cancel()
-    last = asyncio.ensure_future(batcher.submit(req(1, 2.0, end=True)))
+    answer = await asyncio.wait_for(pending, 5)
+    assert isinstance(answer.error, Cancelled) and answer.error.grpc_status == "CANCELLED"
+    late = await batcher.submit(req(1, 2.0, end=True))  # the sequence is over
+    assert "must specify the START flag" in str(late.error)
     gate.set()
-    assert out(await first) == 1.0 and out(await last) == 3.0
+    assert out(await first) == 1.0
     await until(lambda: batcher.active_sequences == 0)
+    fresh = await batcher.submit(req(2, 7.0, start=True, end=True))  # the slot is free again
+    assert out(fresh) == 7.0
+    assert [row[0] for batch in acc.batches for row in batch] == [1, 2]  # 100 and 5 never ran
+
+
+async def test_cancelling_a_backlogged_request_cancels_its_whole_sequence() -> None:
+    gate = asyncio.Event()
+    acc = Accumulator(gate=gate)
+    batcher = SequenceBatcher(sequence_model(max_batch_size=1), acc)
+    running = asyncio.ensure_future(batcher.submit(req(1, 1.0, start=True)))
+    await until(lambda: acc.active == 1)
+    start = asyncio.ensure_future(batcher.submit(req(2, 1.0, start=True)))
+    second = asyncio.ensure_future(batcher.submit(req(2, 2.0)))
+    other = asyncio.ensure_future(batcher.submit(req(3, 3.0, start=True, end=True)))
+    await asyncio.sleep(0.01)
+    assert batcher.backlog_size == 2
+    start.cancel()
+    answer = await asyncio.wait_for(second, 5)
+    assert isinstance(answer.error, Cancelled)
+    assert batcher.backlog_size == 1 and not batcher.holds(2)
+    gate.set()
+    assert out(await running) == 1.0
+    await batcher.submit(req(1, 1.0, end=True))
+    assert out(await other) == 3.0  # the next backlogged sequence took the slot
 
 
 async def test_close_drains_and_then_refuses_new_sequences() -> None:

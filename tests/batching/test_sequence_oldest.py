@@ -94,3 +94,27 @@ async def test_the_idle_clock_starts_when_the_last_request_is_answered() -> None
     assert "inference request for sequence 1 to model 'seq' must specify the START flag" in str(late.error)
     assert batcher.active_sequences == 0
     await batcher.close()
+
+
+async def test_a_cancelled_pending_request_cancels_its_sequence() -> None:
+    """As with Direct: the request the dynamic batcher runs goes on, the sequence's pending ones are
+    answered CANCELLED and the candidate slot is free for the next sequence."""
+    from repository_loader.errors import Cancelled
+
+    gate = asyncio.Event()
+    acc = Accumulator(gate=gate)
+    batcher = make_scheduler(sequence_model(strategy=oldest(1), max_batch_size=1), acc)
+    running = asyncio.ensure_future(batcher.submit(req(1, 1.0, start=True)))
+    await asyncio.sleep(0.02)
+    dropped = asyncio.ensure_future(batcher.submit(req(1, 10.0)))
+    pending = asyncio.ensure_future(batcher.submit(req(1, 20.0)))
+    waiting = asyncio.ensure_future(batcher.submit(req(2, 3.0, start=True, end=True)))  # backlogged
+    await asyncio.sleep(0.02)
+    dropped.cancel()
+    answer = await asyncio.wait_for(pending, 5)
+    assert isinstance(answer.error, Cancelled)
+    gate.set()
+    assert out(await running) == 1.0
+    assert out(await asyncio.wait_for(waiting, 5)) == 3.0
+    assert [row[0] for batch in acc.batches for row in batch] == [1, 2]
+    await batcher.close()

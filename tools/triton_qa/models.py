@@ -178,6 +178,7 @@ _SUBADD_MODEL = _ADDSUB_MODEL.replace('"OUTPUT0", (a + b)', '"OUTPUT0", (a - b)'
 
 OWN_MODELS: dict[str, dict[str, str]] = {
     "identity": {"1/model.py": _IDENTITY_MODEL},
+    "empty": {},  # a folder whose configuration the run writes (an ensemble)
     "subadd": {"1/model.py": _SUBADD_MODEL},
     "simple": {"config.pbtxt": _SIMPLE_CONFIG, "1/model.py": _SIMPLE_MODEL},
     "object_addsub": {"1/model.py": _OBJECT_ADDSUB_MODEL},
