@@ -44,6 +44,7 @@ API_GROUPS = (
 DIRECT_ROUTES_ENV = "TRITON_SERVE_DIRECT_ROUTES"
 DELAY_SCHEDULER_ENV = "TRITONSERVER_DELAY_SCHEDULER"  # tritonserver's testing variables (Triton's qa)
 BACKLOG_DELAY_SCHEDULER_ENV = "TRITONSERVER_BACKLOG_DELAY_SCHEDULER"
+GRPC_RESPONSE_DELAY_ENV = "TRITONSERVER_SERVER_DELAY_GRPC_RESPONSE_SEC"
 # "0" (or "false") writes log messages as the code logged them, not as JSON strings (tritonserver's variable)
 ESCAPE_LOG_MESSAGES_ENV = "TRITON_SERVER_ESCAPE_LOG_MESSAGES"
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -341,6 +342,9 @@ class ServerSettings:
     # batcher, requests of sequences wait in its backlog); 0: off. Read from the environment as tritonserver does.
     delay_scheduler: int = 0
     backlog_delay_scheduler: int = 0
+    # tritonserver's TRITONSERVER_SERVER_DELAY_GRPC_RESPONSE_SEC (testing): every gRPC answer but an
+    # inference's waits this many seconds (L0_client_timeout's non-inference deadlines); 0: off
+    grpc_response_delay_s: int = 0
     # log messages as JSON strings (tritonserver's TRITON_SERVER_ESCAPE_LOG_MESSAGES, read from the environment)
     log_escape: bool = True
     deploy_timeout_s: float = 600.0  # how long one model's application may take to start
@@ -524,6 +528,9 @@ class ServerSettings:
             "log_escape": env.get(ESCAPE_LOG_MESSAGES_ENV, "1").strip().lower() not in ("0", "false"),
             "backlog_delay_scheduler": _typed(
                 BACKLOG_DELAY_SCHEDULER_ENV, env.get(BACKLOG_DELAY_SCHEDULER_ENV) or "0", int
+            ),
+            "grpc_response_delay_s": _typed(
+                GRPC_RESPONSE_DELAY_ENV, env.get(GRPC_RESPONSE_DELAY_ENV) or "0", int
             ),
             "metrics_config": MetricsConfig.parse(_texts(args.get("metrics_config"))),
             "rate_limit": str(args.get("rate_limit") or "off").lower(),

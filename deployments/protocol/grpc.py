@@ -87,6 +87,9 @@ class GrpcOptions:
     max_concurrent_rpcs: int | None = None
     restricted: tuple[RestrictedApi, ...] = ()  # Triton's --grpc-restricted-protocol (metadata key/value)
     header_forward: re.Pattern[str] | None = None  # Triton's --grpc-header-forward-pattern
+    # every unary answer but ModelInfer's waits this long (tritonserver's testing variable
+    # TRITONSERVER_SERVER_DELAY_GRPC_RESPONSE_SEC; its other calls are not held meanwhile here)
+    response_delay_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.compression not in _COMPRESSION:
@@ -558,13 +561,20 @@ def _guarded(method: RpcMethod, options: GrpcOptions | None = None) -> Callable[
     options = options or GrpcOptions()
     send_limit = options.max_send_message_bytes
 
+    delay_s = options.response_delay_s if method.name != "ModelInfer" else 0.0
+
     async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             _per_call(context, options)
-            return await answer_unary(method, request, _context_metadata(context), send_limit)
+            response = await answer_unary(method, request, _context_metadata(context), send_limit)
         except Exception as e:
             code, message = status_of(e, method.name)
+            if delay_s:
+                await asyncio.sleep(delay_s)
             await context.abort(code, message)
+        if delay_s:
+            await asyncio.sleep(delay_s)
+        return response
 
     handle.__name__ = method.name
     return handle

@@ -68,6 +68,7 @@ def grpc_options(settings: ServerSettings) -> GrpcOptions:
         compression=settings.grpc_compression,
         restricted=settings.grpc_restricted_api,
         header_forward=compile_header_pattern(settings.grpc_header_forward_pattern),
+        response_delay_s=settings.grpc_response_delay_s,
     )
 
 

@@ -809,3 +809,33 @@ def test_gzip_compression_both_ways(dataplane, transport):
         )
         np.testing.assert_array_equal(result.as_numpy("Y"), x)
         client.close()
+
+
+def test_the_response_delay_hook_holds_every_answer_but_inference(dataplane):
+    """tritonserver's TRITONSERVER_SERVER_DELAY_GRPC_RESPONSE_SEC: a non-inference call misses a short
+    deadline and is answered within a long one; inference is not held."""
+    with running_server(dataplane, response_delay_s=1.0) as address:
+        client = grpcclient.InferenceServerClient(address)
+        with pytest.raises(InferenceServerException) as error:
+            client.is_server_live(client_timeout=0.2)
+        assert status_of(error.value) == "StatusCode.DEADLINE_EXCEEDED"
+        with pytest.raises(InferenceServerException) as error:
+            client.get_model_metadata("no_such_model", client_timeout=0.2)  # an error is held too
+        assert status_of(error.value) == "StatusCode.DEADLINE_EXCEEDED"
+        started = time.monotonic()
+        assert client.is_server_live(client_timeout=10)
+        assert time.monotonic() - started >= 1.0
+        x = [int_input("X", [1, 2, 3], "INT64")]
+        assert client.infer("echo_slow", x, client_timeout=0.8).as_numpy("Y").tolist() == [1, 2, 3]
+        client.close()
+
+
+def test_the_response_delay_comes_from_tritonservers_variable():
+    from deployments.serve.grpc_ingress import grpc_options
+    from deployments.settings import GRPC_RESPONSE_DELAY_ENV, ServerSettings
+
+    settings = ServerSettings.from_args({"model_repository": "/tmp"}, environ={GRPC_RESPONSE_DELAY_ENV: "2"})
+    assert grpc_options(settings).response_delay_s == 2
+    assert (
+        grpc_options(ServerSettings.from_args({"model_repository": "/tmp"}, environ={})).response_delay_s == 0
+    )

@@ -15,8 +15,10 @@ from typing import Any
 # importing these modules registers their suites
 from tools.triton_qa import (  # noqa: F401
     batcher,
+    client_timeout,
     decoupled,
     dyna_sequence,
+    grpc_state_cleanup,
     implicit_state,
     infer,
     infer_variable,
@@ -28,6 +30,7 @@ from tools.triton_qa import (  # noqa: F401
     model_update,
     optional_input,
     parameters,
+    request_cancellation,
     response_cache,
     sequence,
     server_status,
