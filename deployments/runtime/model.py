@@ -322,17 +322,22 @@ class VersionRuntime:
         """
         arrival = request.arrival_ns = request.arrival_ns or time.monotonic_ns()
         ok = False
+        reason = "OTHER"
+        ended = False  # the final response was handed on
         try:
             try:
                 self.schema.check_request(request)
             except ServerError as error:
                 yield InferResponse.failed(request, error)
                 return
+            reason = "BACKEND"
             if self._stream_batcher is not None:
                 ok = True
                 async with contextlib.aclosing(self._batched_stream(request)) as responses:
                     async for response in responses:
-                        ok = ok and response.error is None
+                        if response.error is not None and ok:
+                            ok, reason = False, failure_reason(response.error)
+                        ended = response.final
                         yield response
                 return
             start = time.monotonic_ns()
@@ -340,7 +345,9 @@ class VersionRuntime:
             stream = self.backend.stream(request)
             try:
                 async for response in stream:
-                    ok = ok and response.error is None
+                    if response.error is not None and ok:
+                        ok, reason = False, failure_reason(response.error)
+                    ended = response.final
                     yield response
             finally:  # closed early (a cancelled client): the backend cancels the request now
                 aclose = getattr(stream, "aclose", None)
@@ -349,10 +356,16 @@ class VersionRuntime:
             infer_ns = time.monotonic_ns() - start
             self.stats.record_batch(1, 1, [start - arrival], 0, infer_ns, 0)
             self._metrics.batch(self._tags, 1, start - arrival, 0, infer_ns, 0, 1)
+        except (GeneratorExit, asyncio.CancelledError):
+            if ok and not ended:  # the consumer left before the final response: a cancelled request
+                ok, reason = False, "CANCELED"
+            raise
         finally:
             duration = time.monotonic_ns() - arrival
             self.stats.record_request(ok, duration)
             self._metrics.request(self._tags, ok, duration)
+            if not ok:
+                self.failures[reason] = self.failures.get(reason, 0) + 1
 
     async def warmup(self) -> None:
         for request in warmup_requests(self.model, self.version):

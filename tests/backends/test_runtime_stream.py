@@ -73,6 +73,8 @@ async def test_infer_stream_yields_every_response_and_counts_the_request() -> No
         assert stats["inference_stats"]["success"]["count"] == 1
         assert stats["inference_stats"]["fail"]["count"] == 1
         assert stats["execution_count"] == 1
+        # nv_inference_request_failure's reason: refused before the model, as Triton counts it
+        assert runtime.versions[1].failures == {"OTHER": 1}
     finally:
         await runtime.close()
 
@@ -87,6 +89,7 @@ async def test_closing_the_stream_cancels_the_request(tmp_path: Path, batched: b
         assert [int(r.outputs["Y"][0]) for r in seen] == [0, 1, 2]
         await asyncio.wait_for(stream.aclose(), 10)
         await _until((tmp_path / "9.cancelled").exists)  # the model's thread looks every 10 ms
+        assert runtime.versions[1].failures == {"CANCELED": 1}  # left before its final response
     finally:
         await runtime.close()
 
