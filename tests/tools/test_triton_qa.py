@@ -759,3 +759,59 @@ def test_dyna_sequence_stand_in_keeps_an_accumulator_per_correlation_id(
     (twice, same) = outputs(step(np.uint64(3), [1], start=1), step(np.uint64(3), [1]))
     assert twice == [[1]] and "multiple inferences requests for the same Correlation ID" in str(same)
     assert "decodable into an integer" in str(outputs(step(b"x", [1], start=1))[0])
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_script_run_is_one_case_that_passes_on_exit_status_zero(tmp_path: Path, code: int) -> None:
+    """``L0_sequence_stress``' test file is a script: ``test.sh`` reads its exit status."""
+    (tmp_path / "stress.py").write_text(
+        f"import sys\nprint('working')\nprint('it went so')\nsys.exit({code})\n"
+    )
+    junit = tmp_path / "out.xml"
+    assert unittest_junit.main([f"--junit={junit}", "--script", str(tmp_path / "stress.py")]) == code
+    (outcome,) = parse_junit_text(junit.read_text())
+    assert outcome.test_id == "stress.main"
+    assert outcome.status == ("passed" if code == 0 else "failed")
+    if code:
+        assert "exit status 3: it went so" in outcome.message
+
+
+def test_the_sequence_stand_in_accumulates_per_slot_as_tritons_sequence_backend() -> None:
+    """The runner's stand-in for ``src/test/sequence``: START sets a slot's sum, READY adds, padding
+    (READY 0) leaves it."""
+    import types
+
+    import numpy as np
+
+    from tools.triton_qa import sequence_stress  # noqa: F401  (registers the stand-in)
+
+    class _Tensor:
+        def __init__(self, name: str, value: object) -> None:
+            self.name, self.value = name, np.asarray(value)
+
+        def as_numpy(self) -> np.ndarray:
+            return self.value
+
+    utils = types.SimpleNamespace(
+        get_input_tensor_by_name=lambda r, n: r[n],
+        Tensor=_Tensor,
+        InferenceResponse=lambda tensors: {t.name: t.value for t in tensors},
+    )
+    namespace: dict[str, object] = {"pb_utils": utils}
+    code = OWN_MODELS["sequence"]["1/model.py"].replace("import triton_python_backend_utils as pb_utils", "")
+    exec(compile(code, "model.py", "exec"), namespace)
+    model = namespace["TritonPythonModel"]()  # type: ignore[operator]
+    model.initialize({"model_config": json.dumps({"max_batch_size": 2})})
+
+    def row(start: int, ready: int, value: int) -> dict[str, _Tensor]:
+        return {
+            "START": _Tensor("START", [[start]]),
+            "READY": _Tensor("READY", [[ready]]),
+            "INPUT": _Tensor("INPUT", [[value]]),
+        }
+
+    out = model.execute([row(1, 1, 5), row(1, 1, 7)])
+    assert [o["OUTPUT"].tolist() for o in out] == [[[5]], [[7]]]
+    out = model.execute([row(0, 0, 100), row(0, 1, 3)])  # slot 0 padded
+    assert [o["OUTPUT"].tolist() for o in out] == [[[5]], [[10]]]
+    assert model.execute([row(0, 1, 1)])[0]["OUTPUT"].tolist() == [[6]]

@@ -33,6 +33,7 @@ from tools.triton_qa import (  # noqa: F401
     request_cancellation,
     response_cache,
     sequence,
+    sequence_stress,
     server_status,
     shared_memory,
     simple_ensemble,

@@ -215,6 +215,15 @@ def test_command(run: Run, tests: Sequence[str], junit: Path) -> list[str]:
         return pytest_command(
             run.test_file, tests, junit, per_test_timeout=300, not_here=[t for t, _ in run.not_here]
         )
+    if run.runner == "script":
+        return [
+            sys.executable,
+            "-m",
+            "tools.triton_qa.unittest_junit",
+            f"--junit={junit}",
+            "--script",
+            run.test_file,
+        ]
     return unittest_command(run.test_file, tests, junit)
 
 

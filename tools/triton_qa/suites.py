@@ -69,7 +69,9 @@ class Run:
     server_log_name: str = ""
     # tests left out on both servers, each ``(Class.method, why)``: they need what this machine lacks
     not_here: tuple[tuple[str, str], ...] = ()
-    runner: str = "unittest"  # how test.sh runs the file: "unittest" (python file.py) or "pytest"
+    # how test.sh runs the file: "unittest" (python file.py), "pytest", or "script" (a plain script whose
+    # exit status is the result: one test case, ``<file>.main``)
+    runner: str = "unittest"
     # the model types the tests may ask for ("onnx", "ensemble", ...): where set, test_util's validators
     # of every other type answer False (tools/triton_qa/restrict), for tests that ignore BACKENDS
     only_backends: tuple[str, ...] = ()

@@ -3,12 +3,16 @@
 Triton's ``TestResultCollector`` base class needs unittest's own runner (pytest's result object lacks
 ``testsRun``), so the runner uses this instead of pytest for such files:
 ``python -m tools.triton_qa.unittest_junit --junit out.xml test_file.py [Class.method ...]``.
+
+A test file that is a plain script (``L0_sequence_stress``' ``sequence_stress.py``: ``test.sh`` runs it and
+reads its exit status) runs with ``--script``: one test case, ``<file>.main``, passed when it exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import subprocess
 import sys
 import time
 import unittest
@@ -117,13 +121,37 @@ def junit_xml(cases: dict[str, list[Any]]) -> str:
     return ET.tostring(root, encoding="unicode")
 
 
+def run_script(path: Path, junit: Path) -> int:
+    """``python <path>`` in its folder, its output passed through; one case that passes on exit 0, else
+    fails with the script's last output line."""
+    started = time.monotonic()
+    process = subprocess.run(
+        [sys.executable, str(path)],
+        cwd=path.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    sys.stdout.write(process.stdout)
+    lines = [line for line in process.stdout.splitlines() if line.strip()]
+    message = (
+        "" if process.returncode == 0 else f"exit status {process.returncode}: {lines[-1] if lines else ''}"
+    )
+    status = "passed" if process.returncode == 0 else "failed"
+    junit.write_text(junit_xml({f"{path.stem}.main": [status, message[:300], time.monotonic() - started]}))
+    return process.returncode
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--junit", type=Path, required=True)
+    parser.add_argument("--script", action="store_true", help="the file is a script: pass on exit status 0")
     parser.add_argument("test_file")
     parser.add_argument("tests", nargs="*")
     args = parser.parse_args(argv)
     path = Path(args.test_file).resolve()
+    if args.script:
+        return run_script(path, args.junit)
     sys.path.insert(0, str(path.parent))
     sys.argv = [str(path)]
     module = importlib.import_module(path.stem)
