@@ -32,7 +32,7 @@ from deployments.protocol.forwarding import forward_headers
 from deployments.protocol.inference_calls import InferenceCalls
 from deployments.protocol.shared_memory import SharedMemory
 from deployments.runtime.checks import ModelSchema
-from deployments.runtime.router import RawRequest
+from deployments.runtime.router import FORWARDED, RawRequest
 from deployments.settings import RequestLimits, RestrictedApi, restriction_for
 from deployments.tracing import TRACE_STEP_HEADER, TRACER, TraceParent
 from deployments.tracing.spans import RootSpan
@@ -256,6 +256,41 @@ class _Disconnected(Exception):
     pass
 
 
+def _forwarded(scope: Scope) -> bool:
+    """Whether a peer replica sent this request on to its sequence's owner (``runtime.router``)."""
+    return any(key == FORWARDED for key, _ in scope["headers"])
+
+
+async def _unless_gone(receive: Receive, work: Awaitable[Any]) -> Any:
+    """``work``'s result, or None when the connection closes first, ``work`` then cancelled.
+
+    An HTTP client that leaves does not cancel its inference, as in Triton; but a request a peer
+    replica forwarded to its sequence's owner stands for a call that may be cancelled (gRPC): the peer
+    closes its connection then, and the request is cancelled here as it would have been there (a
+    pending request of a sequence cancels the sequence, docs/sequence.md).
+    """
+
+    async def gone() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
+
+
 class _BaseApp:
     """The handlers of every route, over one data plane; subclasses decide which routes they serve."""
 
@@ -302,7 +337,13 @@ class _BaseApp:
             return
         reply: Reply | Streamed
         try:
-            reply = await self._dispatch(scope, body, traced)
+            if _forwarded(scope):
+                answered = await _unless_gone(receive, self._dispatch(scope, body, traced))
+                if answered is None:
+                    return  # the forwarding replica's caller was cancelled: so is the request here
+                reply = answered
+            else:
+                reply = await self._dispatch(scope, body, traced)
         except ServerError as e:
             reply = error_reply(e)
         except Exception as e:  # never let a request take the server down

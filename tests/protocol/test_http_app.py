@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from pathlib import Path
@@ -332,3 +333,44 @@ async def test_a_decoupled_model_is_refused_on_http_infer_in_tritons_words(tmp_p
     assert reply.json() == {
         "error": "HTTP end point doesn't support models with decoupled transaction policy"
     }
+
+
+class _HeldDataPlane(FakeDataPlane):
+    """Its inferences wait for ``release``; ``cancelled`` counts those cancelled meanwhile."""
+
+    def __init__(self, models) -> None:
+        super().__init__(models)
+        self.release = asyncio.Event()
+        self.cancelled = 0
+
+    async def infer(self, request, raw=None):
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        return await super().infer(request, raw)
+
+
+@pytest.mark.parametrize("forwarded", [False, True], ids=["a client's", "a peer's forward"])
+async def test_only_a_forwarded_request_is_cancelled_when_its_connection_closes(tmp_path, forwarded):
+    """A client that leaves does not cancel its HTTP inference (Triton); a request a peer replica sent
+    on to its sequence's owner is cancelled with the peer's call (the peer closes the connection)."""
+    from deployments.runtime.router import FORWARDED
+
+    dataplane = _HeldDataPlane(all_models(tmp_path))
+    app = ModelHTTPApp(dataplane, "add_sub")
+    a = np.ones((1, 16), np.float32)
+    headers = {FORWARDED.decode(): "0"} if forwarded else {}
+    answering = asyncio.ensure_future(
+        call(app, "POST", "/v2/models/add_sub/infer", infer_body(a, a), headers=headers)
+    )
+    await asyncio.sleep(0.05)  # the body is read; the next receive says the connection closed
+    if forwarded:
+        assert await asyncio.wait_for(answering, 5) is None
+        assert dataplane.cancelled == 1 and dataplane.requests == []
+    else:
+        assert not answering.done()  # still running, as in Triton
+        dataplane.release.set()
+        reply = await asyncio.wait_for(answering, 5)
+        assert reply is not None and reply.status == 200 and dataplane.cancelled == 0
