@@ -60,7 +60,8 @@ HTTP_PORT = 8090
 # The ports of each node's agents, fixed (every node has its own namespace): a raylet given a port uses
 # it, where for a port left to the agent it waits for the agent to write the one it took to a file, and
 # after 15 s aborts the node's start (``Timed out waiting for file .../metrics_agent_port_<node>``), which
-# an agent still importing on a busy 2-core machine misses now and then
+# an agent still importing on a busy 2-core machine misses now and then (``ray start`` never tells the
+# raylet the agent's listen port: ``triton-serve ray-start`` does, ``deployments.serve.hooks.ray_start``)
 AGENT_PORTS = {
     "--dashboard-agent-grpc-port": 6391,
     "--dashboard-agent-listen-port": 6392,
@@ -253,7 +254,7 @@ def node_env(node: NodeSpec, root: Path) -> dict[str, str]:
 
 
 def ray_start_args(node: NodeSpec, root: Path) -> list[str]:
-    # `triton-serve ray-start`: `ray start` (exec'd, same pid) with the request-path environment
+    # `triton-serve ray-start`: `ray start` (in the same process) with the request-path environment
     args = [
         sys.executable,
         "-m",

@@ -76,6 +76,14 @@ versions without starting Ray, so an upgrade that moves one fails there, by name
   ``check_rank_consistency_and_reassign_minimally``) and calls the deployment's ``reconfigure`` with
   the new rank where that method takes a ``rank`` argument (``replica.py``, ``call_reconfigure``);
   a stateful model's replica follows its rank there (``deployments.serve.model_app``).
+* ``raylet_agent_listen_port``: ``ray start`` builds the raylet's command in
+  ``ray._private.services.start_raylet`` and starts it through the module's ``start_ray_process``
+  (process type ``raylet``); it passes the dashboard agent's ``--listen-port`` to the agent but never
+  ``--dashboard_agent_listen_port`` to the raylet, which then waits for the agent to write that port
+  to a file and aborts the node's start after 15 s (``Timed out waiting for file
+  .../dashboard_agent_listen_port_<node>``), as an agent still importing on a busy 2-core node does
+  now and then. :func:`ray_start` runs ``ray start`` with the raylet told the port the agent was
+  given (``triton-serve ray-start`` fixes every agent port, ``tools/netns_cluster.AGENT_PORTS``).
 * ``haproxy_grpc_frontend``: Serve's HAProxy template writes ``frontend grpc_frontend`` and one
   backend ``grpc-<application>`` per application (``haproxy.py``, ``haproxy_templates.py``), which
   ``deployments.serve.haproxy_shim`` routes by model name.
@@ -123,6 +131,7 @@ HOOKS = (
     "serve_run_interrupt",
     "actor_ready_probe",
     "reconfigure_rank",
+    "raylet_agent_listen_port",
 )
 
 KV_NAMESPACE = "triton_serve"
@@ -315,6 +324,44 @@ def uvicorn_cycle() -> Any | None:
 
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+RAYLET_AGENT_LISTEN_PORT_FLAG = "--dashboard_agent_listen_port"
+_AGENT_COMMAND_FLAG = "--dashboard_agent_command="
+_AGENT_LISTEN_PORT = re.compile(r"--listen-port=(\d+)")
+
+
+def with_agent_listen_port(command: list[str]) -> list[str]:
+    """A raylet ``command`` that also names the port its dashboard agent was told to listen on, where
+    that port is fixed (not 0) and the command does not name it yet."""
+    if any(word.startswith(RAYLET_AGENT_LISTEN_PORT_FLAG + "=") for word in command):
+        return command
+    agent = next((word for word in command if word.startswith(_AGENT_COMMAND_FLAG)), "")
+    found = _AGENT_LISTEN_PORT.search(agent)
+    if found is None or int(found.group(1)) == 0:
+        return command
+    return [*command, f"{RAYLET_AGENT_LISTEN_PORT_FLAG}={found.group(1)}"]
+
+
+def ray_start(arguments: list[str]) -> int:
+    """``ray start ARGUMENTS`` in this process (same pid, as ``exec`` would keep it), its raylet told
+    the dashboard agent's listen port (:data:`HOOKS`: ``raylet_agent_listen_port``)."""
+    from ray._private import ray_constants, services
+    from ray.scripts import scripts
+
+    start = services.start_ray_process
+
+    def started(command: list[str], process_type: str, *args: Any, **kwargs: Any) -> Any:
+        if process_type == ray_constants.PROCESS_TYPE_RAYLET:
+            command = with_agent_listen_port(command)
+        return start(command, process_type, *args, **kwargs)
+
+    services.start_ray_process = started
+    try:
+        scripts.cli.main(args=["start", *arguments], prog_name="ray")  # exits, as `ray start` does
+    finally:
+        services.start_ray_process = start
+    return 0
 
 
 def serve_run(arguments: list[str]) -> int:

@@ -174,8 +174,9 @@ def main(argv: list[str] | None = None) -> int:
             from deployments.serve import hooks
 
             return hooks.serve_run(args[1:])
-        binary = Path(sys.executable).with_name("ray")
-        os.execv(str(binary), [str(binary), "start", *args[1:]])
+        from deployments.serve import hooks
+
+        return hooks.ray_start(args[1:])
     print(USAGE, file=sys.stderr)
     return 2
 

@@ -327,6 +327,40 @@ def _check_reconfigure_rank() -> None:
 CHECKS["reconfigure_rank"] = _check_reconfigure_rank
 
 
+def _check_raylet_agent_listen_port() -> None:
+    import inspect
+    from pathlib import Path
+
+    from ray._private import ray_constants, services
+    from ray.scripts import scripts
+
+    assert "start" in scripts.cli.commands, "`ray start` is no longer a command of ray.scripts.scripts.cli"
+    source = inspect.getsource(services.start_raylet)
+    assert "start_ray_process(" in source and "ray_constants.PROCESS_TYPE_RAYLET" in source, (
+        "start_raylet no longer starts the raylet through the module's start_ray_process"
+    )
+    assert ray_constants.PROCESS_TYPE_RAYLET == "raylet"
+    assert "--dashboard_agent_command=" in source, "the raylet is no longer given its agent's command"
+    assert '"--listen-port={dashboard_agent_listen_port}"' in source, "the agent's listen port flag moved"
+    raylet = Path(services.RAYLET_EXECUTABLE).read_bytes()
+    assert hooks.RAYLET_AGENT_LISTEN_PORT_FLAG.lstrip("-").encode() in raylet, (
+        "the raylet no longer takes --dashboard_agent_listen_port"
+    )
+
+
+CHECKS["raylet_agent_listen_port"] = _check_raylet_agent_listen_port
+
+
+def test_a_raylet_is_told_its_agents_fixed_listen_port_once() -> None:
+    agent = "--dashboard_agent_command=python -m ray.dashboard.agent --grpc-port=6391 --listen-port=6392"
+    command = ["raylet", "--node_id=x", agent]
+    told = hooks.with_agent_listen_port(command)
+    assert told == [*command, "--dashboard_agent_listen_port=6392"]
+    assert hooks.with_agent_listen_port(told) == told  # named already: unchanged
+    chosen = ["raylet", agent.replace("--listen-port=6392", "--listen-port=0")]
+    assert hooks.with_agent_listen_port(chosen) == chosen  # a port the agent picks: the raylet waits for it
+
+
 @pytest.fixture(autouse=True)
 def _no_collection_during_checks() -> Iterator[None]:
     """The checks read Ray's sources with ``inspect.getsource``, which parses a class's module with
