@@ -507,9 +507,11 @@ class ServerDeployment:
         restarts of this replica): what the server keeps in the cluster is under that name."""
         import ray
 
+        from deployments.serve import local_sockets
         from deployments.serve.response_writes import coalesce_response_writes
 
         coalesce_response_writes()
+        local_sockets.install()  # HAProxy on this node reaches the replica through a Unix socket
         # the log settings: the flags, or what a previous replica of this server was told to change
         self._logs_key = f"{instance}/log_settings" if instance else ""
         kept = await asyncio.to_thread(hooks.kv_get, self._logs_key) if self._logs_key else None

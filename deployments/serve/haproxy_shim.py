@@ -57,6 +57,16 @@ and ``deployments.serve.launch`` point it at ``deployments/serve/bin/haproxy``, 
   allows (:func:`connection_limit`, at most :data:`MAX_CONNECTIONS`), so idle sockets no
   longer use up the connections HAProxy accepts, and HAProxy never asks for more descriptors than
   it may open (it refuses to start then).
+* **No access log nobody reads.** Serve's ``global`` section sends one syslog datagram per request to
+  ``RAY_SERVE_HAPROXY_LOG_TARGET`` (by default ``127.0.0.1:514``, where nothing listens unless a syslog
+  daemon was set up for it): formatting and sending it cost HAProxy about a sixth of its CPU per
+  request on a trivial model. Where that variable is unset, the default target's line is left out
+  (:func:`drop_unasked_access_log`); set it to have HAProxy's access log there.
+* **Replicas of this node over Unix sockets.** A replica's HTTP server also listens on an abstract
+  Unix socket named for its port (``deployments.serve.local_sockets``); in the backends that reach
+  replicas' HTTP ports, a replica whose address is this node's and whose socket answers is written
+  ``abns@...`` instead of ``<ip>:<port>`` (:func:`use_local_sockets`): the kernel's TCP path on
+  loopback, twice per request, is left out.
 * **A killed HAProxy is back at once.** Just before it becomes HAProxy, the shim leaves a guard
   (``deployments.serve.haproxy_guard``) that starts it again with the same configuration if it dies
   while Serve's manager lives and no newer HAProxy took over, long before Serve's health checks
@@ -77,6 +87,7 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from deployments.serve.haproxy_guard import fork_guard
@@ -580,6 +591,80 @@ def keep_idle_connections_on_reload(lines: list[str]) -> list[str]:
     return _in_defaults(lines, "option idle-close-on-response")
 
 
+_SERVER_ADDRESS = re.compile(r"^(\s*server\s+\S+\s+)(\d{1,3}(?:\.\d{1,3}){3}):(\d+)(\s.*)?$")
+
+
+def use_local_sockets(
+    lines: list[str],
+    local: Callable[[str, int], str | None] | None = None,
+    before: Mapping[str, str] | None = None,
+) -> list[str]:
+    """``lines`` with each replica ``server`` of the backends that reach replicas' HTTP ports (the
+    ``http-`` ones and their gRPC-over-HTTP/1.1 twins) addressed through its local socket where
+    ``local(host, port)`` names one (default: :func:`deployments.serve.local_sockets.local_address`).
+    ``backup`` servers (Serve's proxy) and every other backend keep their addresses.
+
+    A server that had a local address in the configuration this one replaces (``before``: server
+    name to address, :func:`local_addresses`) keeps it even where the probe misses now (a busy
+    replica's backlog): a replica's local listener lives as long as its TCP one, and HAProxy restores
+    each server's port from the state file Serve dumps at a reload, which for a local address is 0,
+    so the server would be unreachable over TCP until the next reload."""
+    from deployments.serve.hooks import HTTP_BACKEND_PREFIX
+
+    if local is None:
+        from deployments.serve.local_sockets import local_address
+
+        local = local_address
+    before = before or {}
+    found: dict[tuple[str, int], str | None] = {}
+    out = list(lines)
+    for name, (start, end) in _backends(lines).items():
+        if not name.startswith((HTTP_BACKEND_PREFIX, H1_BACKEND_PREFIX)):
+            continue
+        for i in range(start, end):
+            m = _SERVER_ADDRESS.match(out[i])
+            if m is None or _is_backup(out[i]):
+                continue
+            key = (m.group(2), int(m.group(3)))
+            if key not in found:
+                found[key] = local(*key)
+            address = found[key] or before.get(m.group(1).split()[1])
+            if address is not None:
+                out[i] = f"{m.group(1)}{address}{m.group(4) or ''}"
+    return out
+
+
+_LOCAL_SERVER = re.compile(r"^\s*server\s+(\S+)\s+(abns@\S+)")
+
+
+def local_addresses(text: str) -> dict[str, str]:
+    """The servers of an adjusted configuration that it addresses through local sockets, by name."""
+    return {m.group(1): m.group(2) for line in text.splitlines() if (m := _LOCAL_SERVER.match(line))}
+
+
+LOG_TARGET_ENV = "RAY_SERVE_HAPROXY_LOG_TARGET"
+DEFAULT_LOG_TARGET = "127.0.0.1:514"  # Serve's default for LOG_TARGET_ENV
+
+
+def drop_unasked_access_log(lines: list[str], environ: Mapping[str, str] | None = None) -> list[str]:
+    """``lines`` without the ``global`` section's log line to Serve's default target, where
+    ``RAY_SERVE_HAPROXY_LOG_TARGET`` is unset: with no logger left, HAProxy neither formats nor sends a
+    line per request. A target named in the environment is kept, and so is every other ``log`` line
+    (a frontend's own, Serve's metrics socket)."""
+    env = os.environ if environ is None else environ
+    if env.get(LOG_TARGET_ENV):
+        return list(lines)
+    out: list[str] = []
+    inside = False
+    for line in lines:
+        if line and not line[0].isspace():
+            inside = line.strip() == "global"
+        elif inside and line.split()[:2] == ["log", DEFAULT_LOG_TARGET]:
+            continue
+        out.append(line)
+    return out
+
+
 def _in_defaults(lines: list[str], setting: str) -> list[str]:
     """``lines`` with ``setting`` first in the ``defaults`` section, unless a line there already sets
     its keyword (its first two words)."""
@@ -595,19 +680,21 @@ def _in_defaults(lines: list[str], setting: str) -> list[str]:
     return out
 
 
-def rewrite(text: str, error_dir: Path, slots: dict[str, int] | None = None) -> str:
+def rewrite(text: str, error_dir: Path, slots: dict[str, int] | None = None, previous: str = "") -> str:
     """Serve's HAProxy configuration with every wildcard bind on the ingress host, JSON error pages, the
-    replicas of a model's later instance groups in the model's own backend, gRPC routed by model, and
+    replicas of a model's later instance groups in the model's own backend, gRPC routed by model,
     dynamically batched models balanced ``first`` (``slots``: by application; None: asked of the
-    server application). A configuration it already adjusted (its first line is :data:`MARK`) is
-    returned as it is."""
+    server application) and this node's replicas reached through their local sockets (``previous``:
+    the adjusted configuration this one replaces, if any). A configuration it already adjusted (its
+    first line is :data:`MARK`) is returned as it is."""
     if text.startswith(MARK):
         return text
     lines = route_model_hosts(route_grpc_by_model(merge_group_backends(text.splitlines())))
     lines = server_answers_or_refuses(lines)
     lines = concentrate_batching_models(lines, fetch_routing_slots(lines) if slots is None else slots)
     lines = strip_internal_headers(raise_connection_limit(add_request_timeout(lines)))
-    lines = keep_idle_connections_on_reload(lines)
+    lines = drop_unasked_access_log(keep_idle_connections_on_reload(lines))
+    lines = use_local_sockets(lines, before=local_addresses(previous))
     host = frontend_host(lines)
     out = []
     for line in lines:
@@ -645,7 +732,8 @@ def adjusted_args(args: list[str]) -> list[str]:
             source = Path(out[i + 1])
             target = source.with_name(f"{source.stem}.triton.cfg")
             write_error_pages(source.parent)
-            text = rewrite(source.read_text(), source.parent)
+            previous = target.read_text() if target.exists() else ""
+            text = rewrite(source.read_text(), source.parent, previous=previous)
             tmp = target.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(text)
             tmp.replace(target)

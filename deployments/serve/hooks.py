@@ -84,6 +84,15 @@ versions without starting Ray, so an upgrade that moves one fails there, by name
   .../dashboard_agent_listen_port_<node>``), as an agent still importing on a busy 2-core node does
   now and then. :func:`ray_start` runs ``ray start`` with the raylet told the port the agent was
   given (``triton-serve ray-start`` fixes every agent port, ``tools/netns_cluster.AGENT_PORTS``).
+* ``replica_http_server_start``: Serve's replica starts its direct-ingress HTTP server in
+  ``_maybe_start_direct_ingress_servers`` (run after the deployment's constructor) by calling the
+  module-level name ``start_asgi_http_server`` of ``ray.serve._private.replica`` with the app and
+  the HTTP options (their ``port`` the allocated one); it returns the serving task and uvicorn's
+  ``Server``. :func:`after_replica_http_start` wraps that name (``deployments.serve.local_sockets``).
+* ``uvicorn_extra_listener``: uvicorn's ``Server`` builds each connection's protocol from
+  ``config.http_protocol_class(config=, server_state=, app_state=)``, keeps its listeners in
+  ``servers`` (closed by ``shutdown``, which then waits for ``server_state.connections``) and sets
+  ``started`` once they accept (:func:`uvicorn_add_listener`).
 * ``haproxy_grpc_frontend``: Serve's HAProxy template writes ``frontend grpc_frontend`` and one
   backend ``grpc-<application>`` per application (``haproxy.py``, ``haproxy_templates.py``), which
   ``deployments.serve.haproxy_shim`` routes by model name.
@@ -91,6 +100,8 @@ versions without starting Ray, so an upgrade that moves one fails there, by name
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 import signal
 import threading
@@ -132,6 +143,8 @@ HOOKS = (
     "actor_ready_probe",
     "reconfigure_rank",
     "raylet_agent_listen_port",
+    "replica_http_server_start",
+    "uvicorn_extra_listener",
 )
 
 KV_NAMESPACE = "triton_serve"
@@ -320,6 +333,59 @@ def uvicorn_cycle() -> Any | None:
     if getattr(RequestResponseCycle, "send", None) is None or not hasattr(RequestResponseCycle, "__init__"):
         return None
     return RequestResponseCycle
+
+
+_HTTP_START_MARK = "_triton_serve_wrapped"
+
+
+def after_replica_http_start(started: Callable[[int, Any, Any], None]) -> bool:
+    """Call ``started(port, server, task)`` each time Serve's direct ingress starts a replica's HTTP server
+    in this process (uvicorn's ``Server`` and the task that runs it, right after both exist, on the
+    replica's loop). Serve's replica calls ``start_asgi_http_server`` by its module-level name after the
+    deployment's constructor returned, so a wrapper put there from the constructor is the one it calls.
+    False where the function is missing; a second call keeps the first wrapper."""
+    try:
+        from ray.serve._private import replica
+    except ImportError:
+        return False
+    original = getattr(replica, "start_asgi_http_server", None)
+    if original is None:
+        return False
+    if getattr(original, _HTTP_START_MARK, False):
+        return True
+
+    async def start_and_tell(app: Any, http_options: Any, **kwargs: Any) -> Any:
+        task, server = await original(app, http_options, **kwargs)
+        try:
+            started(int(http_options.port), server, task)
+        except Exception:  # the TCP server serves whatever the extra listener does
+            logging.getLogger("ray.serve").exception("after the replica's HTTP server started")
+        return task, server
+
+    setattr(start_and_tell, _HTTP_START_MARK, True)
+    replica.start_asgi_http_server = start_and_tell
+    return True
+
+
+def uvicorn_started(server: Any) -> bool:
+    """Whether uvicorn's ``Server`` finished its startup (its listeners accept)."""
+    return bool(getattr(server, "started", False))
+
+
+async def uvicorn_add_listener(server: Any, sock: Any) -> None:
+    """Serve uvicorn's running ``server`` on one more listening Unix socket ``sock`` too: the same protocol,
+    configuration and connection table, so a graceful shutdown closes it and waits for its requests."""
+    config = server.config
+
+    def protocol() -> Any:
+        return config.http_protocol_class(
+            config=config, server_state=server.server_state, app_state=server.lifespan.state
+        )
+
+    listener = await asyncio.get_running_loop().create_unix_server(
+        protocol, sock=sock, backlog=config.backlog
+    )
+    server.servers.append(listener)
 
 
 def _interrupt(signum: int, frame: Any) -> None:

@@ -23,7 +23,7 @@ from deployments.runtime import batch_execute, response_cache
 from deployments.runtime.model import ModelRuntime
 from deployments.runtime.router import REPLICA_SNAPSHOT, Ranks, Router
 from deployments.runtime.stats import PushGate, keep_latency_windows
-from deployments.serve import grpc_ingress, hooks, ingress, logs, ray_metrics, reloads
+from deployments.serve import grpc_ingress, hooks, ingress, local_sockets, logs, ray_metrics, reloads
 from deployments.serve.devices import pin_replica_gpu
 from deployments.serve.names import hosted_key, model_app_name, model_route, stats_path
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory
@@ -74,6 +74,7 @@ class ModelDeployment:
         group_index: int = 0,
     ) -> None:
         coalesce_response_writes()
+        local_sockets.install()  # HAProxy on this node reaches the replica through a Unix socket
         log_to_stderr(settings.log_settings)  # pb_utils.Logger lines into the replica's worker log
         as_stub_process()  # sys.argv as model code sees it under tritonserver
         ensembles.register()  # an ensemble's replica runs the ensemble backend

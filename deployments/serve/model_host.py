@@ -39,7 +39,7 @@ from deployments.runtime.gpu_memory import GpuMemory, gpu_budgets
 from deployments.runtime.host import ModelHost
 from deployments.runtime.model import ModelRuntime
 from deployments.runtime.stats import PushGate, keep_latency_windows
-from deployments.serve import grpc_ingress, hooks, ingress, logs, ray_metrics
+from deployments.serve import grpc_ingress, hooks, ingress, local_sockets, logs, ray_metrics
 from deployments.serve.names import hosted_key
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory
 from deployments.serve.response_writes import coalesce_response_writes
@@ -67,6 +67,7 @@ class ModelHostDeployment:
         self, settings: ServerSettings, memory_bytes: int, gpu_memory_bytes: int = 0
     ) -> None:
         coalesce_response_writes()
+        local_sockets.install()  # HAProxy on this node reaches the replica through a Unix socket
         ensembles.register()  # pooled ensembles run here
         log_to_stderr(settings.log_settings)
         as_stub_process()  # sys.argv as model code sees it under tritonserver

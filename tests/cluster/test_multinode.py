@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from deployments.serve import haproxy_shim, local_sockets
 from repository_loader.plan import SERVER_APP
 from tools import netns_cluster
 from tools.netns_cluster import HEAD, NODES, ClusterState
@@ -225,6 +226,30 @@ def test_every_nodes_haproxy_routes_each_model_to_its_replicas_on_other_nodes(cl
             # a replica on the ingress's own node is reached through loopback
             expected = {"127.0.0.1" if ip == node.ip else ip for ip in where[app]}
             assert servers.get(app) == expected, (node.name, app, servers.get(app), expected)
+        # what HAProxy runs: its own node's replicas through their local sockets (in the node's network
+        # namespace), every other node's by IP, as Serve wrote them
+        adjusted = config.with_name("haproxy.triton.cfg").read_text()
+        assert haproxy_shim.drop_unasked_access_log(adjusted.splitlines(), {}) == adjusted.splitlines()
+        for backend, served in _replica_servers(config.read_text()).items():
+            runs = _replica_servers(adjusted)[backend]
+            for name, address in served.items():
+                host, port = address.rsplit(":", 1)
+                local = backend.startswith("http-") and host == "127.0.0.1"
+                want = local_sockets.haproxy_address(int(port)) if local else address
+                assert runs[name] == want, (node.name, backend, name, runs[name], want)
+
+
+def _replica_servers(text: str) -> dict[str, dict[str, str]]:
+    """The ``SERVE_REPLICA_`` servers of each backend of an HAProxy configuration, name to address."""
+    found: dict[str, dict[str, str]] = {}
+    backend = ""
+    for line in text.splitlines():
+        words = line.split()
+        if words[:1] == ["backend"]:
+            backend = words[1]
+        elif len(words) > 2 and words[0] == "server" and words[1].startswith("SERVE_REPLICA_"):
+            found.setdefault(backend, {})[words[1]] = words[2]
+    return found
 
 
 def test_gpu_replicas_land_on_the_gpu_node_only(cluster: ClusterState) -> None:

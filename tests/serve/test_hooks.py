@@ -377,6 +377,38 @@ def _no_collection_during_checks() -> Iterator[None]:
         gc.enable()
 
 
+def _check_replica_http_server_start() -> None:
+    from ray.serve._private import replica
+
+    start = replica.start_asgi_http_server
+    params = inspect.signature(start).parameters
+    assert list(params)[:2] == ["app", "http_options"] and "event_loop" in params
+    source = inspect.getsource(replica.Replica._maybe_start_direct_ingress_servers)
+    assert "await start_asgi_http_server(" in source, "the replica no longer starts its server by that name"
+    assert '"port": port' in source, "the HTTP options no longer carry the allocated port"
+    assert "return event_loop.create_task(server.serve(" in inspect.getsource(start)
+
+
+CHECKS["replica_http_server_start"] = _check_replica_http_server_start
+
+
+def _check_uvicorn_extra_listener() -> None:
+    import uvicorn
+
+    startup = inspect.getsource(uvicorn.Server.startup)
+    for needle in (
+        "config.http_protocol_class(",
+        "server_state=self.server_state",
+        "app_state=self.lifespan.state",
+        "self.started = True",
+    ):
+        assert needle in startup + inspect.getsource(uvicorn.Server._serve), needle
+    assert "for server in self.servers:" in inspect.getsource(uvicorn.Server.shutdown)
+
+
+CHECKS["uvicorn_extra_listener"] = _check_uvicorn_extra_listener
+
+
 def test_every_hook_has_a_check() -> None:
     assert set(CHECKS) == set(hooks.HOOKS)
 

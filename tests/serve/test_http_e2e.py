@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -335,3 +336,42 @@ def test_model_requests_skip_serves_wrapper_in_the_replica(client: httpclient.In
     assert client.is_model_ready("add_sub")
     after = replica.answered_directly.remote().result()
     assert before is not None and after - before == 6
+
+
+def test_haproxy_reaches_this_nodes_replicas_through_their_local_sockets(client) -> None:
+    """Serve writes each replica as ``127.0.0.1:<port>``; the HAProxy that runs has the replicas' HTTP
+    servers at their abstract Unix sockets, and no per-request log line to Serve's default target."""
+    from pathlib import Path
+
+    from deployments.serve import local_sockets
+
+    # Serve writes a folder per node beside the configured file's name
+    (serve_written,) = Path(os.environ["RAY_SERVE_HAPROXY_CONFIG_FILE_LOC"]).parent.glob("*/haproxy.cfg")
+    running = serve_written.with_name("haproxy.triton.cfg").read_text()
+    assert "log 127.0.0.1:514" in serve_written.read_text() and "log 127.0.0.1:514" not in running
+
+    def replicas(text: str) -> dict[tuple[str, str], str]:
+        found, backend = {}, ""
+        for line in text.splitlines():
+            words = line.split()
+            if words[:1] == ["backend"]:
+                backend = words[1]
+            elif (
+                backend.startswith("http-")
+                and words[:1] == ["server"]
+                and words[1].startswith("SERVE_REPLICA_")
+            ):
+                found[(backend, words[1])] = words[2]
+        return found
+
+    written, runs = replicas(serve_written.read_text()), replicas(running)
+    deadline = time.monotonic() + 10
+    while written.keys() != runs.keys() and time.monotonic() < deadline:  # a reload under way
+        time.sleep(0.2)
+        running = serve_written.with_name("haproxy.triton.cfg").read_text()
+        written, runs = replicas(serve_written.read_text()), replicas(running)
+    assert written and written.keys() == runs.keys(), "no replica, or the two files disagree"
+    for key, address in written.items():
+        host, port = address.rsplit(":", 1)
+        assert host == "127.0.0.1" and runs[key] == local_sockets.haproxy_address(int(port)), (key, runs[key])
+    assert client.is_model_ready("add_sub")  # answered over a local socket

@@ -15,12 +15,19 @@ import pytest
 import yaml
 
 from deployments.runtime.router import INTERNAL_HEADERS
-from deployments.serve import haproxy_shim, hooks
+from deployments.serve import haproxy_shim, hooks, local_sockets
 from deployments.serve.launch import REQUEST_PATH_ENV
 from deployments.serve.request_path import HAPROXY_SCRIPT
 from tests.serve import processes, recovery_models
 from tests.serve.recovery_load import one_request
 from tests.serve.standalone import ROOT, Server, free_port, http, port_is_bound
+
+
+@pytest.fixture(autouse=True)
+def _no_local_sockets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The configurations here name replica ports that a server running on this machine may use: their
+    rewrites never look for that server's local sockets (tests/serve/test_local_sockets.py does)."""
+    monkeypatch.setattr(local_sockets, "local_address", lambda host, port, environ=None: None)
 
 
 def test_serve_config_carries_the_request_path_variables() -> None:
@@ -88,6 +95,26 @@ def test_a_reloaded_haproxy_answers_a_request_sent_on_an_idle_connection() -> No
     out = haproxy_shim.keep_idle_connections_on_reload(lines)
     assert out[2:4] == ["defaults", "    option idle-close-on-response"] and out[-1] == "frontend f"
     assert haproxy_shim.keep_idle_connections_on_reload(out) == out  # once
+
+
+def test_haproxy_logs_each_request_only_where_a_log_target_was_asked_for() -> None:
+    """Serve's default syslog target (``127.0.0.1:514``) has no listener unless one was set up: its line
+    is left out so that HAProxy formats and sends nothing per request; a named target and every other
+    ``log`` line stay."""
+    lines = [
+        "global",
+        "    log 127.0.0.1:514 local0 info",
+        "    maxconn 10",
+        "defaults",
+        "    log global",
+        "frontend f",
+        "    log /tmp/metrics.sock len 8192 format rfc5424 local1 debug",
+    ]
+    out = haproxy_shim.drop_unasked_access_log(lines, environ={})
+    assert out == [lines[0], *lines[2:]]
+    named = {haproxy_shim.LOG_TARGET_ENV: "127.0.0.1:514"}
+    assert haproxy_shim.drop_unasked_access_log(lines, environ=named) == lines
+    assert "log 127.0.0.1:514" not in haproxy_shim.rewrite("\n".join(lines), Path("/tmp"), slots={})
 
 
 def test_a_path_no_application_serves_answers_tritons_json_404(tmp_path: Path) -> None:
