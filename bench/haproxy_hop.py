@@ -35,24 +35,16 @@ from typing import Any
 
 from bench.cpu_split import process_cpu_s
 from bench.env import environment
-from bench.http_floor import _drive
+from bench.http_floor import APP, drive
 from bench.scenarios.common import RESULTS, free_port
 from deployments.serve import local_sockets
 from deployments.serve.haproxy_shim import DEFAULT_LOG_TARGET, drop_unasked_access_log, real_binary
 
-SERVER = """
-import asyncio, sys, uvicorn
-from deployments.serve import hooks, local_sockets
-BODY = b"o" * int(sys.argv[2])
-HEAD = [(b"content-type", b"application/octet-stream"), (b"content-length", str(len(BODY)).encode())]
-async def app(scope, receive, send):
-    if scope["type"] != "http":
-        return
-    more = True
-    while more:
-        more = (await receive()).get("more_body", False)
-    await send({"type": "http.response.start", "status": 200, "headers": HEAD})
-    await send({"type": "http.response.body", "body": BODY})
+SERVER = (
+    APP
+    + """
+import asyncio
+from deployments.serve import local_sockets
 async def main():
     port = int(sys.argv[1])
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
@@ -63,6 +55,7 @@ async def main():
 import uvloop
 uvloop.run(main())
 """
+)
 
 VARIANTS = ("access log, TCP", "no access log, TCP", "no access log, local socket")
 
@@ -99,7 +92,7 @@ def _wait_for(port: int, process: subprocess.Popen[bytes], what: str) -> None:
     deadline = time.monotonic() + 30
     while True:
         try:
-            asyncio.run(_drive(port, 1, 0.2, 64))
+            asyncio.run(drive(port, 1, 0.2, 64))
             return
         except OSError:
             if time.monotonic() > deadline or process.poll() is not None:
@@ -142,7 +135,7 @@ def measure(
                 for variant, (front, proc) in proxies.items():
                     proxy0, server0, client0 = process_cpu_s(proc.pid), process_cpu_s(server.pid), os.times()
                     wall0 = time.perf_counter()
-                    requests = asyncio.run(_drive(front, concurrency, seconds, request_bytes))
+                    requests = asyncio.run(drive(front, concurrency, seconds, request_bytes))
                     wall = time.perf_counter() - wall0
                     client1 = os.times()
                     proxy_s, server_s = process_cpu_s(proc.pid) - proxy0, process_cpu_s(server.pid) - server0

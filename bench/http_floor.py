@@ -27,7 +27,7 @@ from bench.cpu_split import process_cpu_s
 from bench.env import environment
 from bench.scenarios.common import RESULTS, free_port
 
-SERVER = """
+APP = """
 import sys, uvicorn
 BODY = b"o" * int(sys.argv[2])
 HEAD = [(b"content-type", b"application/octet-stream"), (b"content-length", str(len(BODY)).encode())]
@@ -39,12 +39,18 @@ async def app(scope, receive, send):
         more = (await receive()).get("more_body", False)
     await send({"type": "http.response.start", "status": 200, "headers": HEAD})
     await send({"type": "http.response.body", "body": BODY})
+"""
+"""A bare ASGI application answering ``sys.argv[2]`` bytes to any request (source text, for a server process)."""
+SERVER = (
+    APP
+    + """
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="error", access_log=False,
             http="httptools", loop="uvloop", lifespan="off")
 """
+)
 
 
-async def _drive(port: int, concurrency: int, seconds: float, request_bytes: int) -> int:
+async def drive(port: int, concurrency: int, seconds: float, request_bytes: int) -> int:
     body = b"i" * request_bytes
     request = (
         f"POST /v2/models/m/infer HTTP/1.1\r\nhost: floor\r\ncontent-type: application/octet-stream\r\n"
@@ -82,14 +88,14 @@ def measure_floor(
         deadline = time.monotonic() + 30
         while True:
             try:
-                asyncio.run(_drive(port, 1, 0.2, request_bytes))
+                asyncio.run(drive(port, 1, 0.2, request_bytes))
                 break
             except OSError:
                 if time.monotonic() > deadline or server.poll() is not None:
                     raise RuntimeError("the bare HTTP server did not start") from None
                 time.sleep(0.2)
         server_cpu0, client0, wall0 = process_cpu_s(server.pid), os.times(), time.perf_counter()
-        requests = asyncio.run(_drive(port, concurrency, seconds, request_bytes))
+        requests = asyncio.run(drive(port, concurrency, seconds, request_bytes))
         wall = time.perf_counter() - wall0
         client1, server_cpu1 = os.times(), process_cpu_s(server.pid)
     finally:
