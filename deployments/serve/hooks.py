@@ -385,7 +385,10 @@ async def uvicorn_add_listener(server: Any, sock: Any) -> None:
     listener = await asyncio.get_running_loop().create_unix_server(
         protocol, sock=sock, backlog=config.backlog
     )
-    server.servers.append(listener)
+    if getattr(server, "should_exit", False):  # its shutdown may have closed its listeners already
+        listener.close()
+        return
+    server.servers.append(listener)  # a shutdown starts after should_exit is set, and closes it
 
 
 def _interrupt(signum: int, frame: Any) -> None:

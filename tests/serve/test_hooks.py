@@ -404,6 +404,8 @@ def _check_uvicorn_extra_listener() -> None:
     ):
         assert needle in startup + inspect.getsource(uvicorn.Server._serve), needle
     assert "for server in self.servers:" in inspect.getsource(uvicorn.Server.shutdown)
+    assert "should_exit" in inspect.getsource(uvicorn.Server.main_loop)
+    assert "await self.shutdown(" in inspect.getsource(uvicorn.Server._serve)
 
 
 CHECKS["uvicorn_extra_listener"] = _check_uvicorn_extra_listener

@@ -173,3 +173,23 @@ def test_the_hook_tells_the_port_serve_allocated() -> None:
     finally:
         replica.start_asgi_http_server = saved
     assert result == ("task", "server") and told == [31234]
+
+
+async def test_a_listener_added_after_the_shutdown_began_is_closed_not_kept() -> None:
+    """uvicorn closes the listeners it knows when its shutdown starts: one attached after that must close
+    itself, or it would accept connections nobody serves until the process ends."""
+    import types
+
+    port = free_port()
+    sock = local_sockets.listen(port)
+    assert sock is not None
+    config = types.SimpleNamespace(http_protocol_class=object, backlog=16)
+    server = types.SimpleNamespace(
+        config=config,
+        server_state=None,
+        lifespan=types.SimpleNamespace(state={}),
+        servers=[],
+        should_exit=True,
+    )
+    await hooks.uvicorn_add_listener(server, sock)
+    assert server.servers == [] and not local_sockets.owned_listener(port)
