@@ -73,13 +73,13 @@ def test_the_copy_passes_as_it_is(copy):
 
 def test_a_stale_figure_is_named_with_the_file_it_should_match(copy):
     _edit(copy / "README.md", "0.40–0.58<!-- fig", "0.40–0.59<!-- fig")
-    _edit(copy / MEASUREMENTS, "0.57<!-- fig", "0.58<!-- fig")
+    _edit(copy / MEASUREMENTS, "0.74<!-- fig", "0.75<!-- fig")
     _edit(copy / "bench" / "README.md", "1.05–1.10<!--", "1.05–1.09<!--")
     stale = _check(copy)
     assert len(stale) == 3
     assert stale[0].startswith("README.md:") and "0.40–0.59 should read 0.40–0.58" in stale[0]
     assert stale[1].startswith(f"{MEASUREMENTS}:")
-    assert "0.58 should read 0.57 (bench/results/overhead/results.json: perf_analyzer:1:ratio)" in stale[1]
+    assert "0.75 should read 0.74 (bench/results/overhead/results.json: perf_analyzer:1:ratio)" in stale[1]
     assert stale[2].startswith("bench/README.md:") and "1.05–1.09 should read 1.05–1.10" in stale[2]
 
 
@@ -124,8 +124,8 @@ def test_a_figure_that_changed_in_the_results_is_caught(copy):
 
 
 def test_tables_that_differ_from_the_saved_results_are_caught(copy):
-    _edit(copy / MEASUREMENTS, "| 1 | 5,011 | 2,856 | 0.57 |", "| 1 | 5,011 | 2,856 | 0.58 |")
-    _edit(copy / "bench" / "results" / "SUMMARY.md", "| 1 | 5,011 |", "| 1 | 5,012 |")
+    _edit(copy / MEASUREMENTS, "| 1 | 2,598 | 1,916 | 0.74 |", "| 1 | 2,598 | 1,916 | 0.75 |")
+    _edit(copy / "bench" / "results" / "SUMMARY.md", "| 1 | 2,598 |", "| 1 | 2,599 |")
     stale = _check(copy)
     assert any(f"{MEASUREMENTS}: the tables differ" in line for line in stale)
     assert any("SUMMARY.md: differs" in line for line in stale)
@@ -133,9 +133,9 @@ def test_tables_that_differ_from_the_saved_results_are_caught(copy):
 
 def test_summary_refreshes_the_block_of_a_docs_page(copy):
     page = copy / MEASUREMENTS
-    _edit(page, "| 1 | 5,011 | 2,856 | 0.57 |", "| 1 | 5,011 | 2,856 | 0.58 |")
+    _edit(page, "| 1 | 2,598 | 1,916 | 0.74 |", "| 1 | 2,598 | 1,916 | 0.75 |")
     write_summary(copy / "bench" / "results", copy / "README.md", copy / "docs")
-    assert "| 1 | 5,011 | 2,856 | 0.57 |" in page.read_text()
+    assert "| 1 | 2,598 | 1,916 | 0.74 |" in page.read_text()
     assert _check(copy) == []
 
 
