@@ -488,3 +488,13 @@ def server_url(test_repository: Path, session_ports: dict[str, int]) -> Iterator
             started |= processes.descendants() - before
             processes.end(started)
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def no_local_sockets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HAProxy configurations written by hand name replica ports that a server running on this machine
+    may use: their rewrites never look for that server's local sockets (tests/serve/test_local_sockets.py
+    does)."""
+    from deployments.serve import local_sockets
+
+    monkeypatch.setattr(local_sockets, "local_address", lambda host, port, environ=None: None)

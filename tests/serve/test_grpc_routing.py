@@ -28,16 +28,11 @@ from tritonclient.utils import InferenceServerException
 from deployments.protocol.grpc import GRPCInferenceServicer
 from deployments.protocol.grpc_http1 import PATH_PREFIX, TRAILERS_EXTENSION, GrpcOverHttp1
 from deployments.protocol.proto import grpc_service_pb2 as pb
-from deployments.serve import haproxy_shim, local_sockets
+from deployments.serve import haproxy_shim
 from deployments.serve.response_writes import coalesce_response_writes
 from tests.protocol.haproxy import running_haproxy
 
-
-@pytest.fixture(autouse=True)
-def _no_local_sockets(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The configurations here name replica ports that a server running on this machine may use: their
-    rewrites never look for that server's local sockets (tests/serve/test_local_sockets.py does)."""
-    monkeypatch.setattr(local_sockets, "local_address", lambda host, port, environ=None: None)
+pytestmark = pytest.mark.usefixtures("no_local_sockets")
 
 
 def _free_port() -> int:

@@ -15,19 +15,14 @@ import pytest
 import yaml
 
 from deployments.runtime.router import INTERNAL_HEADERS
-from deployments.serve import haproxy_shim, hooks, local_sockets
+from deployments.serve import haproxy_shim, hooks
 from deployments.serve.launch import REQUEST_PATH_ENV
 from deployments.serve.request_path import HAPROXY_SCRIPT
 from tests.serve import processes, recovery_models
 from tests.serve.recovery_load import one_request
 from tests.serve.standalone import ROOT, Server, free_port, http, port_is_bound
 
-
-@pytest.fixture(autouse=True)
-def _no_local_sockets(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The configurations here name replica ports that a server running on this machine may use: their
-    rewrites never look for that server's local sockets (tests/serve/test_local_sockets.py does)."""
-    monkeypatch.setattr(local_sockets, "local_address", lambda host, port, environ=None: None)
+pytestmark = pytest.mark.usefixtures("no_local_sockets")
 
 
 def test_serve_config_carries_the_request_path_variables() -> None:
