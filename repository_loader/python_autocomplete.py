@@ -8,12 +8,14 @@ backend passes, offering the same methods.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import itertools
 import json
 import re
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -29,6 +31,7 @@ _COMPLETABLE = frozenset(
     {"max_batch_size", "input", "output", "dynamic_batching", "model_transaction_policy"}
 )
 _counter = itertools.count()
+_IMPORTING = threading.RLock()  # held while a model.py is imported (see import_model_module)
 
 
 class AutoCompleteModelConfig:
@@ -166,18 +169,23 @@ def import_model_module(path: Path, model_name: str) -> ModuleType:
     if spec is None or spec.loader is None:
         raise ConfigError(f"model '{model_name}': cannot import '{path}'")
     module = importlib.util.module_from_spec(spec)
-    saved_path = list(sys.path)
-    sys.path.insert(0, str(path.parent))
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except (Exception, SystemExit) as exc:
-        raise ConfigError(
-            f"model '{model_name}': importing '{path}' failed: {type(exc).__name__}: {exc}"
-        ) from None
-    finally:
-        sys.path[:] = saved_path
-        sys.modules.pop(module_name, None)
+    folder = str(path.parent)
+    # One import at a time: the server reads several models at once (in threads), and a folder on
+    # ``sys.path`` is every thread's. Only this import's own entry is taken out again, so what other
+    # code added meanwhile stays.
+    with _IMPORTING:
+        sys.path.insert(0, folder)
+        sys.modules[module_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except (Exception, SystemExit) as exc:
+            raise ConfigError(
+                f"model '{model_name}': importing '{path}' failed: {type(exc).__name__}: {exc}"
+            ) from None
+        finally:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(folder)
+            sys.modules.pop(module_name, None)
     return module
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -169,6 +170,63 @@ def test_python_module_is_not_left_behind(repo: Path, write_model, pb_utils_impo
     load_model(repo, "py")
     assert not [m for m in set(sys.modules) - before if m.startswith("_triton_serve_autocomplete")]
     assert sys.path == path_before
+
+
+# model.py that waits, then imports a module beside it (``helper_<name>``), within its auto-complete
+SLOW_SIBLING_IMPORT = """
+import time
+
+import triton_python_backend_utils as pb_utils
+
+time.sleep({delay})
+import helper_{name}
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        auto_complete_model_config.add_input({{"name": "IN", "data_type": "TYPE_FP32", "dims": [helper_{name}.DIMS]}})
+        auto_complete_model_config.add_output({{"name": "OUT", "data_type": "TYPE_FP32", "dims": [helper_{name}.DIMS]}})
+        return auto_complete_model_config
+"""
+
+
+def test_python_models_read_at_once_each_find_the_modules_beside_them(
+    repo: Path, write_model, pb_utils_importable
+) -> None:
+    """The server reads models in threads: one model.py's import must not take another's folder off
+    ``sys.path`` while that one imports from it, nor leave its own folder there."""
+    import sys
+    import threading
+
+    for name, delay, dims in (("a", 0.3, 2), ("b", 0.6, 3)):
+        write_model(
+            name,
+            'backend: "python"',
+            {
+                "1/model.py": SLOW_SIBLING_IMPORT.format(name=name, delay=delay),
+                f"1/helper_{name}.py": f"DIMS = {dims}\n",
+            },
+        )
+    path_before = list(sys.path)
+    found: dict[str, object] = {}
+
+    def read(name: str) -> None:
+        try:
+            found[name] = load_model(repo, name).inputs[0].dims
+        except ModelLoadError as exc:
+            found[name] = exc.errors
+
+    threads = [threading.Thread(target=read, args=(name,)) for name in ("a", "b")]
+    threads[0].start()
+    time.sleep(0.1)  # "b" starts importing while "a" still does
+    threads[1].start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert found == {"a": (2,), "b": (3,)}
+    assert sys.path == path_before
+    for name in ("helper_a", "helper_b"):
+        sys.modules.pop(name, None)
 
 
 def test_auto_complete_object_rules() -> None:
