@@ -418,6 +418,21 @@ def cancel_markers(test_repository: Path) -> Path:
     return test_repository.parent / "cancel_markers"
 
 
+KEEP_LOGS_ENV = "TRITON_SERVE_TEST_LOGS"
+
+
+def keep_logs(ray_tmp: Path, destination: str) -> Path | None:
+    """Copy the shared server's Serve logs (the controller's, the proxy's and every replica's) to
+    ``destination`` (``TRITON_SERVE_TEST_LOGS``), under a folder named for this test session's pid, so
+    a failure seen once in a long run can be read after the session removed its Ray folder."""
+    source = ray_tmp / "session_latest" / "logs" / "serve"
+    if not destination or not source.is_dir():
+        return None
+    target = Path(destination) / f"session-{os.getpid()}"
+    shutil.copytree(source, target, dirs_exist_ok=True)
+    return target
+
+
 @pytest.fixture(scope="session")
 def test_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_test_repository(tmp_path_factory.mktemp("serve"))
@@ -487,6 +502,7 @@ def server_url(test_repository: Path, session_ports: dict[str, int]) -> Iterator
         finally:
             started |= processes.descendants() - before
             processes.end(started)
+            keep_logs(tmp / "ray", os.environ.get(KEEP_LOGS_ENV, ""))
             shutil.rmtree(tmp, ignore_errors=True)
 
 
