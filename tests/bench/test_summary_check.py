@@ -1,6 +1,7 @@
 """``python -m bench summary --check``: every figure the README, the pages of docs/ and bench/README.md
 cite is the one its saved result holds, and none of them states a figure without citing one."""
 
+import json
 import shutil
 from pathlib import Path
 
@@ -71,15 +72,29 @@ def test_the_copy_passes_as_it_is(copy):
     assert _check(copy) == []
 
 
+# Figures of results as saved at a commit: a new run of a scenario never changes them, so the tests
+# that edit a page's figures do not follow each run's numbers.
+LIMIT_SAVED = "limit@5405c95:*:*:fraction"  # 0.40–0.58
+OVERHEAD_SAVED = "overhead@3f76d13:perf_analyzer:1:ratio"  # 0.57
+AGREEMENT_SAVED = "agreement@4143317:this server:*:ratio"  # 1.05–1.10
+
+
+def _append(path: Path, line: str) -> None:
+    path.write_text(path.read_text() + f"\n{line}\n")
+
+
 def test_a_stale_figure_is_named_with_the_file_it_should_match(copy):
-    _edit(copy / "README.md", "0.40–0.58<!-- fig", "0.40–0.59<!-- fig")
-    _edit(copy / MEASUREMENTS, "0.74<!-- fig", "0.75<!-- fig")
-    _edit(copy / "bench" / "README.md", "1.05–1.10<!--", "1.05–1.09<!--")
+    _append(copy / "README.md", f"Served at 0.40–0.59<!-- fig {LIMIT_SAVED} --> of it.")
+    _append(copy / MEASUREMENTS, f"It read 0.58<!-- fig {OVERHEAD_SAVED} --> there.")
+    _append(copy / "bench" / "README.md", f"The tools read 1.05–1.09<!-- fig {AGREEMENT_SAVED} -->.")
     stale = _check(copy)
     assert len(stale) == 3
     assert stale[0].startswith("README.md:") and "0.40–0.59 should read 0.40–0.58" in stale[0]
     assert stale[1].startswith(f"{MEASUREMENTS}:")
-    assert "0.75 should read 0.74 (bench/results/overhead/results.json: perf_analyzer:1:ratio)" in stale[1]
+    assert (
+        "0.58 should read 0.57 (bench/results/overhead/results.json at commit 3f76d13: perf_analyzer:1:ratio)"
+        in stale[1]
+    )
     assert stale[2].startswith("bench/README.md:") and "1.05–1.09 should read 1.05–1.10" in stale[2]
 
 
@@ -110,17 +125,23 @@ def test_versions_addresses_and_code_are_not_figures(copy):
 
 
 def test_a_citation_moved_off_its_figure_is_caught(copy):
-    _edit(copy / "README.md", "0.40–0.58<!-- fig", "half to two thirds<!-- fig")
+    _append(copy / "README.md", f"Served at half to two thirds<!-- fig {LIMIT_SAVED} --> of it.")
     stale = _check(copy)
     assert len(stale) == 1 and "follows no figure" in stale[0]
 
 
 def test_a_figure_that_changed_in_the_results_is_caught(copy):
     path = copy / "bench" / "results" / "http_floor" / "results.json"
-    _edit(path, '"server_cpu_ms_per_request": 0.036', '"server_cpu_ms_per_request": 0.046')
+    saved = figures(json.loads(path.read_text()), "http_floor")["server_cpu_ms"]
+    shown, changed = f"{saved:.3f}", f"{saved + 0.01:.3f}"
+    text = path.read_text()
+    key = '"server_cpu_ms_per_request": '
+    start = text.index(key) + len(key)
+    end = start + len(text[start:].split(",")[0].split("\n")[0].split("}")[0])
+    path.write_text(text[:start] + changed + text[end:])
     stale = _check(copy)
     assert len(stale) == 1
-    assert "0.036 should read 0.046 (bench/results/http_floor/results.json: server_cpu_ms)" in stale[0]
+    assert f"{shown} should read {changed} (bench/results/http_floor/results.json: server_cpu_ms)" in stale[0]
 
 
 def test_tables_that_differ_from_the_saved_results_are_caught(copy):
@@ -141,10 +162,10 @@ def test_summary_refreshes_the_block_of_a_docs_page(copy):
 
 def test_ranges_globs_and_max_against_the_saved_limit_and_agreement():
     sources = Sources()
-    assert check_figure("0.40", "0.58", "limit:*:*:fraction", sources) is None
-    assert check_figure("1.06", "1.07", "agreement:tritonserver:{4,16}:ratio", sources) is None
-    assert check_figure("0.1", None, "max agreement:*:*:count_gap_pct", sources) is None
-    problem, kind = check_figure("0.50", None, "limit:*:*:fraction", sources)  # a range, not one figure
+    assert check_figure("0.40", "0.58", LIMIT_SAVED, sources) is None
+    assert check_figure("1.06", "1.07", "agreement@4143317:tritonserver:{4,16}:ratio", sources) is None
+    assert check_figure("0.1", None, "max agreement@4143317:*:*:count_gap_pct", sources) is None
+    problem, kind = check_figure("0.50", None, LIMIT_SAVED, sources)  # a range, not one figure
     assert kind == "stale" and "should read 0.40–0.58" in problem
     problem, kind = check_figure("0.5", None, "limit:*:nothing", sources)
     assert kind == "stale" and "limit/results.json holds no figure named '*:nothing'" in problem
