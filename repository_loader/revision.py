@@ -35,18 +35,22 @@ _CONFIG_FOLDERS = frozenset({"configs"})
 _SKIPPED_FOLDERS = frozenset({"__pycache__"})
 
 
-def files_digest(folder: Path) -> str:
+def files_digest(folder: Path, without_versions: bool = False) -> str:
     """The names, sizes and modification times of the files below ``folder`` (links followed;
-    the config files and bytecode caches left out), as a digest; "" for a folder that is not there."""
+    the config files and bytecode caches left out), as a digest; "" for a folder that is not there.
+    ``without_versions``: the numeric folders at its top (a model's versions) left out too."""
     if not folder.is_dir():
         return ""
     digest = hashlib.sha256()
     for root, dirs, files in os.walk(folder, followlinks=True):
         relative = Path(root).relative_to(folder)
+        top = relative == Path(".")
         dirs[:] = sorted(
             d
             for d in dirs
-            if d not in _SKIPPED_FOLDERS and not (relative == Path(".") and d in _CONFIG_FOLDERS)
+            if d not in _SKIPPED_FOLDERS
+            and not (top and d in _CONFIG_FOLDERS)
+            and not (top and without_versions and d.isdigit())
         )
         for name in sorted(files):
             if relative == Path(".") and name in _CONFIG_FILES:
@@ -57,6 +61,29 @@ def files_digest(folder: Path) -> str:
                 continue
             digest.update(f"{relative / name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
     return digest.hexdigest()
+
+
+def version_signatures(model: ModelDescription) -> dict[int, str]:
+    """For each version ``model`` selects, a digest of what loading it reads from the model's folder:
+    its own version folder and every file of the model's folder outside the version folders (shared
+    code, a dependency), each by name, size and modification time as :func:`files_digest` takes them.
+    A reload keeps a loaded version whose signature did not change (as Triton reloads only the
+    versions whose files changed, and every version when a file beside them did)."""
+    shared = files_digest(model.path, without_versions=True)
+    return {
+        version: hashlib.sha256(f"{shared}\0{files_digest(model.version_path(version))}".encode()).hexdigest()
+        for version in model.versions
+    }
+
+
+def same_but_versions(a: ModelDescription, b: ModelDescription) -> bool:
+    """Whether ``a`` and ``b`` describe the model alike but for which versions they select (and the
+    instance counts, which scale the replicas apart from any load): a version loaded for ``a`` serves
+    ``b`` as it is."""
+    first, second = uncounted(a), uncounted(b)
+    first.pop("versions")
+    second.pop("versions")
+    return first == second
 
 
 def uncounted(model: ModelDescription) -> dict[str, Any]:

@@ -47,6 +47,7 @@ from repository_loader.errors import (
     Unavailable,
 )
 from repository_loader.model import InstanceKind, ModelDescription
+from repository_loader.revision import same_but_versions, version_signatures
 
 if TYPE_CHECKING:
     from deployments.runtime.batching import Scheduler
@@ -381,6 +382,12 @@ class VersionRuntime:
                     f"{error.message}"
                 )
 
+    def adopt(self, model: ModelDescription, metrics: TritonMetrics) -> None:
+        """Serve on under ``model``, a description of the same model that differs only in the versions
+        it selects (``ModelRuntime.take_over``), counting into the new runtime's ``metrics``."""
+        self.model = model
+        self._metrics = metrics
+
     async def close(self) -> None:
         self.ready = False
         try:
@@ -405,9 +412,13 @@ class ModelRuntime:
         steps_in_process: bool = True,
         instances: int = 1,
         gate: ExecutionGate | None = None,
+        keep: Mapping[int, VersionRuntime] | None = None,
     ) -> None:
         self.model = model
         self.gate = gate
+        # loaded versions of the runtime this one replaces, served as they are (:meth:`reusable`);
+        # still that runtime's until :meth:`take_over`
+        self._kept: dict[int, VersionRuntime] = {v: r for v, r in (keep or {}).items() if v in model.versions}
         self.composing = dict(composing or {})
         self.steps_in_process = steps_in_process
         # a model host runs a stateless model's CPU instances as one loaded model: this many batches at once
@@ -417,6 +428,7 @@ class ModelRuntime:
         self.executor = executor
         self.instance_name = instance_name or f"{model.name}_0"
         self.versions: dict[int, VersionRuntime] = {}
+        self.signatures: dict[int, str] = {}  # each loaded version's files (revision.version_signatures)
         self.metrics = TritonMetrics()
         # requests inside this replica (queued or executing): what Serve's autoscaling scales on
         self.ongoing = 0
@@ -429,7 +441,17 @@ class ModelRuntime:
         # A stateful model's backend also sees the control and state tensors (docs/sequence.md);
         # the request check stays on the model's own inputs.
         seen_by_backend = backend_model(self.model) if self.model.sequence_batching else self.model
+        self.signatures = await asyncio.to_thread(version_signatures, self.model)
         for version in self.model.versions:
+            kept = self._kept.get(version)
+            if kept is not None:
+                self.versions[version] = kept
+                logger.info(
+                    "model '%s' version %d kept as loaded: its files and configuration did not change",
+                    self.model.name,
+                    version,
+                )
+                continue
             context = BackendContext(
                 model=seen_by_backend,
                 version=version,
@@ -585,8 +607,35 @@ class ModelRuntime:
                 out.setdefault(entry["name"], []).append(entry)
         return out
 
+    def reusable(self, model: ModelDescription, signatures: Mapping[int, str]) -> dict[int, VersionRuntime]:
+        """The versions loaded here that a reload to ``model`` keeps as they are, without loading them
+        again: ``model`` describes the model alike but for the versions it selects, and a version's
+        files (``signatures``: :func:`~repository_loader.revision.version_signatures` of ``model``) did
+        not change. Triton reloads only the versions whose files changed, likewise."""
+        if not same_but_versions(self.model, model):
+            return {}
+        return {
+            version: runtime
+            for version, runtime in self.versions.items()
+            if version in signatures
+            and self.signatures.get(version) == signatures[version]
+            and runtime.ready
+            and runtime.hung is None
+        }
+
+    def take_over(self, previous: ModelRuntime) -> None:
+        """This runtime now serves in place of ``previous``: the versions it kept of ``previous`` are
+        its own from now on (``previous`` no longer closes them) and count into its metrics."""
+        for version, runtime in self._kept.items():
+            if previous.versions.get(version) is runtime:
+                del previous.versions[version]
+            runtime.adopt(self.model, self.metrics)
+        self._kept.clear()
+
     async def close(self) -> None:
-        for runtime in list(self.versions.values()):
+        for version, runtime in list(self.versions.items()):
+            if self._kept.get(version) is runtime:  # still the replaced runtime's (a reload not committed)
+                continue
             try:
                 await runtime.close()
             except Exception as exc:  # finalize errors must not stop the others

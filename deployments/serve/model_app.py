@@ -35,7 +35,7 @@ from deployments.settings import ServerSettings, compile_header_pattern
 from deployments.tracing import configure as configure_tracing
 from repository_loader.errors import Unavailable
 from repository_loader.model import InstanceKind, ModelDescription
-from repository_loader.revision import uncounted
+from repository_loader.revision import uncounted, version_signatures
 
 logger = logging.getLogger("ray.serve")
 
@@ -259,6 +259,9 @@ class ModelDeployment:
     async def _prepare_runtime(
         self, model: ModelDescription, composing: dict[str, ModelDescription] | None
     ) -> ModelRuntime:
+        # the versions whose files and configuration did not change serve on as loaded (Triton's reload)
+        signatures = await asyncio.to_thread(version_signatures, model)
+        keep = self.runtime.reusable(model, signatures) if self.load_error is None else {}
         runtime = ModelRuntime(
             model,
             instance_kind=self._kind,
@@ -267,9 +270,10 @@ class ModelDeployment:
             instance_name=self.instance_name,
             composing=composing,
             gate=self._gate(model),
+            keep=keep,
         )
         try:
-            await runtime.load()  # every version, warmup included
+            await runtime.load()  # every other version, warmup included
         except BaseException:
             await runtime.close()
             raise
@@ -280,6 +284,7 @@ class ModelDeployment:
         self.runtime, self.model, self.load_error = runtime, runtime.model, None
         self._app.dataplane.registry.swap(runtime)  # type: ignore[attr-defined]
         self.router.serve(runtime.model.name, runtime)
+        runtime.take_over(old)  # the versions it kept are its own now: closing the old one spares them
         logger.info("model '%s' now serves versions %s", runtime.model.name, list(runtime.model.versions))
         await asyncio.sleep(1.0)  # requests already inside the old runtime finish there
         await old.close()

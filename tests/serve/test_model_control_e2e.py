@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
 import textwrap
 import threading
 import time
@@ -274,6 +275,42 @@ def test_version_policy_changes_apply_live(server_url: str, test_repository: Pat
     assert load.failures == [] and load.ok > 0
     rows = index(server_url)["mc_versions"]
     assert [(r["version"], r["state"]) for r in rows] == [("1", "READY")]
+
+
+def test_a_reload_loads_again_only_the_versions_whose_files_changed(
+    server_url: str, test_repository: Path, tmp_path: Path
+) -> None:
+    """Triton's reload: a version whose files did not change serves on as loaded (its ``initialize``
+    does not run again), a changed or new one loads, and a file beside the versions loads them all."""
+    log = tmp_path / "initialized.log"
+    init = f"open({str(log)!r}, 'a').write(f'init {{self.version}}\\n')"
+    folder = test_repository / "mc_kept"
+    write_model(test_repository, "mc_kept", (1, 2, 3), init=init)
+
+    def load(versions: str) -> None:
+        (folder / "config.pbtxt").write_text(
+            config("mc_kept", f"version_policy: {{ specific {{ versions: [ {versions} ] }} }}\n")
+        )
+        assert post(server_url, "/v2/repository/models/mc_kept/load")[0] == 200
+
+    def initialized() -> dict[str, int]:
+        lines = log.read_text().split() if log.exists() else []
+        return {v: lines.count(v) for v in ("1", "2", "3")}
+
+    try:
+        load("1, 2")
+        assert initialized() == {"1": 1, "2": 1, "3": 0}
+        later = time.time() + 10
+        os.utime(folder / "2" / "model.py", (later, later))  # version 2's file changed
+        load("1, 2, 3")
+        assert initialized() == {"1": 1, "2": 2, "3": 1}
+        for version in ("1", "2", "3"):
+            assert get_status(server_url, f"/v2/models/mc_kept/versions/{version}/ready") == 200
+        (folder / "dependency.py").write_text("SHARED = 1\n")  # beside the versions: all load again
+        load("1, 2, 3")
+        assert initialized() == {"1": 2, "2": 3, "3": 2}
+    finally:
+        post(server_url, "/v2/repository/models/mc_kept/unload")
 
 
 def test_an_ensemble_loads_its_steps_and_unload_dependents_unloads_them(
