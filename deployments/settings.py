@@ -197,6 +197,13 @@ def _quantiles(text: str) -> tuple[tuple[float, float], ...]:
 LOG_FORMATS = ("default", "ISO8601")
 
 
+TRITON_LINE = "triton_line"
+"""The ``extra`` key that marks a server log record tritonserver writes too at INFO (``successfully
+loaded '<model>'`` and the like): it shows as the INFO flag says, where the server's other INFO lines
+need verbose logging (``deployments.backends.python_api.logger``). Logged with ``extra={TRITON_LINE:
+True}``."""
+
+
 @dataclass(frozen=True)
 class LogSettings:
     """Triton's log settings: set at start by its log flags, read and changed at run time through the

@@ -17,12 +17,14 @@ from pathlib import Path
 
 from deployments.control.overlay import Overlays
 from deployments.control.registry import UNLOADED, ModelEntry, Registry, load_failed, reason_of
+from deployments.settings import TRITON_LINE
 from repository_loader.ensemble_rules import nested_first
 from repository_loader.errors import InvalidArgument, PollFailed, ServerError, Unavailable
 from repository_loader.model import ModelDescription, ModelState
 from repository_loader.revision import files_digest
 
 logger = logging.getLogger(__name__)
+TRITON = {TRITON_LINE: True}  # Triton's INFO lines show as its log flags say (deployments.settings)
 
 
 @dataclass
@@ -181,7 +183,7 @@ class ModelLoader(Registry):
             raise InvalidArgument(load_failed(model.name, reason)) from None
         entry.model, entry.reason, entry.files = model, "", files
         logger.info("model '%s' reloaded (versions %s)", model.name, list(model.versions))
-        logger.info("successfully loaded '%s'", model.name)  # Triton's line
+        logger.info("successfully loaded '%s'", model.name, extra=TRITON)  # Triton's line
 
     async def _load(self, model: ModelDescription) -> None:
         self.unread.pop(model.name, None)
@@ -197,7 +199,7 @@ class ModelLoader(Registry):
                     )
             await self.deployer.deploy(model)
             entry.state, entry.files = ModelState.READY, await asyncio.to_thread(files_digest, model.path)
-            logger.info("successfully loaded '%s'", model.name)  # Triton's line
+            logger.info("successfully loaded '%s'", model.name, extra=TRITON)  # Triton's line
         except Exception as exc:
             entry.state = ModelState.UNAVAILABLE
             entry.reason = self._scrub(reason_of(exc), model.path.parent)
@@ -213,7 +215,7 @@ class ModelLoader(Registry):
             entry.state = ModelState.UNLOADING
             try:
                 await self.deployer.delete(name)
-                logger.info("successfully unloaded '%s'", name)  # Triton's line
+                logger.info("successfully unloaded '%s'", name, extra=TRITON)  # Triton's line
             except Exception as exc:
                 logger.error("model '%s' did not unload cleanly: %s", name, reason_of(exc))
         entry.state, entry.reason, entry.requested = ModelState.UNAVAILABLE, UNLOADED, False

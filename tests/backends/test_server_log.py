@@ -31,6 +31,30 @@ def test_server_errors_and_model_lines_go_to_the_real_stderr() -> None:
     assert sum("model line" in line for line in lines) == 1
 
 
+def test_the_lines_tritonserver_writes_at_info_show_as_its_info_flag_says() -> None:
+    """``successfully loaded '<model>'`` (L0_lifecycle counts it in the server's log) shows without
+    verbose logging, as tritonserver's does, and goes with --log-info=false; the server's other INFO
+    lines stay for verbose logging."""
+    script = textwrap.dedent(
+        """
+        import io, logging, sys
+        from deployments.backends.python_api.logger import log_to_stderr
+        from deployments.settings import TRITON_LINE, LogSettings
+        sys.stderr = io.StringIO()
+        log = logging.getLogger("deployments.control.loading")
+        log_to_stderr()
+        log.info("successfully loaded '%s'", "m", extra={TRITON_LINE: True})
+        log.info("an internal step")
+        log_to_stderr(LogSettings(info=False))
+        log.info("successfully unloaded '%s'", "m", extra={TRITON_LINE: True})
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert re.match(r'I\d{4} [\d:.]+ \d+ <string>:\d+] "successfully loaded \'m\'"$', done.stderr.strip())
+    assert "an internal step" not in done.stderr and "unloaded" not in done.stderr
+
+
 def test_tritons_log_flags_choose_the_levels_the_form_and_the_file(tmp_path) -> None:
     """--log-verbose shows the models' verbose lines and the server's debug lines; --log-info=false hides
     INFO; --log-format=ISO8601 and --log-file change the form and the place, as in tritonserver."""

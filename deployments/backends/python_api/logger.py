@@ -14,7 +14,7 @@ from enum import IntEnum
 from typing import Any
 
 from deployments.backends.python_api.context import current_model_name
-from deployments.settings import LogSettings
+from deployments.settings import TRITON_LINE, LogSettings
 
 _log = logging.getLogger("triton_python_backend")
 
@@ -47,10 +47,11 @@ def log_to_stderr(settings: LogSettings | None = None) -> None:
     _log.propagate = False  # not again through Serve's redirected stderr
     # the server's own warnings and errors in a replica (a model's execute raising, a failed load) too,
     # as tritonserver logs them: Serve keeps them in its replica files only, never in the server's log;
-    # its info and debug lines only with verbose logging
+    # its info and debug lines only with verbose logging, but for the INFO lines tritonserver writes
+    # too (``deployments.settings.TRITON_LINE``), which show as the INFO flag says
     server = logging.getLogger("deployments")
     server.addHandler(_handler(settings, server=True))
-    server.setLevel(logging.DEBUG if settings.verbose_level > 0 else logging.NOTSET)
+    server.setLevel(logging.DEBUG if settings.verbose_level > 0 else logging.INFO)  # INFO: Triton's lines
 
 
 def shows(settings: LogSettings, level: int, server: bool = False) -> bool:
@@ -72,7 +73,10 @@ def _handler(settings: LogSettings, server: bool) -> logging.Handler:
         handler = logging.FileHandler(settings.file, encoding="utf-8")  # appends: every replica, one file
     else:
         handler = logging.StreamHandler(sys.__stderr__ or sys.stderr)
-    handler.addFilter(lambda record: shows(settings, record.levelno, server))
+    # a line tritonserver writes too shows as its flags say, wherever it comes from
+    handler.addFilter(
+        lambda record: shows(settings, record.levelno, server and not getattr(record, TRITON_LINE, False))
+    )
     handler.setFormatter(TritonLogForm(iso8601=settings.format == "ISO8601", escape=settings.escape))
     setattr(handler, "_triton_stderr", True)  # noqa: B010 - marks ours, to replace it on a second call
     return handler
