@@ -181,10 +181,11 @@ def test_a_commit_this_clone_lacks_is_unverified_not_stale(tmp_path):
 def test_other_saved_files_are_cited_by_their_path_and_numbers_by_their_keys():
     sources = Sources()
     assert (
-        check_figure("2.5", None, "recovery/after:results:add_one:first_answer_after_kill_s", sources) is None
+        check_figure("2.5", None, "recovery/after@c881c4b:results:add_one:first_answer_after_kill_s", sources)
+        is None
     )
     assert check_figure("32,200", None, "cluster/node_loss@196c314:bystander:sent", sources) is None
-    assert check_figure("0.66", "0.76", "sequence:this_server_x2_over_x1:*", sources) is None
+    assert check_figure("0.66", "0.76", "sequence@03624d6:this_server_x2_over_x1:*", sources) is None
     problem, kind = check_figure("1", None, "recovery/nothing:x", sources)
     assert kind == "stale" and "bench/results/recovery/nothing.json" in problem
 
