@@ -413,6 +413,7 @@ class ModelRuntime:
         instances: int = 1,
         gate: ExecutionGate | None = None,
         keep: Mapping[int, VersionRuntime] | None = None,
+        signatures: Mapping[int, str] | None = None,
     ) -> None:
         self.model = model
         self.gate = gate
@@ -428,7 +429,8 @@ class ModelRuntime:
         self.executor = executor
         self.instance_name = instance_name or f"{model.name}_0"
         self.versions: dict[int, VersionRuntime] = {}
-        self.signatures: dict[int, str] = {}  # each loaded version's files (revision.version_signatures)
+        # each loaded version's files (revision.version_signatures): read at load unless given
+        self.signatures: dict[int, str] = dict(signatures or {})
         self.metrics = TritonMetrics()
         # requests inside this replica (queued or executing): what Serve's autoscaling scales on
         self.ongoing = 0
@@ -441,7 +443,8 @@ class ModelRuntime:
         # A stateful model's backend also sees the control and state tensors (docs/sequence.md);
         # the request check stays on the model's own inputs.
         seen_by_backend = backend_model(self.model) if self.model.sequence_batching else self.model
-        self.signatures = await asyncio.to_thread(version_signatures, self.model)
+        if not self.signatures:
+            self.signatures = await asyncio.to_thread(version_signatures, self.model)
         for version in self.model.versions:
             kept = self._kept.get(version)
             if kept is not None:

@@ -271,6 +271,7 @@ class ModelDeployment:
             composing=composing,
             gate=self._gate(model),
             keep=keep,
+            signatures=signatures,
         )
         try:
             await runtime.load()  # every other version, warmup included

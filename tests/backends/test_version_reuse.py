@@ -79,7 +79,8 @@ def _touch(path: Path) -> None:
 
 async def _reload(old: ModelRuntime, model: ModelDescription) -> ModelRuntime:
     """What a replica does for a committed reload (``deployments.serve.model_app``)."""
-    new = ModelRuntime(model, keep=old.reusable(model, version_signatures(model)))
+    signatures = version_signatures(model)
+    new = ModelRuntime(model, keep=old.reusable(model, signatures), signatures=signatures)
     await new.load()
     new.take_over(old)
     await old.close()
