@@ -360,6 +360,8 @@ class ServerSettings:
     control_app_cpus: float = 0.1  # CPUs kept free for the server application at /v2
     limits: RequestLimits = RequestLimits()  # per-request limits of every HTTP front end
     model_repositories: tuple[str, ...] = ()  # every repository (Triton's repeated --model-repository)
+    # Triton's --model-namespacing: a name in several repositories is a model in each (docs/namespacing.md)
+    model_namespacing: bool = False
     repository_poll_secs: float = 15.0  # poll mode: how often the repositories are compared
     exit_on_error: bool = True  # a model failing at startup fails the server (Triton's default)
     # Triton's --exit-timeout-secs: how long a model replica that stops (the server stopping, a model
@@ -510,6 +512,7 @@ class ServerSettings:
         values: dict[str, Any] = {
             "model_repository": repos[0],
             "model_repositories": repos,
+            "model_namespacing": _flag(args, "model_namespacing", False),
             "model_control_mode": str(args.get("model_control_mode", "none")).lower(),
             "load_models": _texts(args.get("load_model")),
             "model_config_name": args.get("model_config_name") or None,
@@ -592,6 +595,7 @@ class ServerSettings:
         """The application ``args`` that :meth:`from_args` reads back into these settings."""
         return {
             "model_repository": list(self.model_repositories),
+            "model_namespacing": self.model_namespacing,
             "model_control_mode": self.model_control_mode,
             "load_model": list(self.load_models),
             "repository_poll_secs": self.repository_poll_secs,
@@ -654,6 +658,7 @@ class ServerSettings:
 
 _ARG_NAMES = {
     "model_repository",
+    "model_namespacing",
     "model_control_mode",
     "load_model",
     "repository_poll_secs",

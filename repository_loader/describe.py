@@ -161,6 +161,7 @@ def _step(step: pb.ModelEnsembling.Step) -> EnsembleStep:
         model_version=step.model_version if step.model_version > 0 else -1,
         input_map=frozen_mapping(dict(step.input_map)),
         output_map=frozen_mapping(dict(step.output_map)),
+        model_namespace=step.model_namespace,
     )
 
 

@@ -160,6 +160,8 @@ class EnsembleStep:
     model_version: int = -1
     input_map: Mapping[str, str] = field(default_factory=lambda: EMPTY)
     output_map: Mapping[str, str] = field(default_factory=lambda: EMPTY)
+    # the repository of the step's model where model namespacing is on (its path, or its namespace)
+    model_namespace: str = ""
 
 
 @dataclass(frozen=True)
@@ -223,6 +225,12 @@ class ModelDescription:
     @property
     def is_ensemble(self) -> bool:
         return self.platform == "ensemble"
+
+    @property
+    def folder_name(self) -> str:
+        """The model's name in its repository (``name`` is its key where model namespacing gives the
+        model of a name in several repositories a key of its own)."""
+        return str(self.config_json.get("name") or self.name)
 
     @property
     def latest_version(self) -> int:

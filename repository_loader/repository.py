@@ -114,11 +114,12 @@ def load_model(
     config_name: str | None = None,
     auto_complete: bool = True,
     cache_dir: str | Path | None = None,
-    elsewhere: Callable[[str], ModelDescription | None] | None = None,
+    elsewhere: Callable[[str, str], ModelDescription | None] | None = None,
 ) -> ModelDescription:
     """Load one model (and, for an ensemble, the models its steps name) of a repository
-    given as :func:`load_repository` takes it. ``elsewhere`` describes a step model that is in
-    another repository of the server (None where it is in none), as Triton's ensembles may name one.
+    given as :func:`load_repository` takes it. ``elsewhere`` describes a step model (its name, and
+    the step's ``model_namespace``) that is in another repository of the server (None where it is
+    in this one or in none), as Triton's ensembles may name one.
 
     Raises :class:`NotFound` for an unknown model and :class:`ModelLoadError`
     listing every problem of a broken one.
@@ -156,7 +157,8 @@ class _Loader:
         self.state = RepositoryState(root=root)
         self._names: list[str] | None = None
         self._prepare_cache: dict[str, _Prepared | ServerError] = {}
-        self.elsewhere: Callable[[str], ModelDescription | None] | None = None  # steps of other repositories
+        # steps of other repositories: (name, model_namespace) -> description
+        self.elsewhere: Callable[[str, str], ModelDescription | None] | None = None
 
     def model_names(self) -> list[str]:
         if self._names is None:
@@ -206,12 +208,18 @@ class _Loader:
         """Load the models the steps name (unless the ensembles depend on each other), then check the ensemble."""
         if not ensemble_cycle(ensemble.name, self._step_models):
             for step in ensemble.ensemble_steps:
-                if step.model_name in self.model_names():
-                    self.load(step.model_name)
-                elif self.elsewhere is not None and step.model_name not in self.state.models:
-                    member = self.elsewhere(step.model_name)
+                name, here = step.model_name, step.model_name in self.model_names()
+                member = None
+                if (
+                    self.elsewhere is not None
+                    and name not in self.state.models
+                    and (step.model_namespace or not here)
+                ):
+                    member = self.elsewhere(name, step.model_namespace)
                     if member is not None:
-                        self.state.models[step.model_name] = member
+                        self.state.models[name] = member
+                if member is None and here:
+                    self.load(name)
         check_ensemble(
             ensemble, self.state.models, findings, failed=self.state.failed, step_models=self._step_models
         )

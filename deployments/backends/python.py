@@ -229,7 +229,7 @@ class PythonBackend(Backend):
             "model_instance_device_id": str(ctx.device_id),
             "model_repository": str(self.model.path),
             "model_version": str(ctx.version),
-            "model_name": self.model.name,
+            "model_name": self.model.folder_name,
         }
 
     def load(self) -> None:

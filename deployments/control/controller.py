@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from deployments.control.listing import list_repositories, local_model_folder
+from deployments.control.listing import Listing, list_repositories, local_model_folder, plain_name
 from deployments.control.loading import ModelLoader
 from deployments.control.overlay import parse_overrides
 from deployments.control.registry import (
@@ -77,12 +77,12 @@ class ModelController(ModelLoader):
         when a model asked for failed, unless this is a restart of the server application (models of
         the earlier start still run: they are adopted, and a failure is logged, never a teardown).
         POLL mode then watches the repositories."""
-        self.listing = await asyncio.to_thread(list_repositories, self.settings.model_repositories)
+        self.listing = await self._list()
         mode = self.settings.model_control_mode
         known = sorted({*self.listing.where, *self.listing.duplicates})
         if mode == "explicit":
             sel = self.settings.load_models
-            wanted = known if "*" in sel else list(dict.fromkeys(sel))
+            wanted = known if "*" in sel else list(dict.fromkeys(k for n in sel for k in self._keys(n)))
         else:
             wanted = known
         for name in wanted:
@@ -134,6 +134,18 @@ class ModelController(ModelLoader):
         if mode == "poll":
             self._poller = asyncio.get_running_loop().create_task(self._poll_forever())
 
+    async def _list(self) -> Listing:
+        """The repositories as they are now."""
+        repos, namespacing = self.settings.model_repositories, self.settings.model_namespacing
+        return await asyncio.to_thread(list_repositories, repos, namespacing)
+
+    def _keys(self, name: str) -> list[str]:
+        """The keys a model name asked for by the repository API stands for: with namespacing, every
+        copy of it (as Triton applies a load to every model of that name), else the name itself."""
+        if self.settings.model_namespacing:
+            return self.listing.keys_of(name) or [name]
+        return [name]
+
     async def _recorded_unloads(self) -> set[str]:
         try:
             return await self.deployer.unloaded()
@@ -161,7 +173,7 @@ class ModelController(ModelLoader):
         Returns the names acted on."""
         async with self._poll_lock:
             before = self.listing
-            after = await asyncio.to_thread(list_repositories, self.settings.model_repositories)
+            after = await self._list()
             names = {*before.where, *before.duplicates, *after.where, *after.duplicates, *self.entries}
             changed = sorted(
                 n
@@ -181,6 +193,10 @@ class ModelController(ModelLoader):
                     async with self._held(name):
                         # Triton keeps it known, unavailable: its requests say it has no version
                         await self._unload_one(name)
+                        if after.keys_of(plain_name(name)) and self.settings.model_namespacing:
+                            # its name is in the repositories under another key (a copy of the same
+                            # name came or went): that key is the model now
+                            self.entries.pop(name, None)
             present = [n for n in changed if n in after.where]
             models, failed = await asyncio.to_thread(self._read_all, present)
             for name, exc in failed.items():
@@ -199,9 +215,31 @@ class ModelController(ModelLoader):
                     and any(s.model_name in touched for s in m.ensemble_steps)
                 ):
                     ensembles.append(m)
+            if self.settings.model_namespacing and changed:
+                ensembles += await self._resolved_again({m.name for m in ensembles})
             for m in nested_first(ensembles):
                 await self._apply_held(m)
             return changed
+
+    async def _resolved_again(self, skip: set[str]) -> list[ModelDescription]:
+        """The serving ensembles (but ``skip``) whose steps now name other keys: a copy of a step's
+        name came into or left a repository, and Triton's resolution of the step changed with it."""
+        found = []
+        for entry in list(self.entries.values()):
+            m = entry.model
+            if m is None or not m.is_ensemble or entry.state != ModelState.READY or m.name in skip:
+                continue
+            repo = self._repos.get(m.name)
+            if repo is None or self.listing.where.get(m.name) != repo:
+                continue
+            try:
+                again = await asyncio.to_thread(self._read, m.name, repo)
+            except ServerError as exc:
+                logger.error("ensemble '%s' cannot resolve its steps again: %s", m.name, exc.message)
+                continue
+            if again.ensemble_steps != m.ensemble_steps:
+                found.append(again)
+        return found
 
     async def _apply_held(self, model: ModelDescription) -> None:
         async with self._held(model.name):
@@ -228,12 +266,46 @@ class ModelController(ModelLoader):
                 f"failed to load '{name}', failed to poll from model repository: file parameters need a "
                 "'config' parameter with the model's configuration"
             )
-        async with self._action(), self._held(name):
-            await self._record_unloaded(name, False)
-            await self._load_named(name, config, files)
+        async with self._action():
+            self.listing = await self._list()
+            for key in self._keys(name):
+                async with self._held(key):
+                    await self._record_unloaded(key, False)
+                    await self._load_named(key, config, files)
+            if self.settings.model_namespacing:
+                await self._rekey()
 
-    async def _load_named(self, name: str, config: dict[str, Any] | None, files: dict[str, bytes]) -> None:
-        self.listing = await asyncio.to_thread(list_repositories, self.settings.model_repositories)
+    async def _rekey(self) -> None:
+        """With namespacing, a model whose key changed since it loaded (a copy of its name came into or
+        left another repository) is loaded under its new key, the ensembles that run it are resolved
+        again, and the old key is unloaded and forgotten: the plain name of a model now in several
+        repositories is ambiguous, as in Triton."""
+        for key, entry in list(self.entries.items()):
+            repo = self._repos.get(key)
+            if entry.state != ModelState.READY or repo is None or key in self.listing.where:
+                continue
+            new = self.listing.key_of(plain_name(key), repo)
+            if new is None or new == key:
+                continue
+            logger.info("model '%s' is now known as '%s'", key, new)
+            async with self._held(new):
+                if (e := self.entries.get(new)) is None or e.state != ModelState.READY:
+                    try:
+                        await self._load_or_reload(await asyncio.to_thread(self._read, new, repo))
+                    except ServerError as exc:
+                        logger.error("model '%s' did not load as '%s': %s", key, new, exc.message)
+                        continue
+            for user in await self._resolved_again(set()):
+                async with self._held(user.name):
+                    await self._load_steps(user, set())
+                    await self._apply(user)
+            async with self._held(key):
+                await self._unload_one(key)
+                self.entries.pop(key, None)
+
+    async def _load_named(self, key: str, config: dict[str, Any] | None, files: dict[str, bytes]) -> None:
+        name = key
+        self.listing = await self._list()
         if name in self.listing.duplicates:
             raise InvalidArgument(f"failed to load '{name}': it appears in more than one model repository")
         if name not in self.listing.where and not files:
@@ -294,8 +366,9 @@ class ModelController(ModelLoader):
     ) -> ModelDescription:
         if config is None:
             return self._read(name, self.listing.where[name])
-        source = None if files else local_model_folder(self.listing.where[name], name)
-        return self._read(name, None, self._overlays.write(name, config, files, source))
+        folder = plain_name(name) if self.settings.model_namespacing else name
+        source = None if files else local_model_folder(self.listing.where[name], folder)
+        return self._read(name, None, self._overlays.write(folder, config, files, source))
 
     async def unload(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
         """Repository API unload; ``unload_dependents`` also unloads an ensemble's composing models.
@@ -305,6 +378,13 @@ class ModelController(ModelLoader):
         check_model_name(name)
         self._check_explicit()
         dependents = _flag((parameters or {}).get("unload_dependents", False))
+        keys = [name]
+        if self.settings.model_namespacing:  # every copy of the name, as Triton unloads them
+            keys = [k for k in self.entries if plain_name(k) == name] or keys
+        for key in keys:
+            await self._unload_key(key, dependents)
+
+    async def _unload_key(self, name: str, dependents: bool) -> None:
         async with self._action():
             async with self._held(name):
                 entry = self.entries.get(name)

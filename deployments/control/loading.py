@@ -15,6 +15,7 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from deployments.control.listing import plain_name
 from deployments.control.overlay import Overlays
 from deployments.control.registry import UNLOADED, ModelEntry, Registry, load_failed, reason_of
 from deployments.settings import TRITON_LINE
@@ -31,36 +32,88 @@ TRITON = {TRITON_LINE: True}  # Triton's INFO lines show as its log flags say (d
 class ModelLoader(Registry):
     def __post_init__(self) -> None:
         self._overlays = Overlays()
+        self._repos: dict[str, str] = {}  # model -> the repository it was last read from (not an override)
 
     # --- reading descriptions (in a thread) ----------------------------------------
 
-    def _read(self, name: str, repo: str | None, overlay: Path | None = None) -> ModelDescription:
-        """One model's description, from its repository or from an overlay written for an override."""
+    def _read(self, key: str, repo: str | None, overlay: Path | None = None) -> ModelDescription:
+        """One model's description, from its repository or from an overlay written for an override;
+        with namespacing, named by its key, its ensemble steps by theirs (:meth:`_namespaced`)."""
         from repository_loader import ModelLoadError, load_model
 
         source = str(overlay) if overlay is not None else repo
         assert source is not None
+        name = plain_name(key) if self.settings.model_namespacing else key
         try:
-            return load_model(
+            model = load_model(
                 source,
                 name,
                 config_name=None if overlay is not None else self.settings.model_config_name,
                 auto_complete=self.settings.auto_complete,
-                elsewhere=lambda step: self._read_elsewhere(step, source, {name}),
+                elsewhere=lambda step, space: self._read_elsewhere(step, space, source, {name}),
             )
         except ModelLoadError as exc:
             message = self._scrub("; ".join(exc.errors) or exc.message, overlay)
             raise (PollFailed if exc.config_unread else InvalidArgument)(message) from None
         except ServerError as exc:
             raise type(exc)(self._scrub(exc.message, overlay)) from None
+        if overlay is None:
+            self._repos[key] = source
+        else:  # served from its override: never moved to another key
+            self._repos.pop(key, None)
+        return self._namespaced(model, key, repo) if self.settings.model_namespacing else model
 
-    def _read_elsewhere(self, name: str, source: str, seen: set[str]) -> ModelDescription | None:
+    def _namespaced(self, model: ModelDescription, key: str, repo: str | None) -> ModelDescription:
+        """``model`` named by its key, each ensemble step by the key of the model it runs, as Triton
+        resolves a step: the model of that name in the ensemble's own repository, else the one model
+        of that name in any repository (a name in several, none of them the ensemble's, is ambiguous)."""
+        steps = []
+        for step in model.ensemble_steps:
+            name = step.model_name
+            if step.model_namespace:
+                steps.append(replace(step, model_name=self._in_namespace(key, name, step.model_namespace)))
+                continue
+            own = self.listing.key_of(name, repo) if repo is not None else None
+            if own is None and name in self.listing.ambiguous:
+                raise self._ambiguous_step(plain_name(key), name)
+            steps.append(replace(step, model_name=own or name))
+        return replace(model, name=key, ensemble_steps=tuple(steps))
+
+    def _ambiguous_step(self, ensemble: str, name: str) -> InvalidArgument:
+        return InvalidArgument(
+            f"ensemble '{ensemble}': its step model '{name}' is in {len(self.listing.ambiguous[name])} "
+            "repositories and not in the ensemble's own, model namespace must be provided to resolve ambiguity"
+        )
+
+    def _in_namespace(self, ensemble: str, name: str, namespace: str) -> str:
+        """The key of step model ``name`` in the repository a step's ``model_namespace`` names (the
+        repository's path as the server was given it, or its namespace in keys)."""
+        for repo, label in self.listing.namespaces.items():
+            if namespace in (repo, repo.rstrip("/"), label):
+                found = self.listing.key_of(name, repo)
+                if found is not None:
+                    return found
+                break
+        raise InvalidArgument(
+            f"ensemble '{plain_name(ensemble)}': no model '{name}' in the model namespace '{namespace}'"
+        )
+
+    def _read_elsewhere(
+        self, name: str, namespace: str, source: str, seen: set[str]
+    ) -> ModelDescription | None:
         """An ensemble step ``name`` that is in another repository than ``source`` (Triton's
-        ensembles name models of any repository), read from there; None where it is in none, fails
-        to read, or runs the ensemble again (a cycle the ensemble rules report)."""
+        ensembles name models of any repository), or with namespacing in the one its
+        ``model_namespace`` names, read from there; None where it is in ``source`` or none, fails to
+        read, or runs the ensemble again (a cycle the ensemble rules report)."""
         from repository_loader import ModelLoadError, load_model
 
-        repo = self.listing.where.get(name)
+        ensemble = next(iter(seen))
+        if namespace and self.settings.model_namespacing:
+            repo: str | None = self.listing.where[self._in_namespace(ensemble, name, namespace)]
+        elif name in self.listing.ambiguous:  # not in the ensemble's own repository, in two others
+            raise self._ambiguous_step(ensemble, name)
+        else:
+            repo = self.listing.where.get(name)
         if repo is None or repo == source or name in seen:
             return None
         try:
@@ -69,7 +122,7 @@ class ModelLoader(Registry):
                 name,
                 config_name=self.settings.model_config_name,
                 auto_complete=self.settings.auto_complete,
-                elsewhere=lambda step: self._read_elsewhere(step, repo, seen | {name}),
+                elsewhere=lambda step, space: self._read_elsewhere(step, space, repo, seen | {name}),
             )
         except (ModelLoadError, ServerError):
             return None

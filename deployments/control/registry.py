@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from deployments.control.listing import Listing, model_folders
+from deployments.control.listing import Listing, list_repositories, model_folders, plain_name
 from deployments.protocol.dataplane import ServedModel
 from deployments.settings import ServerSettings
 from repository_loader.errors import InvalidArgument, NoAvailableVersion, NotFound, ServerError
@@ -143,9 +143,22 @@ class Registry:
 
     def require(self, name: str) -> ModelEntry:
         entry = self.entries.get(name)
+        if entry is None and self.settings.model_namespacing:
+            entry = self._resolve(name)
         if entry is None:
             raise NotFound(f"Request for unknown model: '{name}' is not found")
         return entry
+
+    def _resolve(self, name: str) -> ModelEntry | None:
+        """With namespacing, the model a plain name stands for: the one copy of the name that is known
+        (its key names its repository); several are ambiguous, as in Triton."""
+        known = [e for key, e in self.entries.items() if key != name and plain_name(key) == name]
+        if len(known) > 1:
+            raise InvalidArgument(
+                f"There are {len(known)} identifiers of model '{name}' in global map, model namespace "
+                "must be provided to resolve ambiguity."
+            )
+        return known[0] if known else None
 
     def unavailable(self, name: str) -> ServerError:
         """The error for a request that reached the server app for ``name``: it is not served. Triton's
@@ -192,7 +205,7 @@ class Registry:
         running replica now (:meth:`Deployer.unserved`) is UNAVAILABLE, with the reason."""
         present: set[str] | None = None
         try:
-            present = self.folders = await asyncio.to_thread(model_folders, self.settings.model_repositories)
+            present = self.folders = await asyncio.to_thread(self._present)
         except Exception as exc:  # an unreachable repository: list what was last seen
             logger.warning("repository index: cannot list the repositories: %s", reason_of(exc))
         rows = self.index_rows(present)
@@ -207,7 +220,16 @@ class Registry:
             why = unserved.get(row["name"]) or self.failed_in_replicas(row["name"])
             if why is not None:
                 row["state"], row["reason"] = ModelState.UNAVAILABLE.value, why
+        if self.settings.model_namespacing:  # a model of several repositories is listed once in each
+            for row in rows:
+                row["name"] = plain_name(row["name"])
         return [r for r in rows if r.get("state") == "READY"] if ready_only else rows
+
+    def _present(self) -> set[str]:
+        """The models of the repositories now: their folders' names, with namespacing their keys."""
+        if self.settings.model_namespacing:
+            return set(list_repositories(self.settings.model_repositories, True).where)
+        return model_folders(self.settings.model_repositories)
 
     def index_rows(self, present: set[str] | None = None) -> list[dict[str, Any]]:
         """The index from what is known now: the model folders ``present`` in the repositories as just

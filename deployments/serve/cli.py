@@ -126,6 +126,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--metrics-address", default=None, help="address /metrics binds (default: --host)")
     p.add_argument("--allow-metrics", default="true", help="false: no metrics endpoint (Triton's flag)")
     p.add_argument("--model-config-name", default=None)
+    p.add_argument(
+        "--model-namespacing",
+        default=None,
+        help="true: a model name in several repositories is a model in each (Triton's flag; default false)",
+    )
     p.add_argument("--disable-auto-complete-config", action="store_true")
     p.add_argument(
         "--strict-readiness",
@@ -245,6 +250,7 @@ def server_args(args: argparse.Namespace) -> dict[str, Any]:
         "http_header_forward_pattern": args.http_header_forward_pattern,
         "grpc_header_forward_pattern": args.grpc_header_forward_pattern,
         "model_config_name": args.model_config_name,
+        "model_namespacing": args.model_namespacing,
         "disable_auto_complete_config": args.disable_auto_complete_config
         or _true(args.strict_model_config, "--strict-model-config"),
         "exit_timeout_secs": args.exit_timeout_secs,
@@ -321,7 +327,6 @@ NO_EFFECT: dict[str, str] = {
 FIXED: dict[str, tuple[bool, str]] = {
     "--allow-http": (True, "HTTP carries the health, repository and model routes of every protocol"),
     "--grpc-use-ssl": (False, "terminate TLS in front of HAProxy (a load balancer or an ingress)"),
-    "--model-namespacing": (False, "model names are one namespace across repositories"),
     "--grpc-use-ssl-mutual": (False, "terminate TLS in front of HAProxy (a load balancer or an ingress)"),
     "--allow-sagemaker": (False, "no SageMaker endpoint"),
     "--allow-vertex-ai": (False, "no Vertex AI endpoint"),

@@ -224,6 +224,9 @@ def test_every_tritonserver_flag_is_taken() -> None:
     assert len(named) == 38
     # the rate limiter's flags are applied (docs/rate_limiter.md)
     assert settings.rate_limit == "off" and settings.rate_limit_resources == (ResourceLimit("R1", 10),)
+    assert settings.model_namespacing is False
+    namespaced = parser.parse_args(["serve", "--model-repository=/a", "--model-namespacing=true"])
+    assert ServerSettings.from_args(server_args(namespaced), {}).model_namespacing is True
 
 
 @pytest.mark.parametrize(
@@ -231,7 +234,6 @@ def test_every_tritonserver_flag_is_taken() -> None:
     [
         ("--allow-http=false", "--allow-http=false is not supported: HTTP carries"),
         ("--grpc-use-ssl=1", "--grpc-use-ssl=1 is not supported: terminate TLS in front of HAProxy"),
-        ("--model-namespacing=true", "--model-namespacing=true is not supported"),
         ("--allow-http=maybe", "--allow-http must be true or false, not 'maybe'"),
     ],
 )

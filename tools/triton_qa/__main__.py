@@ -27,6 +27,7 @@ from tools.triton_qa import (  # noqa: F401
     lifecycle,
     log_settings,
     metrics,
+    model_namespacing,
     model_update,
     optional_input,
     parameters,
