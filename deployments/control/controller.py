@@ -183,20 +183,14 @@ class ModelController(ModelLoader):
                 or (n in after.where and n not in self.entries)
             )
             self.listing = after
+            gone = [n for n in changed if n not in after.where and n not in after.duplicates]
             for name in changed:
                 if name in after.duplicates:
                     async with self._held(name):
                         await self._unload_one(name)
                         self._fail(name, DUPLICATE)
-                elif name not in after.where:
-                    logger.info("model '%s' left the repository: unloading it", name)
-                    async with self._held(name):
-                        # Triton keeps it known, unavailable: its requests say it has no version
-                        await self._unload_one(name)
-                        if after.keys_of(plain_name(name)) and self.settings.model_namespacing:
-                            # its name is in the repositories under another key (a copy of the same
-                            # name came or went): that key is the model now
-                            self.entries.pop(name, None)
+            if not self.settings.model_namespacing:
+                await self._unload_gone(gone, after)
             present = [n for n in changed if n in after.where]
             models, failed = await asyncio.to_thread(self._read_all, present)
             for name, exc in failed.items():
@@ -219,7 +213,22 @@ class ModelController(ModelLoader):
                 ensembles += await self._resolved_again({m.name for m in ensembles})
             for m in nested_first(ensembles):
                 await self._apply_held(m)
+            if self.settings.model_namespacing:
+                # a copy that left, or a model now under another key, goes once the models and
+                # ensembles that take its place serve
+                await self._unload_gone(gone, after)
             return changed
+
+    async def _unload_gone(self, gone: list[str], after: Listing) -> None:
+        for name in gone:
+            logger.info("model '%s' left the repository: unloading it", name)
+            async with self._held(name):
+                # Triton keeps it known, unavailable: its requests say it has no version
+                await self._unload_one(name)
+                if self.settings.model_namespacing and after.keys_of(plain_name(name)):
+                    # its name is in the repositories under another key (a copy of the same name
+                    # came or went): that key is the model now
+                    self.entries.pop(name, None)
 
     async def _resolved_again(self, skip: set[str]) -> list[ModelDescription]:
         """The serving ensembles (but ``skip``) whose steps now name other keys: a copy of a step's

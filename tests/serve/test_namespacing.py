@@ -128,6 +128,10 @@ def test_poll_follows_a_copy_that_leaves_and_comes_back(repos: tuple[Path, Path]
         assert sorted(d.deployed) == ["composing", "simple_addsub", "simple_subadd"]
         assert steps(d, "simple_addsub") == steps(d, "simple_subadd") == ["composing"]
         assert c.describe("composing").path == repos[1] / "composing"
+        # make before break: the ensembles run the model under its new key before the old key goes
+        calls = d.calls[-6:]
+        assert calls.index(("reload", "simple_subadd")) < calls.index(("delete", "composing@subadd_repo"))
+        assert calls.index(("deploy", "composing")) < calls.index(("reload", "simple_addsub"))
         shutil.move(moved, repos[0] / "composing")
         await c.poll()
         assert steps(d, "simple_addsub") == ["composing@addsub_repo"]
