@@ -220,7 +220,9 @@ class ModelController(ModelLoader):
             return changed
 
     async def _unload_gone(self, gone: list[str], after: Listing) -> None:
-        for name in gone:
+        """Unload the models that left the repositories, all at once (each waits for its replicas)."""
+
+        async def unload(name: str) -> None:
             logger.info("model '%s' left the repository: unloading it", name)
             async with self._held(name):
                 # Triton keeps it known, unavailable: its requests say it has no version
@@ -229,6 +231,8 @@ class ModelController(ModelLoader):
                     # its name is in the repositories under another key (a copy of the same name
                     # came or went): that key is the model now
                     self.entries.pop(name, None)
+
+        await asyncio.gather(*(unload(name) for name in gone))
 
     async def _resolved_again(self, skip: set[str]) -> list[ModelDescription]:
         """The serving ensembles (but ``skip``) whose steps now name other keys: a copy of a step's
