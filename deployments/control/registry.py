@@ -149,6 +149,14 @@ class Registry:
             raise NotFound(f"Request for unknown model: '{name}' is not found")
         return entry
 
+    def key_for(self, name: str) -> str:
+        """The model a request for ``name`` reaches: ``name`` itself, or with namespacing the one known
+        copy of a name in several repositories (ambiguity where several are known)."""
+        if not self.settings.model_namespacing or name in self.entries:
+            return name
+        entry = self._resolve(name)
+        return entry.name if entry is not None else name
+
     def _resolve(self, name: str) -> ModelEntry | None:
         """With namespacing, the model a plain name stands for: the one copy of the name that is known
         (its key names its repository); several are ambiguous, as in Triton."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
 
 from deployments.inference import InferRequest, InferResponse
@@ -183,6 +184,17 @@ class ModelRegistry(Protocol):
 Describe = Callable[[str, str], Awaitable[ModelDescription]]
 
 
+async def _named(
+    responses: AsyncGenerator[InferResponse, None], name: str
+) -> AsyncGenerator[InferResponse, None]:
+    """``responses`` with the model name the client asked for."""
+    try:
+        async for response in responses:
+            yield replace(response, model_name=name)
+    finally:
+        await responses.aclose()
+
+
 class ModelDataPlane:
     """The data plane: every :class:`DataPlane` method over a :class:`ModelRegistry`, inference
     through a :class:`~deployments.runtime.router.Router`, which alone decides where it runs.
@@ -197,6 +209,9 @@ class ModelDataPlane:
     ``logs`` (the server application) holds the server's log settings (the logging extension).
     ``shared_memory`` is the process's view of the registered shared-memory regions (default: a
     table of its own, as the server application holds it; a model replica's asks the server's).
+    ``key_for`` (the server application, with model namespacing) names the model a request's model
+    name stands for (the one known copy of a name in several repositories); its answers keep the
+    name the client asked for.
     """
 
     def __init__(
@@ -212,8 +227,10 @@ class ModelDataPlane:
         logs: LogBoard | None = None,
         shared_memory: SharedMemory | None = None,
         traces: TraceControl | None = None,
+        key_for: Callable[[str], str] | None = None,
     ) -> None:
         self.registry = registry
+        self._key_for = key_for
         self.logs = logs
         self.shared_memory = shared_memory if shared_memory is not None else local_shared_memory()
         # the trace settings: the server application's own, asked of it by a model replica
@@ -281,10 +298,19 @@ class ModelDataPlane:
         return await self._describe_elsewhere(name, version)
 
     async def infer(self, request: InferRequest, raw: RawRequest | None = None) -> InferResponse | RawReply:
-        return await self.router.route(request, raw)
+        asked = request.model_name
+        key = self._key_for(asked) if self._key_for is not None else asked
+        if key == asked:
+            return await self.router.route(request, raw)
+        response = await self.router.route(replace(request, model_name=key))
+        return replace(response, model_name=asked) if isinstance(response, InferResponse) else response
 
     def infer_stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
-        return self.router.stream(request)
+        asked = request.model_name
+        key = self._key_for(asked) if self._key_for is not None else asked
+        if key == asked:
+            return self.router.stream(request)
+        return _named(self.router.stream(replace(request, model_name=key)), asked)
 
     async def model_statistics(self, name: str | None = None, version: str = "") -> dict[str, Any]:
         if name is not None:
@@ -348,7 +374,7 @@ def model_metadata_document(
     """The body of ``GET /v2/models/<m>``: Triton reports the backend as platform where none is set."""
     served = model.versions if versions is None else versions
     return {
-        "name": model.name,
+        "name": model.folder_name,
         "versions": [str(v) for v in served],
         "platform": model.platform or model.backend,
         "inputs": [_tensor_metadata(t, model.max_batch_size) for t in model.inputs],

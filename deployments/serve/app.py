@@ -558,6 +558,7 @@ class ServerDeployment:
             logs=self.logs,
             shared_memory=SharedMemory(self._regions),
             traces=self._traces,
+            key_for=self.controller.key_for if settings.model_namespacing else None,
         )
         self._start = asyncio.get_running_loop().create_task(self._startup())
         await asyncio.shield(self._start)  # live only once the initial models settled

@@ -130,17 +130,34 @@ def _check_poll(server: Server, repo: Path, bucket_copy: Path, upload: Callable[
     client.close()
 
 
-def test_triton_serve_serves_an_s3_repository_with_poll(
+def _ensemble(repo: Path, name: str, step: str) -> None:
+    """An ensemble of one step with its step model's tensors (``INPUT0`` / ``OUTPUT0``)."""
+    (repo / name / "1").mkdir(parents=True)
+    tensors = config(name).split("\n")[3:5]
+    (repo / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: 8\n' + "\n".join(tensors) + "\n"
+        f'ensemble_scheduling {{ step [ {{ model_name: "{step}" model_version: -1 '
+        'input_map { key: "INPUT0" value: "INPUT0" } output_map { key: "OUTPUT0" value: "OUTPUT0" } } ] }\n'
+    )
+
+
+def test_triton_serve_serves_an_s3_repository_with_poll_and_model_namespacing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``triton-serve serve s3://host:port/bucket/path --model-control-mode poll``, as a user types it."""
+    """``triton-serve serve s3://host:port/bucket/path --model-repository <local> --model-control-mode poll
+    --model-namespacing=true``, as a user types it: a model in both repositories is a model in each,
+    the local ensemble runs the local copy, the plain name is ambiguous until one copy leaves."""
     from bench.scenarios.common import free_port, start_this_server
 
-    bucket_copy = tmp_path / "bucket"
+    bucket_copy, local = tmp_path / "bucket", tmp_path / "local"
     write_model(bucket_copy, "s3_cli")
+    write_model(bucket_copy, "dup")
+    write_model(local, "dup", factor=10)
+    _ensemble(local, "pipe", "dup")
     with running_s3_server(tmp_path) as s3:
         _bucket(s3, bucket_copy, monkeypatch)
         args = ["--model-control-mode", "poll", "--repository-poll-secs", "1"]
+        args += ["--model-repository", str(local), "--model-namespacing=true"]
         handle = start_this_server(
             f"s3://{s3.hostport}/models/repo",  # type: ignore[arg-type]
             free_port(),
@@ -152,7 +169,18 @@ def test_triton_serve_serves_an_s3_repository_with_poll(
         with handle:  # ready: its repository loaded from the object store
             client = httpclient.InferenceServerClient(handle.url)
             assert infer(client, "s3_cli") == (1.0, "1")
+            assert infer(client, "pipe") == (10.0, "1")  # the ensemble's own repository's copy
+            with pytest.raises(
+                InferenceServerException, match="identifiers of model 'dup'.*ambiguity"
+            ) as err:
+                infer(client, "dup")
+            assert err.value.status() == "400"
+            names = [m["name"] for m in client.get_model_repository_index()]
+            assert sorted(names) == ["dup", "dup", "pipe", "s3_cli"]
             write_model(bucket_copy, "s3_cli", (1, 2))  # a new version on the object store
             upload_tree(s3, bucket_copy, "models", "repo")
             eventually(lambda: infer(client, "s3_cli") == (2.0, "2"))
+            shutil.rmtree(local / "dup")  # one copy left: the name is the object store's model
+            eventually(lambda: infer(client, "dup") == (1.0, "1"))
+            eventually(lambda: infer(client, "pipe") == (1.0, "1"))
             client.close()
