@@ -240,10 +240,17 @@ def host_dataplane(
             return False
         return True
 
+    # with model namespacing, a name the server described as the one known copy of a name in several
+    # repositories -> that copy's key: its requests go there, answered with the name asked for
+    keys: dict[str, str] = {}
+
     async def elsewhere(name: str) -> ServedElsewhere:
         if describe_elsewhere is None:
             raise NotFound(f"Request for unknown model: '{name}' is not found")
+        keys.pop(name, None)
         description = await describe_elsewhere(name, "")  # raises the server's own answer for the model
+        if description.name != name:
+            keys[name] = description.name
         return ServedElsewhere(description, statistics_elsewhere or _no_statistics)
 
     router = Router(local=HostedModels(host), remote=remote)
@@ -255,6 +262,7 @@ def host_dataplane(
         elsewhere=elsewhere,
         shared_memory=shared_memory,
         traces=traces,
+        key_for=lambda name: keys.get(name, name),
     )
 
 

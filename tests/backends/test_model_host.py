@@ -340,6 +340,39 @@ async def test_a_name_the_host_does_not_pool_gets_the_servers_answer(tmp_path: P
         await host.close()
 
 
+async def test_a_name_the_server_resolves_to_a_namespaced_key_is_called_by_that_key(tmp_path: Path) -> None:
+    """With model namespacing, the one known copy of a name in several repositories is keyed by its
+    repository: a host asked for the plain name calls the copy by its key and answers with the name."""
+    from dataclasses import replace
+
+    from deployments.inference import InferRequest, InferResponse
+    from deployments.replica import host_dataplane
+
+    host = _host({}, budget_mib=100)
+    copy = replace(sized_models(tmp_path / "elsewhere", {"dup": 1})["dup"], name="dup@repo_b")
+    called: list[str] = []
+
+    async def server_describe(name: str, version: str) -> ModelDescription:
+        if name in ("dup", "dup@repo_b"):
+            return copy
+        raise NotFound(f"Request for unknown model: '{name}' is not found")
+
+    class Remote:
+        async def infer(self, request: InferRequest) -> InferResponse:
+            called.append(request.model_name)
+            return InferResponse(model_name=request.model_name, model_version="1")
+
+    dataplane = host_dataplane(host, remote=Remote(), describe_elsewhere=server_describe)  # type: ignore[arg-type]
+    try:
+        assert (await dataplane.model_description("dup")).name == "dup@repo_b"
+        answer = await dataplane.infer(InferRequest("dup", {}))
+        assert called == ["dup@repo_b"] and isinstance(answer, InferResponse) and answer.model_name == "dup"
+        await dataplane.infer(InferRequest("dup@repo_b", {}))  # its key: as it is
+        assert called == ["dup@repo_b"] * 2
+    finally:
+        await host.close()
+
+
 async def test_a_requester_that_leaves_does_not_abort_the_load_others_wait_for(tmp_path: Path) -> None:
     host = _host(sized_models(tmp_path, {"a": 20}), budget_mib=200)
 
