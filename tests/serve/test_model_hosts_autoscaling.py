@@ -121,6 +121,7 @@ def test_hosts_grow_under_load_share_the_models_and_shrink_after(server: Server)
                 per_model[model] += 1
             except Exception as exc:  # counted: the test fails on any
                 failures.append(f"{model}: {exc!r}"[:200])
+        client.close()  # here, in its own thread: a client left to the collector closes in another
 
     assert len(_host_pids(server)) == 1
     threads = [threading.Thread(target=client_loop, args=(i,), daemon=True) for i in range(4)]
@@ -150,3 +151,4 @@ def test_hosts_grow_under_load_share_the_models_and_shrink_after(server: Server)
     print(f"host autoscaling: back to one replica {down_s:.1f}s after the load stopped")
     # the models of the replica that went load again on the one left
     assert len({_where(client, model) for model in POOLED}) == 1
+    client.close()
