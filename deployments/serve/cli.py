@@ -408,10 +408,15 @@ def run(args: argparse.Namespace) -> int:
     for line in unapplied:
         print(f"note: {line}", file=sys.stderr, flush=True)
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+
+    def on_signals() -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+
+    on_signals()
     try:
-        launch.start(settings)
+        # set again once Ray is up: its failure-signal handler printed a stack trace on SIGTERM
+        launch.start(settings, after_ray_init=on_signals)
         for row in launch.call_server(lambda server: server.index()):
             reason = f" ({row['reason']})" if row.get("reason") else ""
             print(

@@ -77,8 +77,14 @@ def restricted_in_config(path: Path) -> tuple[RestrictedApi, ...]:
     return ()
 
 
-def start(settings: ServerSettings, ray_init: dict[str, Any] | None = None) -> None:
-    """Start Ray (if needed), Serve and the server application; wait until every model settled."""
+def start(
+    settings: ServerSettings,
+    ray_init: dict[str, Any] | None = None,
+    after_ray_init: Callable[[], None] | None = None,
+) -> None:
+    """Start Ray (if needed), Serve and the server application; wait until every model settled.
+    ``after_ray_init`` runs once Ray is up (Ray's start puts its failure-signal handler on SIGTERM,
+    which prints a stack trace: a caller sets its own handlers again there)."""
     configure_environment()
     guard_streams(settings.grpc_restricted_api)
     import ray
@@ -89,6 +95,8 @@ def start(settings: ServerSettings, ray_init: dict[str, Any] | None = None) -> N
 
     if not ray.is_initialized():
         ray.init(**(ray_init or {}))
+        if after_ray_init is not None:
+            after_ray_init()
     from deployments.serve.grpc_ingress import serve_options
 
     serve.start(

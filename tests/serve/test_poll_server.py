@@ -184,3 +184,7 @@ def test_triton_serve_serves_an_s3_repository_with_poll_and_model_namespacing(
             eventually(lambda: infer(client, "dup") == (1.0, "1"))
             eventually(lambda: infer(client, "pipe") == (1.0, "1"))
             client.close()
+    # a SIGTERM stops it as Ctrl-C does: before, Ray's failure-signal handler printed a stack trace
+    log = (tmp_path / "server.log").read_text(errors="replace")
+    assert handle.process.returncode == 0 and "shutting down" in log, log[-2000:]
+    assert "SIGTERM received" not in log, log[-2000:]
