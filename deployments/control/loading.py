@@ -61,7 +61,18 @@ class ModelLoader(Registry):
             self._repos[key] = source
         else:  # served from its override: never moved to another key
             self._repos.pop(key, None)
-        return self._namespaced(model, key, repo) if self.settings.model_namespacing else model
+        if self.settings.model_namespacing:
+            return self._namespaced(model, key, repo)
+        for step in model.ensemble_steps:
+            if step.model_namespace:  # as in Triton: a namespace means nothing without namespacing
+                logger.warning(
+                    "ensemble '%s': step model '%s' names model namespace '%s', which is ignored: model "
+                    "namespacing is off (--model-namespacing)",
+                    key,
+                    step.model_name,
+                    step.model_namespace,
+                )
+        return model
 
     def _namespaced(self, model: ModelDescription, key: str, repo: str | None) -> ModelDescription:
         """``model`` named by its key, each ensemble step by the key of the model it runs, as Triton

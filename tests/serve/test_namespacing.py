@@ -212,3 +212,16 @@ def test_the_listing_keys_a_copy_by_its_repository(repos: tuple[Path, Path]) -> 
     assert listing.key_of("composing", str(repos[1])) == "composing@subadd_repo"
     assert listing.key_of("simple_addsub", str(repos[1])) is None and listing.duplicates == {}
     assert list_repositories([str(r) for r in repos]).duplicates == {"composing": [str(r) for r in repos]}
+
+
+def test_without_namespacing_a_steps_model_namespace_is_ignored_and_said(
+    repos: tuple[Path, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    config = repos[0] / "simple_addsub" / "config.pbtxt"
+    config.write_text(
+        config.read_text().replace("model_version: -1", 'model_version: -1 model_namespace: "x"')
+    )
+    shutil.rmtree(repos[1] / "composing")  # one copy: without namespacing the name is not a duplicate
+    c, _ = controller(list(repos))
+    assert c._read("simple_addsub", str(repos[0])).ensemble_steps[0].model_name == "composing"
+    assert "names model namespace 'x', which is ignored" in caplog.text
