@@ -29,6 +29,7 @@ from tools.triton_qa import (  # noqa: F401
     metrics,
     model_namespacing,
     model_update,
+    nan_inf,
     optional_input,
     parameters,
     request_cancellation,
