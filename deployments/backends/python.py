@@ -38,6 +38,7 @@ from types import ModuleType
 from typing import Any
 
 from deployments.backends.base import Backend, BackendContext, execution_timeout_s, in_thread, timed
+from deployments.backends.python_api import numpy1
 from deployments.backends.python_api.bls import BlsBridge, NeedsWorkerThread
 from deployments.backends.python_api.context import reset_bridge, set_bridge
 from deployments.backends.python_api.errors import TritonError, TritonModelException, to_server_error
@@ -234,6 +235,7 @@ class PythonBackend(Backend):
 
     def load(self) -> None:
         self._host_inputs = host_inputs_only(self.model)
+        numpy1.restore()  # a model written for Triton 2.51's stub may use NumPy 1's aliases
         module = import_model(self.model_path(), self.model.name)
         self._module_name = module.__name__
         model_class = getattr(module, "TritonPythonModel", None)

@@ -377,3 +377,15 @@ async def test_a_decoupled_request_whose_sender_is_let_go_before_final_ends_with
     assert streamed[-1].final and streamed[-1].error is not None
     assert "without sending the final flag" in streamed[-1].error.message
     backend.unload()
+
+
+async def test_a_model_written_for_numpy_1_runs_unchanged() -> None:
+    """Triton 2.51's Python-backend stub runs on NumPy 1: a model may use the aliases NumPy 2 removed."""
+    from deployments.backends.python_api import numpy1
+
+    backend = _python("numpy1", [spec("INPUT0", "FP32", [1])], [spec("OUTPUT0", "FP32", [4])])
+    (response,) = await backend.execute([request("numpy1", INPUT0=np.zeros(1, np.float32))])
+    assert response.error is None, response.error
+    out = response.outputs["OUTPUT0"]
+    assert np.isnan(out[0]) and out[1] == np.inf and out[2] == -np.inf and np.signbit(out[3])
+    assert numpy1.restore() == []  # restored once, for every model of the process

@@ -108,14 +108,12 @@ def keep_python310_outcome_api() -> None:
 
 
 def keep_numpy1_aliases() -> None:
-    """NumPy 1's constant aliases that NumPy 2 removed (``np.NINF``, ``np.PINF``, ``np.NZERO``,
-    ``np.PZERO``), for tests written against NumPy 1 (``L0_nan_inf`` builds its expected output with
-    ``np.NINF``), run in this project's environment, which has NumPy 2."""
-    import numpy as np
+    """NumPy 1's aliases that NumPy 2 removed, for tests written against NumPy 1 (``L0_nan_inf`` builds
+    its expected output with ``np.NINF``): the server's own restore, for Python models
+    (``deployments.backends.python_api.numpy1``)."""
+    from deployments.backends.python_api import numpy1
 
-    for name, value in (("NINF", -np.inf), ("PINF", np.inf), ("NZERO", -0.0), ("PZERO", 0.0)):
-        if name not in np.__dict__:
-            setattr(np, name, value)
+    numpy1.restore()
 
 
 def junit_xml(cases: dict[str, list[Any]]) -> str:
