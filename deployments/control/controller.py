@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from deployments.control.listing import Listing, list_repositories, local_model_folder, plain_name
+from deployments.control.listing import Listing, list_repositories, local_model_folder
 from deployments.control.loading import ModelLoader
 from deployments.control.overlay import parse_overrides
 from deployments.control.registry import (
@@ -137,7 +137,7 @@ class ModelController(ModelLoader):
     async def _list(self) -> Listing:
         """The repositories as they are now."""
         repos, namespacing = self.settings.model_repositories, self.settings.model_namespacing
-        return await asyncio.to_thread(list_repositories, repos, namespacing)
+        return self._listed(await asyncio.to_thread(list_repositories, repos, namespacing))
 
     def _keys(self, name: str) -> list[str]:
         """The keys a model name asked for by the repository API stands for: with namespacing, every
@@ -227,7 +227,7 @@ class ModelController(ModelLoader):
             async with self._held(name):
                 # Triton keeps it known, unavailable: its requests say it has no version
                 await self._unload_one(name)
-                if self.settings.model_namespacing and after.keys_of(plain_name(name)):
+                if self.settings.model_namespacing and after.keys_of(self.folder_of(name)):
                     # its name is in the repositories under another key (a copy of the same name
                     # came or went): that key is the model now
                     self.entries.pop(name, None)
@@ -297,7 +297,7 @@ class ModelController(ModelLoader):
             repo = self._repos.get(key)
             if entry.state != ModelState.READY or repo is None or key in self.listing.where:
                 continue
-            new = self.listing.key_of(plain_name(key), repo)
+            new = self.listing.key_of(self.folder_of(key), repo)
             if new is None or new == key:
                 continue
             logger.info("model '%s' is now known as '%s'", key, new)
@@ -379,7 +379,7 @@ class ModelController(ModelLoader):
     ) -> ModelDescription:
         if config is None:
             return self._read(name, self.listing.where[name])
-        folder = plain_name(name) if self.settings.model_namespacing else name
+        folder = self.folder_of(name)
         source = None if files else local_model_folder(self.listing.where[name], folder)
         return self._read(name, None, self._overlays.write(folder, config, files, source))
 
@@ -393,7 +393,7 @@ class ModelController(ModelLoader):
         dependents = _flag((parameters or {}).get("unload_dependents", False))
         keys = [name]
         if self.settings.model_namespacing:  # every copy of the name, as Triton unloads them
-            keys = [k for k in self.entries if plain_name(k) == name] or keys
+            keys = [k for k in self.entries if self.folder_of(k) == name] or keys
         for key in keys:
             await self._unload_key(key, dependents)
 

@@ -28,11 +28,6 @@ def namespaced_key(name: str, namespace: str) -> str:
     return f"{name}{NAMESPACE_MARK}{namespace}"
 
 
-def plain_name(key: str) -> str:
-    """The model name of a key (the folder's name)."""
-    return key.split(NAMESPACE_MARK, 1)[0]
-
-
 def namespaces(repositories: Iterable[str]) -> dict[str, str]:
     """Each repository's namespace in keys: the last part of its path or URL, made unique by its
     position where two repositories end alike."""
@@ -60,10 +55,15 @@ class Listing:
     ambiguous: dict[str, list[str]] = field(default_factory=dict)
     snapshots: dict[str, Snapshot] = field(default_factory=dict)  # repository -> snapshot
     namespaces: dict[str, str] = field(default_factory=dict)  # repository -> namespace (namespacing only)
+    folders: dict[str, str] = field(default_factory=dict)  # a namespaced key -> the model's folder name
+
+    def folder_of(self, key: str) -> str:
+        """The folder (the model's name) of ``key``."""
+        return self.folders.get(key, key)
 
     def signature(self, key: str) -> Any:
         repo = self.where.get(key)
-        return (repo, self.snapshots[repo].get(plain_name(key))) if repo is not None else None
+        return (repo, self.snapshots[repo].get(self.folder_of(key))) if repo is not None else None
 
     def key_of(self, name: str, repository: str) -> str | None:
         """The key of ``name`` in ``repository`` (None where it has no such model)."""
@@ -98,6 +98,7 @@ def list_repositories(repositories: Iterable[str], namespacing: bool = False) ->
             keys = [namespaced_key(name, listing.namespaces[repo]) for repo in found]
             listing.ambiguous[name] = keys
             listing.where.update(zip(keys, found, strict=True))
+            listing.folders.update(dict.fromkeys(keys, name))
         else:
             listing.duplicates[name] = found
             logger.error("model '%s' appears in more than one repository: %s", name, found)

@@ -15,7 +15,6 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from deployments.control.listing import plain_name
 from deployments.control.overlay import Overlays
 from deployments.control.registry import UNLOADED, ModelEntry, Registry, load_failed, reason_of
 from deployments.settings import TRITON_LINE
@@ -43,7 +42,7 @@ class ModelLoader(Registry):
 
         source = str(overlay) if overlay is not None else repo
         assert source is not None
-        name = plain_name(key) if self.settings.model_namespacing else key
+        name = self.folder_of(key)
         try:
             model = load_model(
                 source,
@@ -86,7 +85,7 @@ class ModelLoader(Registry):
                 continue
             own = self.listing.key_of(name, repo) if repo is not None else None
             if own is None and name in self.listing.ambiguous:
-                raise self._ambiguous_step(plain_name(key), name)
+                raise self._ambiguous_step(self.folder_of(key), name)
             steps.append(replace(step, model_name=own or name))
         return replace(model, name=key, ensemble_steps=tuple(steps))
 
@@ -106,7 +105,7 @@ class ModelLoader(Registry):
                     return found
                 break
         raise InvalidArgument(
-            f"ensemble '{plain_name(ensemble)}': no model '{name}' in the model namespace '{namespace}'"
+            f"ensemble '{self.folder_of(ensemble)}': no model '{name}' in the model namespace '{namespace}'"
         )
 
     def _read_elsewhere(

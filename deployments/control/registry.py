@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from deployments.control.listing import Listing, list_repositories, model_folders, plain_name
+from deployments.control.listing import Listing, list_repositories, model_folders
 from deployments.protocol.dataplane import ServedModel
 from deployments.settings import ServerSettings
 from repository_loader.errors import InvalidArgument, NoAvailableVersion, NotFound, ServerError
@@ -126,6 +126,16 @@ class Registry:
     started: bool = False
     # model -> replica -> (its load error or None, when it said so): what the replicas' pushes report
     replica_loads: dict[str, dict[str, tuple[str | None, float]]] = field(default_factory=dict)
+    # with namespacing: every namespaced key seen in a listing -> the model's folder name
+    key_folders: dict[str, str] = field(default_factory=dict)
+
+    def folder_of(self, key: str) -> str:
+        """The model name (its folder's) of ``key``: the key itself but for a namespaced copy."""
+        return self.key_folders.get(key, key)
+
+    def _listed(self, listing: Listing) -> Listing:
+        self.key_folders.update(listing.folders)
+        return listing
 
     def replica_loaded(self, name: str, replica: str, error: str | None) -> None:
         """A replica of ``name`` reports whether its model loaded (each push: when its statistics change,
@@ -160,7 +170,7 @@ class Registry:
     def _resolve(self, name: str) -> ModelEntry | None:
         """With namespacing, the model a plain name stands for: the one copy of the name that is known
         (its key names its repository); several are ambiguous, as in Triton."""
-        known = [e for key, e in self.entries.items() if key != name and plain_name(key) == name]
+        known = [e for key, e in self.entries.items() if key != name and self.folder_of(key) == name]
         if len(known) > 1:
             raise InvalidArgument(
                 f"There are {len(known)} identifiers of model '{name}' in global map, model namespace "
@@ -230,13 +240,13 @@ class Registry:
                 row["state"], row["reason"] = ModelState.UNAVAILABLE.value, why
         if self.settings.model_namespacing:  # a model of several repositories is listed once in each
             for row in rows:
-                row["name"] = plain_name(row["name"])
+                row["name"] = self.folder_of(row["name"])
         return [r for r in rows if r.get("state") == "READY"] if ready_only else rows
 
     def _present(self) -> set[str]:
         """The models of the repositories now: their folders' names, with namespacing their keys."""
         if self.settings.model_namespacing:
-            return set(list_repositories(self.settings.model_repositories, True).where)
+            return set(self._listed(list_repositories(self.settings.model_repositories, True)).where)
         return model_folders(self.settings.model_repositories)
 
     def index_rows(self, present: set[str] | None = None) -> list[dict[str, Any]]:

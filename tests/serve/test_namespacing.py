@@ -225,3 +225,25 @@ def test_without_namespacing_a_steps_model_namespace_is_ignored_and_said(
     c, _ = controller(list(repos))
     assert c._read("simple_addsub", str(repos[0])).ensemble_steps[0].model_name == "composing"
     assert "names model namespace 'x', which is ignored" in caplog.text
+
+
+def test_a_folder_whose_name_has_the_keys_mark_is_its_own_model(repos: tuple[Path, Path]) -> None:
+    """``name@x`` is a valid folder name: it is that model's name, not a copy of ``name``."""
+    add_model(repos[0], "odd@name")
+    c, d = controller(list(repos), model_namespacing=True, model_control_mode="poll")
+
+    async def scenario() -> None:
+        await c.start()
+        assert "odd@name" in d.deployed and d.deployed["odd@name"].folder_name == "odd@name"
+        with pytest.raises(NotFound):
+            c.describe("odd")
+        (repos[0] / "odd@name" / "config.pbtxt").write_text(
+            (repos[0] / "odd@name" / "config.pbtxt")
+            .read_text()
+            .replace("max_batch_size: 8", "max_batch_size: 4")
+        )
+        assert await c.poll() == ["odd@name"] and d.deployed["odd@name"].max_batch_size == 4
+        await c.stop()
+
+    asyncio.run(scenario())
+    assert ("odd@name", "READY") in index(c)
