@@ -122,9 +122,12 @@ class RayDeployer:
         assert host is not None
         applications = (await asyncio.to_thread(hooks.serve_status)).applications
         if host.app_name not in applications:
-            from deployments.serve.model_host import ModelHostDeployment
 
             def build() -> Any:
+                # imported here, under run_application's lock: the module's @serve.deployment serializes
+                # the request router (hooks: deployment_import_serializes_routers)
+                from deployments.serve.model_host import ModelHostDeployment
+
                 return ModelHostDeployment.options(  # type: ignore[attr-defined]
                     logging_config={"enable_access_log": self.settings.access_log},
                     graceful_shutdown_timeout_s=self.settings.exit_timeout_secs,

@@ -20,6 +20,11 @@ versions without starting Ray, so an upgrade that moves one fails there, by name
 * ``status_serializes_routers``: ``serve.status()`` builds a ``RequestRouterConfig`` per deployment,
   which serializes the router class with cloudpickle's process-wide "by value" switch on; it runs
   under :func:`run_application`'s lock (:func:`serve_status`).
+* ``deployment_import_serializes_routers``: importing a module whose class is decorated with
+  ``@serve.deployment`` builds its ``DeploymentConfig`` and so a ``RequestRouterConfig`` (above): the
+  model host's module, which the server application first needs when it pools a model while other
+  models deploy, is imported inside the build :func:`run_application` runs under its lock (the first
+  pooled model of a start failed to load once in a while: "is not registered for pickle by value").
 * ``delete_blocking``: ``serve.delete(name, _blocking=True)`` returns once the
   application is gone.
 * ``with_version``: ``Deployment.options(_internal=True, version=...)`` gives a deployment a stable
@@ -125,6 +130,7 @@ HOOKS = (
     "late_bound_asgi_app",
     "run_nonblocking",
     "status_serializes_routers",
+    "deployment_import_serializes_routers",
     "delete_blocking",
     "with_version",
     "serve_details",

@@ -424,12 +424,20 @@ KEEP_LOGS_ENV = "TRITON_SERVE_TEST_LOGS"
 def keep_logs(ray_tmp: Path, destination: str) -> Path | None:
     """Copy the shared server's Serve logs (the controller's, the proxy's and every replica's) to
     ``destination`` (``TRITON_SERVE_TEST_LOGS``), under a folder named for this test session's pid, so
-    a failure seen once in a long run can be read after the session removed its Ray folder."""
-    source = ray_tmp / "session_latest" / "logs" / "serve"
+    a failure seen once in a long run can be read after the session removed its Ray folder; and, in
+    ``workers/``, what each Ray worker wrote to its standard output and error (where the server's own
+    log lines go: why a model failed to load, for one)."""
+    logs = ray_tmp / "session_latest" / "logs"
+    source = logs / "serve"
     if not destination or not source.is_dir():
         return None
     target = Path(destination) / f"session-{os.getpid()}"
     shutil.copytree(source, target, dirs_exist_ok=True)
+    workers = [f for pattern in ("worker-*.out", "worker-*.err") for f in logs.glob(pattern) if f.stat().st_size]
+    if workers:
+        (target / "workers").mkdir(exist_ok=True)
+        for found in workers:
+            shutil.copy2(found, target / "workers" / found.name)
     return target
 
 

@@ -65,6 +65,35 @@ def _check_status_serializes_routers() -> None:
     assert "_RUN_LOCK" in inspect.getsource(hooks.serve_status)
 
 
+def _check_deployment_import_serializes_routers() -> None:
+    """Why the model host's module is imported under the build lock: a ``@serve.deployment`` class
+    builds a ``DeploymentConfig``, whose router config turns cloudpickle's "by value" switch on and off."""
+    from ray import cloudpickle
+    from ray.serve._private.config import DeploymentConfig
+
+    flips: list[str] = []
+    register, unregister = cloudpickle.register_pickle_by_value, cloudpickle.unregister_pickle_by_value
+
+    def on(module: object) -> None:
+        flips.append("on")
+        register(module)
+
+    def off(module: object) -> None:
+        flips.append("off")
+        unregister(module)
+
+    cloudpickle.register_pickle_by_value, cloudpickle.unregister_pickle_by_value = on, off
+    try:
+        DeploymentConfig()
+    finally:
+        cloudpickle.register_pickle_by_value, cloudpickle.unregister_pickle_by_value = register, unregister
+    assert flips[:2] == ["on", "off"], flips
+    from deployments.serve.app import RayDeployer
+
+    build = inspect.getsource(RayDeployer._start_host).split("def build", 1)
+    assert "import ModelHostDeployment" in build[1] and "import ModelHostDeployment" not in build[0]
+
+
 def _check_run_nonblocking() -> None:
     from ray.serve.api import _run
 
@@ -269,6 +298,7 @@ CHECKS = {
     "late_bound_asgi_app": _check_late_bound_asgi_app,
     "run_nonblocking": _check_run_nonblocking,
     "status_serializes_routers": _check_status_serializes_routers,
+    "deployment_import_serializes_routers": _check_deployment_import_serializes_routers,
     "delete_blocking": _check_delete_blocking,
     "with_version": _check_deployment_version,
     "serve_details": _check_serve_details,
