@@ -433,7 +433,9 @@ def keep_logs(ray_tmp: Path, destination: str) -> Path | None:
         return None
     target = Path(destination) / f"session-{os.getpid()}"
     shutil.copytree(source, target, dirs_exist_ok=True)
-    workers = [f for pattern in ("worker-*.out", "worker-*.err") for f in logs.glob(pattern) if f.stat().st_size]
+    workers = [
+        f for pattern in ("worker-*.out", "worker-*.err") for f in logs.glob(pattern) if f.stat().st_size
+    ]
     if workers:
         (target / "workers").mkdir(exist_ok=True)
         for found in workers:
