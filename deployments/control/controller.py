@@ -280,7 +280,8 @@ class ModelController(ModelLoader):
                 "'config' parameter with the model's configuration"
             )
         async with self._action():
-            self.listing = await self._list()
+            if self.settings.model_namespacing:  # the keys of the name now (each load lists again)
+                self.listing = await self._list()
             for key in self._keys(name):
                 async with self._held(key):
                     await self._record_unloaded(key, False)
@@ -316,8 +317,8 @@ class ModelController(ModelLoader):
                 await self._unload_one(key)
                 self.entries.pop(key, None)
 
-    async def _load_named(self, key: str, config: dict[str, Any] | None, files: dict[str, bytes]) -> None:
-        name = key
+    async def _load_named(self, name: str, config: dict[str, Any] | None, files: dict[str, bytes]) -> None:
+        """Load ``name`` (a model's key) as the repository API asked."""
         self.listing = await self._list()
         if name in self.listing.duplicates:
             raise InvalidArgument(f"failed to load '{name}': it appears in more than one model repository")
