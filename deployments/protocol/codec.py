@@ -303,6 +303,7 @@ def _decode_inputs(
     """The inputs by name; an input in shared memory is left as a ``SharedInput`` (``shared`` then
     holds an entry)."""
     inputs: dict[str, Any] = {}
+    miscounted: ElementCountMismatch | None = None
     for item in items:
         name, datatype, shape = _tensor_header(item, limits)
         if name in inputs:
@@ -332,8 +333,13 @@ def _decode_inputs(
                 f"input '{name}' needs {size} bytes of binary data but only {len(body) - offset} "
                 f"remain after the {HEADER_LENGTH} of {header_length}"
             )
-        inputs[name] = _binary_tensor(name, model_name, datatype, shape, body, offset, size)
+        try:
+            inputs[name] = _binary_tensor(name, model_name, datatype, shape, body, offset, size)
+        except ElementCountMismatch as e:
+            inputs[name], miscounted = None, e
         offset += size
+    if miscounted is not None:
+        raise miscounted
     if header_length is not None and offset != len(body):
         raise InvalidArgument(
             f"the request body holds {len(body) - offset} bytes beyond the JSON header of "
@@ -398,6 +404,11 @@ def byte_size_mismatch(name: str, model: str, expected: int, got: int) -> Invali
     )
 
 
+class ElementCountMismatch(InvalidArgument):
+    """A BYTES input with more or fewer elements than its shape. Where several inputs are wrong, the
+    request's decoders go on and report the last one, as Triton's validation does."""
+
+
 def bytes_tensor(name: str, model: str, data: bytes | memoryview, shape: list[int]) -> Any:
     """A BYTES input of ``shape`` from its length-prefixed ``data``; a different element count is refused
     in Triton's words (an extra element is named as the one past those expected)."""
@@ -407,12 +418,12 @@ def bytes_tensor(name: str, model: str, data: bytes | memoryview, shape: list[in
     except InvalidArgument as e:
         raise InvalidArgument(f"input '{name}': {e.message}") from None
     if len(flat) > expected:
-        raise InvalidArgument(
+        raise ElementCountMismatch(
             f"unexpected number of string elements {expected + 1} for inference input '{name}' for "
             f"model '{model}', expecting {expected}"
         )
     if len(flat) < expected:
-        raise InvalidArgument(
+        raise ElementCountMismatch(
             f"expected {expected} string elements for inference input '{name}' for model '{model}', "
             f"got {len(flat)}"
         )

@@ -103,6 +103,7 @@ def decode_infer_request(message: Any, limits: RequestLimits = _DEFAULT_LIMITS) 
     tensors = message.inputs
     shared = 0  # inputs in shared memory: raw contents are given for the others only
     inputs: dict[str, Any] = {}
+    miscounted: codec.ElementCountMismatch | None = None
     for tensor in tensors:
         name, datatype, shape = tensor.name, tensor.datatype, list(tensor.shape)
         if name in inputs:
@@ -121,13 +122,18 @@ def decode_infer_request(message: Any, limits: RequestLimits = _DEFAULT_LIMITS) 
             index = len(inputs) - shared
             if index >= len(raw):
                 raise _raw_count(len(tensors) - shared, len(raw))
-            inputs[name] = _raw_tensor(name, message.model_name, datatype, shape, raw[index])
+            try:
+                inputs[name] = _raw_tensor(name, message.model_name, datatype, shape, raw[index])
+            except codec.ElementCountMismatch as e:
+                inputs[name], miscounted = None, e
         elif tensor.HasField("contents"):
             inputs[name] = _typed_tensor(name, datatype, shape, tensor.contents)
         else:
             raise InvalidArgument(f"input '{name}' has neither contents nor raw_input_contents")
     if raw and len(raw) != len(tensors) - shared:
         raise _raw_count(len(tensors) - shared, len(raw))
+    if miscounted is not None:
+        raise miscounted
     request = InferRequest(
         model_name=message.model_name,
         inputs=inputs,

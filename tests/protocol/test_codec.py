@@ -421,3 +421,33 @@ def test_parameters_starting_with_triton_are_refused_but_the_one_clients_may_sen
             decode(json_body(pair(), parameters=params))
     request, _ = decode(json_body(pair(), parameters={"triton_enable_empty_final_response": True}))
     assert request.parameters == {"triton_enable_empty_final_response": True}
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_of_several_miscounted_bytes_inputs_the_last_is_named(protocol: str):
+    """Triton validates every input before it answers and names the last one at fault."""
+    from deployments.protocol import grpc_codec
+    from deployments.protocol.proto import grpc_service_pb2 as pb
+    from repository_loader.datatypes import serialize_bytes_tensor
+
+    data = serialize_bytes_tensor(np.array([b"1"] * 14, dtype=object))
+    names = ("INPUT0", "INPUT1")
+    message = r"expected 16 string elements for inference input 'INPUT1' for model 'm', got 14"
+    if protocol == "http":
+        params = {"binary_data_size": len(data)}
+        header = json.dumps(
+            {
+                "inputs": [
+                    {"name": n, "datatype": "BYTES", "shape": [1, 16], "parameters": params} for n in names
+                ]
+            }
+        )
+        with pytest.raises(InvalidArgument, match=message):
+            codec.decode_infer_request(header.encode() + data + data, len(header), "m")
+        return
+    request = pb.ModelInferRequest(model_name="m")
+    for name in names:
+        request.inputs.add(name=name, datatype="BYTES", shape=[1, 16])
+        request.raw_input_contents.append(data)
+    with pytest.raises(InvalidArgument, match=message):
+        grpc_codec.decode_infer_request(request)
