@@ -311,6 +311,8 @@ def _run_figures(report: Report) -> dict[str, float]:
             out[f"{key}:p50_ms"] = p.p50_us / 1000
             if p.client_cores is not None:
                 out[f"{key}:client_cores"] = p.client_cores
+            for role, ms in (p.cpu_ms or {}).items():
+                out[f"{key}:cpu_ms:{role}"] = ms
     return out
 
 
