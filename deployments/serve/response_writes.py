@@ -184,10 +184,17 @@ def coalesced(send: Send) -> Send:
     return send_coalesced
 
 
+_installed = False  # once true, for the process's life: the wrapper is never taken off
+
+
 def sends_trailers() -> bool:
-    """Whether uvicorn's httptools server writes ASGI's HTTP trailers in this process."""
-    cycle: Any = hooks.uvicorn_cycle()
-    return cycle is not None and bool(getattr(cycle, _MARK, False))
+    """Whether uvicorn's httptools server writes ASGI's HTTP trailers in this process (asked per gRPC
+    call: a yes is remembered)."""
+    global _installed
+    if not _installed:
+        cycle: Any = hooks.uvicorn_cycle()
+        _installed = cycle is not None and bool(getattr(cycle, _MARK, False))
+    return _installed
 
 
 def coalesce_response_writes() -> bool:
