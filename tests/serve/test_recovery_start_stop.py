@@ -37,6 +37,13 @@ def test_serve_config_carries_the_request_path_variables() -> None:
     assert (ROOT / binary).resolve() == HAPROXY_SCRIPT and os.access(HAPROXY_SCRIPT, os.X_OK)
 
 
+def test_haproxy_runs_a_thread_per_four_cores_from_one_to_four() -> None:
+    from deployments.serve.request_path import haproxy_threads
+
+    # its threads compete with the replicas: one on a small node (bench/results/haproxy_threads)
+    assert [haproxy_threads(n) for n in (1, 2, 4, 7, 8, 12, 16, 64)] == [1, 1, 1, 1, 2, 3, 4, 4]
+
+
 def test_serve_config_serves_grpc_through_serves_ports() -> None:
     """gRPC in one hop needs Serve's grpc_options naming the servicer function (docs/grpc.md)."""
     from ray.serve._private.utils import import_attr
