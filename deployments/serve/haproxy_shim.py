@@ -574,6 +574,42 @@ def raise_connection_limit(lines: list[str], file_limit: int | None = None) -> l
     return out
 
 
+THREADS_ENV = "RAY_SERVE_HAPROXY_NBTHREAD"
+_NBTHREAD = re.compile(r"^(\s*nbthread\s+)(\d+)(\s*)$")
+
+
+def haproxy_threads(cpus: int) -> int:
+    """HAProxy's threads on a node of ``cpus`` cores: one per four, from one to Serve's four.
+
+    HAProxy takes a small share of a request's CPU next to the replica's Python, and its threads
+    compete with the replicas for the node's cores: on two cores, one thread answered about a quarter
+    more identity requests a second at concurrency 8 and 32 than two threads, and as many at 1
+    (``bench/results/haproxy_threads``).
+    """
+    return max(1, min(4, cpus // 4))
+
+
+def size_threads(
+    lines: list[str], environ: Mapping[str, str] | None = None, cpus: int | None = None
+) -> list[str]:
+    """``lines`` with the ``global`` section's ``nbthread`` sized to this node (:func:`haproxy_threads`
+    of ``cpus``, default the cores this process may run on), unless :data:`THREADS_ENV` was set: Serve
+    writes its default of four otherwise, whatever the node (``serve run``, a ``ray start`` node)."""
+    if THREADS_ENV in (os.environ if environ is None else environ):
+        return lines
+    threads = haproxy_threads(len(os.sched_getaffinity(0)) if cpus is None else cpus)
+    out = list(lines)
+    inside = False
+    for i, line in enumerate(out):
+        if line and not line[0].isspace():
+            inside = line.strip() == "global"
+            continue
+        m = _NBTHREAD.match(line) if inside else None
+        if m:
+            out[i] = f"{m.group(1)}{threads}{m.group(3)}"
+    return out
+
+
 def add_request_timeout(lines: list[str], seconds: int | None = None) -> list[str]:
     """``lines`` with ``timeout http-request`` in the ``defaults`` section where Serve wrote none."""
     if seconds is None:
@@ -692,7 +728,7 @@ def rewrite(text: str, error_dir: Path, slots: dict[str, int] | None = None, pre
     lines = route_model_hosts(route_grpc_by_model(merge_group_backends(text.splitlines())))
     lines = server_answers_or_refuses(lines)
     lines = concentrate_batching_models(lines, fetch_routing_slots(lines) if slots is None else slots)
-    lines = strip_internal_headers(raise_connection_limit(add_request_timeout(lines)))
+    lines = strip_internal_headers(size_threads(raise_connection_limit(add_request_timeout(lines))))
     lines = drop_unasked_access_log(keep_idle_connections_on_reload(lines))
     lines = use_local_sockets(lines, before=local_addresses(previous))
     host = frontend_host(lines)

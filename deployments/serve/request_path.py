@@ -16,19 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from deployments.serve import hooks
-from deployments.serve.haproxy_shim import REAL_BINARY_ENV, SCRIPT, real_binary
-
-
-def haproxy_threads(cpus: int) -> int:
-    """HAProxy's threads on a node of ``cpus`` cores: one per four, from one to Serve's four.
-
-    HAProxy takes a small share of a request's CPU next to the replica's Python, and its threads
-    compete with the replicas for the node's cores: on two cores, one thread answered about a quarter
-    more identity requests a second at concurrency 8 and 32 than two threads, and as many at 1
-    (``bench/results/haproxy_threads``).
-    """
-    return max(1, min(4, cpus // 4))
-
+from deployments.serve.haproxy_shim import REAL_BINARY_ENV, SCRIPT, THREADS_ENV, haproxy_threads, real_binary
 
 # Ray Serve direct ingress behind HAProxy: each model replica answers HTTP itself.
 # HAProxy's metrics make it log every request to a Ray actor that parses the lines
@@ -41,7 +29,7 @@ REQUEST_PATH_ENV = {
     "RAY_SERVE_ENABLE_HA_PROXY": "1",
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
     "RAY_SERVE_HAPROXY_METRICS_ENABLED": "0",
-    "RAY_SERVE_HAPROXY_NBTHREAD": str(haproxy_threads(os.cpu_count() or 1)),
+    THREADS_ENV: str(haproxy_threads(len(os.sched_getaffinity(0)))),
     "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1",
     # A model's replica answers its own routes without Serve's per-request wrapper, and
     # inference runs to completion when a client disconnects, as in Triton

@@ -38,10 +38,15 @@ def test_serve_config_carries_the_request_path_variables() -> None:
 
 
 def test_haproxy_runs_a_thread_per_four_cores_from_one_to_four() -> None:
-    from deployments.serve.request_path import haproxy_threads
-
     # its threads compete with the replicas: one on a small node (bench/results/haproxy_threads)
-    assert [haproxy_threads(n) for n in (1, 2, 4, 7, 8, 12, 16, 64)] == [1, 1, 1, 1, 2, 3, 4, 4]
+    assert [haproxy_shim.haproxy_threads(n) for n in (1, 2, 4, 7, 8, 12, 16, 64)] == [1, 1, 1, 1, 2, 3, 4, 4]
+    serve_wrote = ["global", "    maxconn 4096", "    nbthread 4", "defaults", "    mode http"]
+    # `serve run` and `ray start` nodes get Serve's four unless the variable was set: the shim sizes it
+    sized = haproxy_shim.size_threads(serve_wrote, environ={}, cpus=2)
+    assert sized == ["global", "    maxconn 4096", "    nbthread 1", "defaults", "    mode http"]
+    assert (
+        haproxy_shim.size_threads(serve_wrote, environ={haproxy_shim.THREADS_ENV: "4"}, cpus=2) == serve_wrote
+    )
 
 
 def test_serve_config_serves_grpc_through_serves_ports() -> None:
