@@ -560,18 +560,24 @@ def connection_limit(written: int, file_limit: int | None = None) -> int:
     return min(MAX_CONNECTIONS, fits) if fits >= written else fits
 
 
-def raise_connection_limit(lines: list[str], file_limit: int | None = None) -> list[str]:
-    """``lines`` with the ``global`` section's ``maxconn`` set by :func:`connection_limit`."""
+def _global_number(lines: list[str], setting: re.Pattern[str], value: Callable[[int], int]) -> list[str]:
+    """``lines`` with the number of the ``global`` section's ``setting`` (its groups: before, number,
+    after) replaced by ``value`` of the number Serve wrote."""
     out = list(lines)
     inside = False
     for i, line in enumerate(out):
         if line and not line[0].isspace():
             inside = line.strip() == "global"
             continue
-        m = _MAXCONN.match(line) if inside else None
+        m = setting.match(line) if inside else None
         if m:
-            out[i] = f"{m.group(1)}{connection_limit(int(m.group(2)), file_limit)}{m.group(3)}"
+            out[i] = f"{m.group(1)}{value(int(m.group(2)))}{m.group(3)}"
     return out
+
+
+def raise_connection_limit(lines: list[str], file_limit: int | None = None) -> list[str]:
+    """``lines`` with the ``global`` section's ``maxconn`` set by :func:`connection_limit`."""
+    return _global_number(lines, _MAXCONN, lambda written: connection_limit(written, file_limit))
 
 
 THREADS_ENV = "RAY_SERVE_HAPROXY_NBTHREAD"
@@ -598,16 +604,7 @@ def size_threads(
     if THREADS_ENV in (os.environ if environ is None else environ):
         return lines
     threads = haproxy_threads(len(os.sched_getaffinity(0)) if cpus is None else cpus)
-    out = list(lines)
-    inside = False
-    for i, line in enumerate(out):
-        if line and not line[0].isspace():
-            inside = line.strip() == "global"
-            continue
-        m = _NBTHREAD.match(line) if inside else None
-        if m:
-            out[i] = f"{m.group(1)}{threads}{m.group(3)}"
-    return out
+    return _global_number(lines, _NBTHREAD, lambda written: threads)
 
 
 def add_request_timeout(lines: list[str], seconds: int | None = None) -> list[str]:
