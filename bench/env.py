@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -47,3 +49,15 @@ def environment(**extra: Any) -> dict[str, Any]:
         ),
         **extra,
     }
+
+
+def save_measurement(module: str, document: dict[str, Any], argv: list[str] | None = None) -> Path:
+    """Write ``document`` with the environment and the command line (``python -m bench.<module>`` and
+    ``argv``, default this process's arguments) to ``bench/results/<module>/results.json``."""
+    out = Path(__file__).resolve().parent / "results" / module / "results.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    command = f"python -m bench.{module} " + " ".join(argv if argv is not None else sys.argv[1:])
+    out.write_text(
+        json.dumps({"environment": environment(command=command.strip()), **document}, indent=1) + "\n"
+    )
+    return out

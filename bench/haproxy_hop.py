@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.cpu_split import process_cpu_s
-from bench.env import environment
+from bench.env import save_measurement
 from bench.http_floor import APP, drive
-from bench.scenarios.common import RESULTS, free_port
+from bench.scenarios.common import free_port
 from deployments.serve import local_sockets
 from deployments.serve.haproxy_shim import DEFAULT_LOG_TARGET, drop_unasked_access_log, real_binary
 
@@ -191,11 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     result = measure(
         args.rounds, args.seconds, args.concurrency or [1, 16], args.request_bytes, args.response_bytes
     )
-    out = RESULTS / "haproxy_hop" / "results.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    command = "python -m bench.haproxy_hop " + " ".join(argv if argv is not None else sys.argv[1:])
-    document = {"environment": environment() | {"command": command.strip()}, **result}
-    out.write_text(json.dumps(document, indent=1) + "\n")
+    out = save_measurement("haproxy_hop", result, argv)
     print(json.dumps(result["summary"], indent=1))
     print(f"written to {out}")
     return 0

@@ -17,13 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from typing import Any
 
-from bench.env import environment
+from bench.env import save_measurement
 from bench.pa_runner import run_perf_analyzer
 from bench.scenarios.common import BENCH_MODELS, free_port, make_repository, start_this_server, work_dir
-from bench.summary import RESULTS
 
 MODEL = "identity_py"
 LEVELS = (1.0, 8.0, 32.0)
@@ -86,11 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=2.0, help="perf_analyzer's window")
     args = parser.parse_args(argv)
     result = measure(args.rounds, args.threads or [1, 2], args.seconds)
-    out = RESULTS / "haproxy_threads" / "results.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    command = "python -m bench.haproxy_threads " + " ".join(argv if argv is not None else sys.argv[1:])
-    document = {"environment": environment() | {"command": command.strip()}, **result}
-    out.write_text(json.dumps(document, indent=1) + "\n")
+    out = save_measurement("haproxy_threads", result, argv)
     print(json.dumps(result["summary"], indent=1))
     print(f"written to {out}")
     return 0

@@ -24,8 +24,8 @@ import time
 from typing import Any
 
 from bench.cpu_split import process_cpu_s
-from bench.env import environment
-from bench.scenarios.common import RESULTS, free_port
+from bench.env import save_measurement
+from bench.scenarios.common import free_port
 
 APP = """
 import sys, uvicorn
@@ -122,11 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--response-bytes", type=int, default=2 * 26 * 37 * 4 + 200)
     args = parser.parse_args(argv)
     result = measure_floor(args.concurrency, args.seconds, args.request_bytes, args.response_bytes)
-    out = RESULTS / "http_floor" / "results.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    command = "python -m bench.http_floor " + " ".join(argv if argv is not None else sys.argv[1:])
-    document = {"environment": environment() | {"command": command.strip()}, "result": result}
-    out.write_text(json.dumps(document, indent=1) + "\n")
+    out = save_measurement("http_floor", {"result": result}, argv)
     print(json.dumps(result, indent=1))
     print(f"written to {out}")
     return 0
