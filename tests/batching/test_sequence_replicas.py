@@ -118,6 +118,20 @@ async def test_a_replica_of_a_two_instance_model_with_scheduler_state_holds_the_
     await batcher.close(drain=False)
 
 
+async def test_new_sequences_take_slot_zero_of_each_instance_that_runs_at_once_first() -> None:
+    """Triton's free-slot order: the lowest slot index over the instances, so two sequences run in two
+    batches at once, not in one batch of two."""
+    acc = Accumulator()
+    model = sequence_model(max_batch_size=8, instances=2, extra=SCHEDULER_STATE)
+    batcher = SequenceBatcher(model, acc, max_concurrent_batches=2)
+    await asyncio.gather(*(batcher.submit(req(cid, 1.0, start=True)) for cid in (1, 2)))
+    acc.batches.clear()
+    steps = await asyncio.gather(*(batcher.submit(req(cid, 1.0)) for cid in (1, 2)))
+    assert [out(r) for r in steps] == [2.0, 2.0]
+    assert sorted(len(b) for b in acc.batches) == [1, 1]
+    await batcher.close(drain=False)
+
+
 @pytest.mark.parametrize("strategy", ["direct { }", "oldest { max_candidate_sequences: 8 }"])
 async def test_twelve_sequences_step_by_step_on_one_replica_of_a_two_instance_model(strategy: str) -> None:
     """12 sequences, 8 steps, 8 workers, Triton's 1 s idle limit, every sequence on this replica: a
