@@ -435,6 +435,21 @@ def route_model_hosts(lines: list[str]) -> list[str]:
 SERVER_CONNECT_TIMEOUT = "250ms"
 """How long HAProxy waits to connect to the server application's replica (and between retries)."""
 
+SERVER_BACKEND_LINES = (
+    "http-reuse never",
+    "retry-on conn-failure empty-response",
+    "http-request disable-l7-retry unless METH_GET",
+)
+"""What the server application's HTTP backend does in place of Serve's ``http-reuse always``: each
+request gets a connection of its own, and a read (GET or HEAD: readiness, metadata, statistics) whose
+connection closed with no answer is sent again. With reuse, a request HAProxy wrote on an idle
+connection just as the replica died reached nothing, and HAProxy closed the client's connection
+without an answer (its rule for a failed reused connection, so that a browser resends); a fresh
+connection to a dead replica is refused, or closed with no answer, and the read sent again then
+meets the refusal: the client reads the 503 that says to try again. A POST (a load, a region) is
+never sent twice. These routes are not the inference path, so a connection each costs nothing
+that matters."""
+
 
 def server_answers_or_refuses(lines: list[str]) -> list[str]:
     """``lines`` without Serve's proxy as the ``backup`` of the server application's HTTP backend.
@@ -443,7 +458,7 @@ def server_answers_or_refuses(lines: list[str]) -> list[str]:
     hold them until the new replica runs (seconds, more on a busy node): a readiness probe or a
     repository call then hangs. Without the backup HAProxy answers them 503 at once (Triton's JSON
     error page), which clients retry; model backends keep the backup, which holds a model's requests
-    while its replica restarts.
+    while its replica restarts. The HTTP backend also takes :data:`SERVER_BACKEND_LINES`.
 
     Until a health check or the third refused connection marks the dead replica down, HAProxy retries a
     refused connection after ``min(timeout connect, 1 s)``: with Serve's 5 s that held the first
@@ -455,6 +470,15 @@ def server_answers_or_refuses(lines: list[str]) -> list[str]:
 
     http_backend = haproxy_backend(HTTP_BACKEND_PREFIX, SERVER_APP)
     out = _without_backups(lines, [http_backend])
+    found = _backends(out).get(http_backend)
+    if found is not None:
+        start, end = found
+        out = [
+            line
+            for i, line in enumerate(out)
+            if not (start <= i < end and line.split()[:1] == ["http-reuse"])
+        ]
+        out[start:start] = [f"    {line}" for line in SERVER_BACKEND_LINES]
     for name in (http_backend, haproxy_backend(GRPC_BACKEND_PREFIX, SERVER_APP)):
         found = _backends(out).get(name)
         if found is not None:

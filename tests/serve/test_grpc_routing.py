@@ -372,6 +372,13 @@ def test_serves_proxy_is_no_longer_a_backup(tmp_path: Path) -> None:
     for name in ("http-triton", "grpc-triton"):
         assert section(name).splitlines()[1] == "    timeout connect 250ms", section(name)
     assert "timeout connect" not in section("http-model-m")
+    # ... each request on a connection of its own, reads sent again where one closed with no answer
+    assert [line.strip() for line in triton.splitlines() if line.split()[:1] == ["http-reuse"]] == [
+        "http-reuse never"
+    ]
+    assert "    retry-on conn-failure empty-response" in triton.splitlines()
+    assert "    http-request disable-l7-retry unless METH_GET" in triton.splitlines()
+    assert "http-reuse always" in section("http-model-m") and "retry-on" not in section("http-model-m")
 
 
 def test_a_compressed_message_reaches_the_server_application(front: str) -> None:

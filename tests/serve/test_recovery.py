@@ -229,7 +229,9 @@ def test_a_restarted_server_application_keeps_the_models_the_api_loaded(server: 
     killed_at = time.monotonic()
     last: object = None
     hung = []  # before: Serve's proxy, the backend's backup, held them until the new replica ran
-    dropped = []  # a call that met the dying replica (in flight at the kill) may lose its connection
+    # before: the first call after the kill, written on HAProxy's idle connection to the dead replica,
+    # lost its connection with no answer (every call here starts after the kill: none was in flight)
+    dropped = []
     while time.monotonic() < killed_at + 120:
         try:
             last = http(f"{server.url}/v2/health/ready", timeout=5)[0]
@@ -245,7 +247,7 @@ def test_a_restarted_server_application_keeps_the_models_the_api_loaded(server: 
     rows = _index(server)
     assert last == 200, (rows, _server_log(server))
     assert hung == [], hung  # a 503 (or 400, not ready) while it restarts, never a hang
-    assert all(after < 1.0 for after, _ in dropped), dropped
+    assert dropped == [], dropped
     assert rows["api_loaded"].get("state") == "READY", (rows, _server_log(server))
     assert rows["add_one"].get("state") == "READY", rows
     after = {name: (row.get("state"), row.get("reason")) for name, row in rows.items()}
