@@ -547,9 +547,36 @@ async def answer_unary(
     return response
 
 
+class MetadataContext:
+    """What a streaming RPC reads of its call's context where no gRPC server made one (the HTTP/1.1
+    lane): the call's metadata."""
+
+    __slots__ = ("_metadata",)
+
+    def __init__(self, metadata: Callable[[], Mapping[str, str]]) -> None:
+        self._metadata = metadata
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return tuple(self._metadata().items())
+
+
+async def answer_stream(
+    method: RpcMethod, requests: AsyncIterator[Any], metadata: Callable[[], Mapping[str, str]]
+) -> AsyncIterator[Any]:
+    """The responses of a streaming ``method`` to ``requests``, checked against the restricted API's
+    rule (read from ``metadata``); a :class:`ServerError` or :class:`StreamEnded` raised ends the
+    stream with its status."""
+    _check_restricted(method.rule, metadata)
+    _call_metadata.set(metadata)  # read by the stream's requests (their tasks copy it)
+    async for item in method.call(requests, MetadataContext(metadata)):
+        yield item
+
+
 def status_of(error: BaseException, method: str) -> tuple[grpc.StatusCode, str]:
     """The gRPC status answering ``error``: a :class:`ServerError`'s own (the one table), else
     INTERNAL, logged."""
+    if isinstance(error, StreamEnded):
+        return error.code, error.message
     if isinstance(error, ServerError):
         return grpc.StatusCode[error.grpc_status], error.message
     logger.error("internal error answering %s", method, exc_info=error)

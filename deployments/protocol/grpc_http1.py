@@ -14,7 +14,13 @@ the servicer's own rules: the restricted API (request headers are the call's met
 receive and send limits (a message over the receive limit is refused from its frame header,
 before its bytes are read), compressed requests (``grpc-encoding`` gzip or deflate) and response
 compression (``GrpcOptions.compression``, where the client's ``grpc-accept-encoding`` takes it).
-Streaming RPCs are not answered here (UNIMPLEMENTED): they need both directions open at once.
+
+A stream (``ModelStreamInfer``) is one POST whose body is the client's messages, one after another,
+and whose answer is the server's, written as they come, then the trailers: HTTP/1.1 carries both
+directions at once (the answer begins before the request's body ends), and so does HAProxy
+between its HTTP/2 frontend and such a server. Each message is read as it arrives, against the same
+limits; the client leaving (its connection closed, before or after it half-closed) cancels the
+stream's work, as a gRPC server's cancellation does.
 
 The server must implement ASGI's HTTP trailers extension (``http.response.trailers`` in the
 scope's ``extensions``; ``deployments.serve.response_writes`` adds it to uvicorn's httptools
@@ -27,19 +33,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import zlib
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, MutableMapping
 from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
 
 from deployments.protocol.compression import compress, decompress
-from deployments.protocol.grpc import SERVICE, GRPCInferenceServicer, RpcMethod, answer_unary, status_of
+from deployments.protocol.grpc import (
+    SERVICE,
+    GRPCInferenceServicer,
+    RpcMethod,
+    answer_stream,
+    answer_unary,
+    status_of,
+)
 from deployments.protocol.raw_tail import RAW_INPUT_FIELD, TAIL_MIN_BYTES, Tailed, split
-from repository_loader.errors import ServerError, TooLarge
+from repository_loader.errors import InternalError, ServerError, TooLarge, Unsupported
 
 PATH_PREFIX = f"/{SERVICE}/"
 TRAILERS_EXTENSION = "http.response.trailers"
+STREAMED_RESPONSE = "triton_serve.streamed"
+"""A key of a stream's ``http.response.start``: its body messages are written as they come, not held
+for the trailers (a server whose writes wait for the trailers reads it: ``deployments.serve.response_writes``)."""
 _FRAME = 5  # compressed flag and length
 CANCEL_WATCH_AFTER_S = 0.05  # how often running calls are swept: one running a whole interval is watched
 _CONTENT_TYPE = (b"content-type", b"application/grpc")
@@ -108,11 +124,6 @@ class GrpcOverHttp1:
         try:
             if method is None:
                 raise _Refused(grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {path}")
-            if method.streaming:
-                raise _Refused(
-                    grpc.StatusCode.UNIMPLEMENTED,
-                    f"{method.name} is a streaming RPC: it is not answered over HTTP/1.1",
-                )
             if scope.get("method") != "POST" or not headers.get("content-type", "").startswith(
                 "application/grpc"
             ):
@@ -121,6 +132,9 @@ class GrpcOverHttp1:
                 raise _Refused(
                     grpc.StatusCode.INTERNAL, "this HTTP server cannot send trailers, which gRPC needs"
                 )
+            if method.streaming:
+                await self._stream_where_run(method, headers, receive, send)
+                return
             request = _parse(method, await self._message(receive, headers))
         except _Refused as refused:
             await _answer_status(send, refused.code, refused.message, refused.close)
@@ -237,14 +251,107 @@ class GrpcOverHttp1:
                 grpc.StatusCode.INTERNAL, f"failed to decompress the request message: {e}"
             ) from None
 
+    def _response_encoding(self, headers: Mapping[str, str]) -> str | None:
+        """How responses are compressed: the server's choice, where the client takes it."""
+        encoding = self.options.compression
+        if encoding in ("gzip", "deflate") and encoding in _tokens(headers.get("grpc-accept-encoding", "")):
+            return encoding
+        return None
+
+    async def _stream_where_run(
+        self, method: RpcMethod, headers: Mapping[str, str], receive: Receive, send: Send
+    ) -> None:
+        """The stream on the servicer's loop (``run``), reading and writing its connection where it is."""
+        if self._run is _await:
+            await self._stream(method, headers, receive, send)
+            return
+        here = asyncio.get_running_loop()
+
+        def on_this_loop(call: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+            async def moved(*args: Any) -> Any:
+                if asyncio.get_running_loop() is here:
+                    return await call(*args)
+
+                async def there() -> Any:
+                    return await call(*args)
+
+                return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(there(), here))
+
+            return moved
+
+        await self._run(self._stream(method, headers, on_this_loop(receive), on_this_loop(send)))
+
+    async def _stream(
+        self, method: RpcMethod, headers: Mapping[str, str], receive: Receive, send: Send
+    ) -> None:
+        """A streaming call: each message handed to the servicer as it arrives, each response written
+        as it comes, then the status in the trailers; nothing written where the client left."""
+        task = asyncio.current_task()
+        assert task is not None
+        frames = _Frames(receive, headers, self.options.max_receive_message_bytes, task)
+        encoding = self._response_encoding(headers)
+        limit = self.options.max_send_message_bytes
+        started = False
+        code, message = grpc.StatusCode.OK, ""
+        try:
+            async for response in answer_stream(
+                method, frames.messages(method.request_type.FromString), lambda: headers
+            ):
+                data = response.SerializeToString()
+                if len(data) > limit:
+                    raise TooLarge(f"Sent message larger than max ({len(data)} vs. {limit})")
+                flag = b"\x00"
+                if encoding is not None:
+                    data, flag = compress(data, encoding), b"\x01"
+                if not started:
+                    head = [_CONTENT_TYPE]
+                    if encoding is not None:
+                        head.append((b"grpc-encoding", encoding.encode()))
+                    await send(
+                        {
+                            "type": "http.response.start",
+                            "status": 200,
+                            "headers": head,
+                            "trailers": True,
+                            STREAMED_RESPONSE: True,
+                        }
+                    )
+                    started = True
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": flag + len(data).to_bytes(4, "big") + data,
+                        "more_body": True,
+                    }
+                )
+        except asyncio.CancelledError:
+            if not frames.gone:
+                raise
+            task.uncancel()
+            return  # the client went away: nobody reads an answer
+        except _ClientGone:
+            return
+        except Exception as e:
+            code, message = status_of(e, method.name)
+        finally:
+            frames.finish()
+        if not started:  # a trailers-only answer; the connection closes where the body was not all read
+            await _answer_status(send, code, message, close=not frames.ended)
+            return
+        tail = [(b"grpc-status", str(code.value[0]).encode())]
+        if message:
+            tail.append((b"grpc-message", percent_encoded(message)))
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await send({"type": TRAILERS_EXTENSION, "headers": tail, "more_trailers": False})
+
     async def _answer(self, send: Send, method: RpcMethod, response: Any, headers: Mapping[str, str]) -> None:
         parts: list[Any] = (
             response.parts() if isinstance(response, Tailed) else [response.SerializeToString()]
         )
         head = [_CONTENT_TYPE]
         flag = b"\x00"
-        encoding = self.options.compression
-        if encoding in ("gzip", "deflate") and encoding in _tokens(headers.get("grpc-accept-encoding", "")):
+        encoding = self._response_encoding(headers)
+        if encoding is not None:
             parts, flag = [compress(b"".join(parts), encoding)], b"\x01"
             head.append((b"grpc-encoding", encoding.encode()))
         size = sum(len(part) for part in parts)
@@ -254,6 +361,87 @@ class GrpcOverHttp1:
         for index, part in enumerate(parts):
             await send({"type": "http.response.body", "body": part, "more_body": index < len(parts) - 1})
         await send({"type": TRAILERS_EXTENSION, "headers": [(b"grpc-status", b"0")], "more_trailers": False})
+
+
+class _ClientGone(Exception):
+    """The client of a stream went away (its connection closed) while the stream read its messages."""
+
+
+class _Frames:
+    """A stream's request messages, read from its body as they arrive.
+
+    Each message is refused over ``limit`` from its frame's head, before its bytes are read, and
+    inflated where its flag says so (``grpc-encoding``). Once the client half-closed (the body
+    ended), the connection is watched: its closing cancels ``task``, the stream's, as a cancelled
+    call does."""
+
+    def __init__(
+        self, receive: Receive, headers: Mapping[str, str], limit: int, task: asyncio.Task[Any]
+    ) -> None:
+        self.receive = receive
+        self.encoding = headers.get("grpc-encoding", "identity")
+        self.limit = limit
+        self.task = task
+        self.buffer = bytearray()
+        self.ended = False  # the client half-closed
+        self.gone = False  # the client's connection closed
+        self.finished = False  # the stream is answered: a closing connection no longer cancels it
+        self.watcher: asyncio.Task[None] | None = None
+
+    async def messages(self, parse: Callable[[bytes], Any]) -> AsyncIterator[Any]:
+        while True:
+            while len(self.buffer) >= _FRAME:
+                size = int.from_bytes(self.buffer[1:_FRAME], "big")
+                if size > self.limit:
+                    raise TooLarge(f"Received message larger than max ({size} vs. {self.limit})")
+                if len(self.buffer) < _FRAME + size:
+                    break
+                compressed = self.buffer[0] == 1
+                data = bytes(self.buffer[_FRAME : _FRAME + size])
+                del self.buffer[: _FRAME + size]
+                yield _parse_message(parse, self._inflated(data) if compressed else data)
+            if self.ended:
+                if self.buffer:
+                    raise InternalError("the request message is incomplete")
+                return
+            event = await self.receive()
+            if event["type"] == "http.disconnect":
+                self.gone = True
+                raise _ClientGone()
+            self.buffer += event.get("body", b"")
+            if not event.get("more_body", False):
+                self.ended = True
+                self.watcher = asyncio.get_running_loop().create_task(self._watch())
+
+    def _inflated(self, data: bytes) -> bytes:
+        if self.encoding not in ("gzip", "deflate"):
+            raise Unsupported(f"a compressed message with grpc-encoding '{self.encoding}'")
+        try:
+            return bytes(decompress(data, self.encoding, self.limit))
+        except TooLarge:
+            raise TooLarge(f"Received message larger than max (inflated beyond {self.limit} bytes)") from None
+        except zlib.error as e:
+            raise InternalError(f"failed to decompress the request message: {e}") from None
+
+    async def _watch(self) -> None:
+        # after the body, a server's receive() waits until the connection closes (or the answer is
+        # complete); one that hands out more request events cannot be watched this way
+        if (await self.receive())["type"] == "http.disconnect" and not self.finished:
+            self.gone = True
+            self.task.cancel()
+
+    def finish(self) -> None:
+        """The stream is answered (or abandoned): stop watching its connection."""
+        self.finished = True
+        if self.watcher is not None and not self.watcher.done():
+            self.watcher.cancel()
+
+
+def _parse_message(parse: Callable[[bytes], Any], data: bytes) -> Any:
+    try:
+        return parse(data)
+    except DecodeError as e:
+        raise InternalError(f"failed to parse the request message: {e}") from None
 
 
 def _parse(method: RpcMethod, data: bytes | memoryview) -> Any:
@@ -295,4 +483,4 @@ def percent_encoded(text: str) -> bytes:
     ).encode("ascii")
 
 
-__all__ = ["PATH_PREFIX", "TRAILERS_EXTENSION", "GrpcOverHttp1", "percent_encoded"]
+__all__ = ["PATH_PREFIX", "STREAMED_RESPONSE", "TRAILERS_EXTENSION", "GrpcOverHttp1", "percent_encoded"]

@@ -31,8 +31,9 @@ and ``deployments.serve.launch`` point it at ``deployments/serve/bin/haproxy``, 
   the model's HTTP backend, each tracking its health there), where each replica answers it with
   trailers (``deployments.protocol.grpc_http1``): an HTTP/2 server in Python per call cost more
   than HAProxy's conversion (docs/grpc.md). A ``ModelStreamInfer`` stream is matched the same way
-  on its first request (its first bytes: the stream's body does not end) and goes to the model's
-  gRPC backend (Serve's per-replica gRPC ports, HTTP/2 both sides), whose replica also answers the
+  on its first request (its first bytes: the stream's body does not end) and goes to the same
+  replicas over HTTP/1.1 as well (backend ``trs-grpc-h1-stream-<app>``: both directions flow at
+  once, each message written as it comes), whose replica also answers the
   stream's later requests for other models (the router, ``deployments.runtime.router``). Every other
   call (streams, metadata, the repository API, a compressed message, a name not served, a model
   with no replica up) goes to the server application's backend instead of Serve's "application
@@ -245,18 +246,26 @@ def stream_guard(rule: str) -> str:
 
 H1_BACKEND_PREFIX = "trs-grpc-h1-"
 """The backend through which ``ModelInfer`` calls reach a model's replicas over HTTP/1.1."""
+STREAM_BACKEND_PREFIX = H1_BACKEND_PREFIX + "stream-"
+"""The backend through which ``ModelStreamInfer`` streams reach a model's replicas over HTTP/1.1 (its
+own: least connections, whatever a batched model's calls use, and the gRPC backend's timeouts)."""
 _SERVER_LINE = re.compile(r"^\s*server\s+(\S+)\s+(\S+)(.*)$")
 
 
-def _over_http1(lines: list[str], start: int, end: int, source: str, name: str) -> list[str]:
+def _over_http1(
+    lines: list[str], start: int, end: int, source: str, name: str, timeouts: list[str] | None = None
+) -> list[str]:
     """Backend ``name``: the replicas of HTTP backend ``source`` (its lines ``start:end``), backups left
-    out, each tracking its own state there, for gRPC calls handed over as HTTP/1.1. Where Serve has a
+    out, each tracking its own state there, for gRPC calls handed over as HTTP/1.1; with the
+    ``timeout`` lines of ``source``, or ``timeouts``. Where Serve has a
     server observe its connections (``observe layer4 ... on-error mark-down``), so does its copy: a
     replica being removed refuses connections once its draining window ends, and without it the gRPC
     calls of a client would go on meeting the closed port (each tried up to ``retries`` times, then a
     503) until the health check found it."""
     out = [f"backend {name}", "    log global", "    http-reuse always"]
-    out += [line for line in lines[start:end] if line.split()[:1] == ["timeout"]]
+    if timeouts is None:
+        timeouts = [line for line in lines[start:end] if line.split()[:1] == ["timeout"]]
+    out += timeouts
     for line in lines[start:end]:
         m = _SERVER_LINE.match(line)
         if m and not _is_backup(line):
@@ -318,8 +327,14 @@ def route_grpc_by_model(lines: list[str]) -> list[str]:
         model = app[len(MODEL_APP_PREFIX) :]
         named = f"{{ var(txn.trs_head) -m beg {name_prefix(model)} }}"
         rules.append(f"    use_backend {backend} if trs_model_infer {named} {{ nbsrv({backend}) ge 1 }}")
-        streams = haproxy_backend(GRPC_BACKEND_PREFIX, app)
-        if streams in backends:
+        grpc_backend = haproxy_backend(GRPC_BACKEND_PREFIX, app)
+        if grpc_backend in backends:  # streams: over HTTP/1.1 too, with the gRPC backend's timeouts
+            streams = STREAM_BACKEND_PREFIX + source[len(HTTP_BACKEND_PREFIX) :]
+            timeouts = [
+                line for line in lines[slice(*backends[grpc_backend])] if line.split()[:1] == ["timeout"]
+            ]
+            added += _over_http1(lines, *backends[source], source, streams, timeouts)
+            routed.append(streams)
             rules.append(f"    use_backend {streams} if trs_model_stream {named} {{ nbsrv({streams}) ge 1 }}")
     hosts = haproxy_backend(HTTP_BACKEND_PREFIX, HOST_APP)
     if hosts in backends:  # any other model's ModelInfer: a model host replica

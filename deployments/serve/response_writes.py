@@ -19,7 +19,9 @@ The same ``send`` adds ASGI's HTTP trailers extension, which uvicorn lacks: a
 response started with ``"trailers": True`` is written chunked and ends with the
 fields of its ``http.response.trailers`` message in the last chunk
 (``0\r\n<name>: <value>\r\n\r\n``) instead of the bare terminator; the head, body and
-trailers of such a response leave in one write. What is held back is kept as the parts uvicorn
+trailers of such a response leave in one write, unless its start message says it is streamed
+(``grpc_http1.STREAMED_RESPONSE``: a gRPC stream's answers), where each body message leaves as it
+comes (the head with the first). What is held back is kept as the parts uvicorn
 wrote and handed to the transport's ``writelines`` (a vectored write on uvloop), never joined here:
 a large response was copied several times on its way out before. gRPC's
 status travels there when HAProxy hands a gRPC call to a replica over HTTP/1.1
@@ -33,6 +35,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from deployments.protocol.grpc_http1 import STREAMED_RESPONSE
 from deployments.serve import hooks
 
 logger = logging.getLogger(__name__)
@@ -135,6 +138,11 @@ def coalesced(send: Send) -> Send:
         fields: bytes | None = None
         if kind == "http.response.start" and message.get("trailers"):
             cycle._trailers_due = True
+            cycle._streamed = bool(message.get(STREAMED_RESPONSE))
+        elif kind == "http.response.body" and cycle.__dict__.get("_streamed"):
+            if not message.get("body"):
+                return  # nothing to write: the trailers end the body
+            message = {**message, "more_body": True}  # the trailers end it; each part leaves as it comes
         elif kind == "http.response.body" and cycle.__dict__.get("_trailers_due"):
             # the response ends with its trailers: its body is held and leaves with them, in one write
             transport = cycle.transport

@@ -46,8 +46,8 @@ def running_server(dataplane: Any, transport: str = "grpc", **options: Any) -> I
     """Serve ``dataplane`` on a free local port from a thread; yield ``host:port``.
 
     ``transport`` "grpc": the gRPC server (grpcio) alone. "http1": HAProxy's HTTP/2 frontend in front,
-    handing every unary call to an HTTP/1.1 server (uvicorn, httptools, as in a replica) answering it
-    with trailers (``deployments.protocol.grpc_http1``), and streams to the gRPC server, as on Serve.
+    handing every call, streams included, to an HTTP/1.1 server (uvicorn, httptools, as in a replica)
+    answering it with trailers (``deployments.protocol.grpc_http1``), as on Serve.
     """
     loop = asyncio.new_event_loop()
     started = threading.Event()
@@ -95,6 +95,7 @@ def running_server(dataplane: Any, transport: str = "grpc", **options: Any) -> I
 _HTTP1_FRONT = """
 defaults
     mode http
+    option http-no-delay
     timeout connect 5s
     timeout client 30s
     timeout server 30s
@@ -106,7 +107,7 @@ backend unary
     http-reuse always
     server http1 127.0.0.1:{h1}
 backend streams
-    server grpc 127.0.0.1:{h2} proto h2
+    server http1 127.0.0.1:{h1}
 """
 
 

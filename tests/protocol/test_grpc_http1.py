@@ -1,5 +1,5 @@
-"""gRPC's unary calls over HTTP/1.1 (``deployments.protocol.grpc_http1``), as an ASGI application: the
-framing, the trailers and the refusals, without a proxy. The real client through HAProxy runs every
+"""gRPC's calls over HTTP/1.1 (``deployments.protocol.grpc_http1``), as an ASGI application: the
+framing, the trailers, streams and the refusals, without a proxy. The real client through HAProxy runs every
 RPC of ``test_grpc.py`` over this path too (its ``http1`` transport)."""
 
 from __future__ import annotations
@@ -9,11 +9,13 @@ import gzip
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from deployments.protocol.grpc import GRPCInferenceServicer, GrpcOptions
 from deployments.protocol.grpc_http1 import (
     CANCEL_WATCH_AFTER_S,
+    STREAMED_RESPONSE,
     TRAILERS_EXTENSION,
     GrpcOverHttp1,
     percent_encoded,
@@ -94,7 +96,6 @@ async def test_errors_are_trailers_only_answers_with_the_status_and_message(data
     ("method", "body", "status", "words"),
     [
         ("NoSuchMethod", _frame(b""), "12", "Method not found"),
-        ("ModelStreamInfer", _frame(b""), "12", "streaming RPC"),
         ("ServerLive", b"\x00\x00\x00", "13", "incomplete"),
         ("ServerLive", _frame(b"ab")[:-1], "13", "incomplete"),
         ("ServerLive", _frame(b"") + _frame(b""), "13", "one message"),
@@ -240,3 +241,120 @@ async def test_a_call_that_answers_at_once_does_not_watch_its_connection(datapla
     # the message was read once; the connection was never read again, and the sweep has ended
     assert reads == 1
     assert {t for t in asyncio.all_tasks() if not t.done()} == {asyncio.current_task()}
+
+
+def _echo_request(value: int, request_id: str) -> bytes:
+    message = pb.ModelInferRequest(model_name="echo_slow", id=request_id)
+    tensor = message.inputs.add(name="X", datatype="INT64", shape=[1])
+    tensor.contents.int64_contents.append(value)
+    return _frame(message.SerializeToString())
+
+
+class _Connection:
+    """A stream's connection, driven by the test: body pieces and a disconnect are put on ``events``;
+    ``sent`` fills as the lane writes, ``wrote`` is set at each write."""
+
+    def __init__(self) -> None:
+        self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.sent: list[dict[str, Any]] = []
+        self.wrote = asyncio.Event()
+
+    async def receive(self) -> dict[str, Any]:
+        return await self.events.get()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(message)
+        self.wrote.set()
+
+    def body(self, data: bytes, more: bool = True) -> None:
+        self.events.put_nowait({"type": "http.request", "body": data, "more_body": more})
+
+    def responses(self) -> list[Any]:
+        data = b"".join(m.get("body", b"") for m in self.sent if m["type"] == "http.response.body")
+        out = []
+        while data:
+            size = int.from_bytes(data[1:5], "big")
+            out.append(pb.ModelStreamInferResponse.FromString(data[5 : 5 + size]))
+            data = data[5 + size :]
+        return out
+
+    async def written(self, count: int) -> None:
+        while len(self.responses()) < count:
+            self.wrote.clear()
+            await asyncio.wait_for(self.wrote.wait(), 5)
+
+
+def _stream_scope() -> dict[str, Any]:
+    return _unary_scope("ModelStreamInfer")
+
+
+async def test_a_stream_answers_each_message_while_its_body_is_still_open(dataplane: Any) -> None:
+    """Each request is answered before the next one is sent, then the status ends the answer."""
+    connection = _Connection()
+    lane = GrpcOverHttp1(GRPCInferenceServicer(dataplane))
+    served = asyncio.ensure_future(lane(_stream_scope(), connection.receive, connection.send))
+    first = _echo_request(7, "a")
+    connection.body(first[:3])  # a message in pieces
+    connection.body(first[3:])
+    await connection.written(1)
+    assert connection.sent[0]["type"] == "http.response.start" and connection.sent[0]["trailers"] is True
+    assert connection.sent[0][STREAMED_RESPONSE] is True  # written as it comes, not held for the trailers
+    connection.body(_echo_request(8, "b") + _echo_request(9, "c"))
+    await connection.written(3)
+    connection.body(b"", more=False)  # the client half-closes
+    await asyncio.wait_for(served, 5)
+    answers = connection.responses()
+    assert [(r.infer_response.id, r.error_message) for r in answers] == [("a", ""), ("b", ""), ("c", "")]
+    assert [list(np.frombuffer(r.infer_response.raw_output_contents[0], np.int64)) for r in answers] == [
+        [7],
+        [8],
+        [9],
+    ]
+    assert connection.sent[-1] == {
+        "type": TRAILERS_EXTENSION,
+        "headers": [(b"grpc-status", b"0")],
+        "more_trailers": False,
+    }
+
+
+async def test_a_message_of_a_stream_over_the_limit_ends_it_from_its_frame_head(dataplane: Any) -> None:
+    connection = _Connection()
+    lane = GrpcOverHttp1(GRPCInferenceServicer(dataplane, GrpcOptions(max_receive_message_bytes=100)))
+    served = asyncio.ensure_future(lane(_stream_scope(), connection.receive, connection.send))
+    connection.body(_echo_request(1, "a"))
+    await connection.written(1)
+    connection.body(b"\x00" + (10**6).to_bytes(4, "big"))  # only the head of a large message
+    await asyncio.wait_for(served, 5)
+    tail = dict(connection.sent[-1]["headers"])
+    assert tail[b"grpc-status"] == b"8" and b"larger than max (1000000 vs. 100)" in tail[b"grpc-message"]
+    assert [r.infer_response.id for r in connection.responses()] == ["a"]
+
+
+async def test_a_stream_refused_before_any_answer_is_a_trailers_only_answer(dataplane: Any) -> None:
+    connection = _Connection()
+    lane = GrpcOverHttp1(GRPCInferenceServicer(dataplane, GrpcOptions(max_receive_message_bytes=100)))
+    served = asyncio.ensure_future(lane(_stream_scope(), connection.receive, connection.send))
+    connection.body(b"\x00" + (10**6).to_bytes(4, "big"))
+    await asyncio.wait_for(served, 5)
+    head = dict(connection.sent[0]["headers"])
+    assert head[b"grpc-status"] == b"8" and head[b"connection"] == b"close"  # the body was not read
+
+
+async def test_a_client_leaving_a_half_closed_stream_cancels_its_work(dataplane: Any) -> None:
+    """The client half-closed, its request still runs: its connection closing cancels the request
+    (the model's work) and nothing more is written."""
+    dataplane.released.clear()
+    connection = _Connection()
+    lane = GrpcOverHttp1(GRPCInferenceServicer(dataplane))
+    served = asyncio.ensure_future(lane(_stream_scope(), connection.receive, connection.send))
+    message = pb.ModelInferRequest(model_name="echo_slow", id="held")
+    tensor = message.inputs.add(name="X", datatype="INT64", shape=[1])
+    tensor.contents.int64_contents.append(1)
+    message.parameters["hold"].bool_param = True
+    connection.body(_frame(message.SerializeToString()), more=False)
+    await asyncio.sleep(0.1)
+    assert not served.done()
+    connection.events.put_nowait({"type": "http.disconnect"})
+    await asyncio.wait_for(served, 5)
+    assert connection.sent == []
+    dataplane.released.set()

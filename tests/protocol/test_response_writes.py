@@ -105,6 +105,18 @@ async def trailed_with_length(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.trailers", "headers": [(b"grpc-status", b"0")]})
 
 
+async def streamed(scope: Any, receive: Any, send: Any) -> None:
+    from deployments.protocol.grpc_http1 import STREAMED_RESPONSE
+
+    await receive()
+    start = {"type": "http.response.start", "status": 200, "headers": [], "trailers": True}
+    await send({**start, STREAMED_RESPONSE: True})
+    await send({"type": "http.response.body", "body": b"ab", "more_body": True})
+    await send({"type": "http.response.body", "body": b"cd", "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    await send({"type": "http.response.trailers", "headers": [(b"grpc-status", b"0")]})
+
+
 MIB = bytes(range(256)) * 4096
 
 
@@ -207,3 +219,12 @@ async def test_a_large_trailed_body_is_held_as_parts_never_joined(installed: boo
     assert max(len(part) for part in transport.parts[0]) == len(MIB) + len(b"100000\r\n\r\n")
     body = transport.writes[0].partition(b"\r\n\r\n")[2]
     assert body == b"5\r\n\x00\x00\x10\x00\x00\r\n100000\r\n" + MIB + b"\r\n0\r\ngrpc-status: 0\r\n\r\n"
+
+
+async def test_a_streamed_response_writes_each_part_as_it_comes_then_its_trailers(installed: bool) -> None:
+    """A gRPC stream's answers leave one by one (the head with the first), not held for the trailers."""
+    transport = await _serve(streamed, GET + GET)
+    first = transport.writes[0]
+    assert first.startswith(b"HTTP/1.1 200 OK") and first.endswith(b"\r\n\r\n2\r\nab\r\n")
+    assert transport.writes[1:3] == [b"2\r\ncd\r\n", b"0\r\ngrpc-status: 0\r\n\r\n"]
+    assert b"".join(transport.writes).count(b"HTTP/1.1 200 OK") == 2  # the connection goes on

@@ -508,10 +508,10 @@ def test_model_infer_reaches_the_models_replica_over_http1(client: grpcclient.In
 
 
 def test_a_stream_goes_to_the_replica_of_its_first_requests_model(grpc_url: str) -> None:
-    """One hop for a stream: HAProxy sends it to the replicas of the model its first request names;
-    that replica answers the stream's later requests for other models too (a decoupled one, an
+    """One hop for a stream: HAProxy sends it to the replicas of the model its first request names,
+    over HTTP/1.1 to their HTTP ports as ModelInfer; that replica answers the stream's later requests for other models too (a decoupled one, an
     unknown one's error) from there."""
-    before = _backend_streams("grpc-model-add_sub")
+    before = _backend_streams("trs-grpc-h1-stream-model-add_sub")
     answers: queue.Queue[Any] = queue.Queue()
     ones = np.ones((1, 4), np.float32)
     with grpcclient.InferenceServerClient(grpc_url) as c:
@@ -534,4 +534,4 @@ def test_a_stream_goes_to_the_replica_of_its_first_requests_model(grpc_url: str)
         result, error = answers.get(timeout=30)
         assert error is None and result.as_numpy("OUTPUT1").tolist() == [[-1.0] * 4]
         c.stop_stream()
-    assert _backend_streams("grpc-model-add_sub") - before == 1
+    assert _backend_streams("trs-grpc-h1-stream-model-add_sub") - before == 1

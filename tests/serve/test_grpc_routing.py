@@ -234,10 +234,11 @@ def _streamed_by(url: str, models: list[str], headers: dict[str, str] | None = N
 
 
 def test_a_stream_reaches_the_replicas_of_the_model_its_first_request_names(front: str) -> None:
-    """The whole stream goes there (over HTTP/2, Serve's per-replica gRPC port): that replica answers
-    a later request for another model too (the router, ``deployments.runtime.router``)."""
-    assert _streamed_by(front, ["m", "n", "m"]) == [("m", "m"), ("n", "m"), ("m", "m")]
-    assert _streamed_by(front, [LONG_NAME]) == [(LONG_NAME, "long")]
+    """The whole stream goes there (over HTTP/1.1, to the replica's HTTP port, as ``ModelInfer`` does;
+    before: over HTTP/2 to Serve's per-replica gRPC port): that replica answers a later request for
+    another model too (the router, ``deployments.runtime.router``)."""
+    assert _streamed_by(front, ["m", "n", "m"]) == [("m", "m-http1"), ("n", "m-http1"), ("m", "m-http1")]
+    assert _streamed_by(front, [LONG_NAME]) == [(LONG_NAME, "long-http1")]
     assert _streamed_by(front, ["unknown", "m"]) == [("unknown", "server"), ("m", "server")]
     assert _streamed_by(front, ["down"]) == [("down", "server")]  # no replica up: the server's
 
@@ -252,7 +253,7 @@ def test_where_inference_is_restricted_a_stream_without_its_metadata_opens_at_th
     port = _free_port()
     with _haproxy(_serve_config(port, _PORTS), tmp_path, port) as url:
         time.sleep(0.5)
-        assert _streamed_by(url, ["m"], headers={key: "go on"}) == [("m", "m")]
+        assert _streamed_by(url, ["m"], headers={key: "go on"}) == [("m", "m-http1")]
         assert _streamed_by(url, ["m"]) == [("m", "server")]
         assert _streamed_by(url, ["m"], headers={key: "go"}) == [("m", "server")]
         assert _answered_by(url, "m") == "m-http1"  # unary calls are the replica's to refuse
@@ -362,6 +363,10 @@ def test_serves_proxy_is_no_longer_a_backup(tmp_path: Path) -> None:
     assert f"server r-model-m 127.0.0.1:10 track http-model-m/r-model-m {observe}" in h1.splitlines()[-1]
     assert "fallback-" not in h1
     assert "timeout server 31s" in h1 and "http-error status 503 hdr grpc-status 14" in h1
+    # streams reach the same HTTP ports over HTTP/1.1, through a backend of their own
+    stream = section("trs-grpc-h1-stream-model-m")
+    assert f"server r-model-m 127.0.0.1:10 track http-model-m/r-model-m {observe}" in stream
+    assert "fallback-" not in stream and "http-error status 503 hdr grpc-status 14" in stream
     assert "server r-model-m 127.0.0.1:2 proto h2" in section("grpc-model-m")
     assert "fallback-" not in section("grpc-model-m") and "fallback-" not in section("grpc-triton")
     assert "fallback-model-m 127.0.0.1:11 check backup" in section("http-model-m")  # left as Serve wrote it
