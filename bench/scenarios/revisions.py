@@ -3,9 +3,9 @@
 The ``overhead`` scenario's model (``identity_py``) is served by the working tree and by a base
 revision (``BENCH_BASE_REV``, a git revision; default ``HEAD~1``), checked out in a worktree under
 ``bench/.work/``. The two alternate for ``BENCH_ROUNDS`` rounds (default 2), each measured over HTTP
-with perf_analyzer and this tool and over gRPC (``ModelInfer``) with perf_analyzer ``-i grpc``, after
-one tritonserver run for scale; the notes hold head / base per round and tool (``grpc`` for the gRPC
-sweep), and their median, and for the perf_analyzer sweeps the CPU milliseconds per request of each
+with perf_analyzer and this tool, over gRPC (``ModelInfer``) with perf_analyzer ``-i grpc``, and over
+gRPC streams (``ModelStreamInfer``, ``--streaming``), after one tritonserver run for scale; the notes
+hold head / base per round and tool (``grpc`` and ``stream`` for the gRPC sweeps), and their median, and for the perf_analyzer sweeps the CPU milliseconds per request of each
 role (replicas, HAProxy, the client, everything else), median over rounds, on each side.
 """
 
@@ -39,7 +39,7 @@ LEVELS = [1.0, 8, 32]
 QUICK_LEVELS = [1.0, 32]
 PEER = "tritonserver"
 HEAD = "head"
-TOOLS = ("perf_analyzer", "bench", "grpc")  # the label suffix of each sweep
+TOOLS = ("perf_analyzer", "bench", "grpc", "stream")  # the label suffix of each sweep
 PROJECT = Path(__file__).resolve().parents[2]
 
 
@@ -102,6 +102,11 @@ def run(quick: bool = False) -> Report:
             grpc_url = f"localhost:{handle.grpc_port}"
             report.runs.append(
                 run_perf_analyzer(grpc_url, MODEL, levels, label=f"{label} (grpc)", protocol="grpc")
+            )
+            report.runs.append(
+                run_perf_analyzer(
+                    grpc_url, MODEL, levels, label=f"{label} (stream)", protocol="grpc", extra=["--streaming"]
+                )
             )
     report.notes |= summarize(report.runs, base, rounds)
     log(f"{NAME}: results in {save_report(report, 'This server at two revisions, identity Python model')}")
