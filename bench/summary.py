@@ -309,6 +309,7 @@ def _run_figures(report: Report) -> dict[str, float]:
             key = f"{run.label}:{p.level:g}"
             out[f"{key}:infer_per_s"] = p.infer_per_s
             out[f"{key}:p50_ms"] = p.p50_us / 1000
+            out[f"{key}:p99_ms"] = p.p99_us / 1000
             if p.client_cores is not None:
                 out[f"{key}:client_cores"] = p.client_cores
             for role, ms in (p.cpu_ms or {}).items():
