@@ -139,21 +139,25 @@ def coalesced(send: Send) -> Send:
         if kind == "http.response.start" and message.get("trailers"):
             cycle._trailers_due = True
             cycle._streamed = bool(message.get(STREAMED_RESPONSE))
-        elif kind == "http.response.body" and cycle.__dict__.get("_streamed"):
-            if not message.get("body"):
-                return  # nothing to write: the trailers end the body
-            message = {**message, "more_body": True}  # the trailers end it; each part leaves as it comes
         elif kind == "http.response.body" and cycle.__dict__.get("_trailers_due"):
-            # the response ends with its trailers: its body is held and leaves with them, in one write
-            transport = cycle.transport
-            holder = _HeldWrites(transport)
-            cycle.transport = holder
-            try:
-                await send(cycle, {**message, "more_body": True})
-            finally:
-                cycle.transport = transport
-            cycle._held_head = [*cycle.__dict__.pop("_held_head", ()), *holder.held]  # parts, never joined
-            return
+            if cycle._streamed:  # each part leaves as it comes; the trailers end the body
+                if not message.get("body"):
+                    return
+                message = {**message, "more_body": True}
+            else:
+                # the response ends with its trailers: its body is held and leaves with them, in one write
+                transport = cycle.transport
+                holder = _HeldWrites(transport)
+                cycle.transport = holder
+                try:
+                    await send(cycle, {**message, "more_body": True})
+                finally:
+                    cycle.transport = transport
+                cycle._held_head = [
+                    *cycle.__dict__.pop("_held_head", ()),
+                    *holder.held,
+                ]  # parts, never joined
+                return
         elif kind == TRAILERS and cycle.__dict__.get("_trailers_due"):
             if not cycle.chunked_encoding:
                 raise RuntimeError("HTTP trailers need a chunked response (no content-length)")
