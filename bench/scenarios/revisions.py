@@ -5,7 +5,8 @@ revision (``BENCH_BASE_REV``, a git revision; default ``HEAD~1``), checked out i
 ``bench/.work/``. The two alternate for ``BENCH_ROUNDS`` rounds (default 2), each measured over HTTP
 with perf_analyzer and this tool, over gRPC (``ModelInfer``) with perf_analyzer ``-i grpc``, and over
 gRPC streams (``ModelStreamInfer``, ``--streaming``), after one tritonserver run for scale; the notes
-hold head / base per round and tool (``grpc`` and ``stream`` for the gRPC sweeps), and their median, and for the perf_analyzer sweeps the CPU milliseconds per request of each
+hold head / base per round and tool (``grpc`` and ``stream`` for the gRPC sweeps), and their median,
+and for the perf_analyzer sweeps the CPU milliseconds per request of each
 role (replicas, HAProxy, the client, everything else), median over rounds, on each side.
 """
 

@@ -252,6 +252,11 @@ own: least connections, whatever a batched model's calls use, and the gRPC backe
 _SERVER_LINE = re.compile(r"^\s*server\s+(\S+)\s+(\S+)(.*)$")
 
 
+def _timeout_lines(section: list[str]) -> list[str]:
+    """The ``timeout`` lines of a section's lines."""
+    return [line for line in section if line.split()[:1] == ["timeout"]]
+
+
 def _over_http1(
     lines: list[str], start: int, end: int, source: str, name: str, timeouts: list[str] | None = None
 ) -> list[str]:
@@ -263,9 +268,7 @@ def _over_http1(
     calls of a client would go on meeting the closed port (each tried up to ``retries`` times, then a
     503) until the health check found it."""
     out = [f"backend {name}", "    log global", "    http-reuse always"]
-    if timeouts is None:
-        timeouts = [line for line in lines[start:end] if line.split()[:1] == ["timeout"]]
-    out += timeouts
+    out += _timeout_lines(lines[start:end]) if timeouts is None else timeouts
     for line in lines[start:end]:
         m = _SERVER_LINE.match(line)
         if m and not _is_backup(line):
@@ -330,9 +333,7 @@ def route_grpc_by_model(lines: list[str]) -> list[str]:
         grpc_backend = haproxy_backend(GRPC_BACKEND_PREFIX, app)
         if grpc_backend in backends:  # streams: over HTTP/1.1 too, with the gRPC backend's timeouts
             streams = STREAM_BACKEND_PREFIX + source[len(HTTP_BACKEND_PREFIX) :]
-            timeouts = [
-                line for line in lines[slice(*backends[grpc_backend])] if line.split()[:1] == ["timeout"]
-            ]
+            timeouts = _timeout_lines(lines[slice(*backends[grpc_backend])])
             added += _over_http1(lines, *backends[source], source, streams, timeouts)
             routed.append(streams)
             rules.append(f"    use_backend {streams} if trs_model_stream {named} {{ nbsrv({streams}) ge 1 }}")
