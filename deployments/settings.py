@@ -358,6 +358,8 @@ class ServerSettings:
     placement_timeout_s: float = 60.0  # how long its replicas may wait for a node with free resources
     stats_push_interval_s: float = 1.0  # how often replicas push statistics to the server application
     control_app_cpus: float = 0.1  # CPUs kept free for the server application at /v2
+    # one idle Ray worker kept on the server replica's node for its next replica (docs/recovery.md)
+    spare_worker: bool = True
     limits: RequestLimits = RequestLimits()  # per-request limits of every HTTP front end
     model_repositories: tuple[str, ...] = ()  # every repository (Triton's repeated --model-repository)
     # Triton's --model-namespacing: a name in several repositories is a model in each (docs/namespacing.md)
@@ -533,6 +535,7 @@ class ServerSettings:
             "allow_metrics": _flag(args, "allow_metrics", True),
             "metrics_host": str(args.get("metrics_host") or args.get("http_host") or "127.0.0.1"),
             "allow_grpc": _flag(args, "allow_grpc", True),
+            "spare_worker": _flag(args, "spare_worker", True),
             "direct_routes": env.get(DIRECT_ROUTES_ENV, "1").strip() != "0",
             "delay_scheduler": _typed(DELAY_SCHEDULER_ENV, env.get(DELAY_SCHEDULER_ENV) or "0", int),
             "log_escape": env.get(ESCAPE_LOG_MESSAGES_ENV, "1").strip().lower() not in ("0", "false"),
@@ -632,6 +635,7 @@ class ServerSettings:
             "placement_timeout_s": self.placement_timeout_s,
             "stats_push_interval_s": self.stats_push_interval_s,
             "control_app_cpus": self.control_app_cpus,
+            "spare_worker": self.spare_worker,
             "model_hosts": self.model_hosts,
             "model_host_cpus": self.model_host_cpus,
             "model_host_memory_bytes": self.model_host_memory_bytes,
@@ -695,6 +699,7 @@ _ARG_NAMES = {
     "placement_timeout_s",
     "stats_push_interval_s",
     "control_app_cpus",
+    "spare_worker",
     "model_hosts",
     "model_host_cpus",
     "model_host_memory_bytes",

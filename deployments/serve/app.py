@@ -34,7 +34,7 @@ from deployments.runtime.metrics import HostGauges, merge_model_metrics, render_
 from deployments.runtime.rate_limit import check_limits
 from deployments.runtime.router import Router
 from deployments.runtime.stats import merge_snapshots
-from deployments.serve import hooks, logs, request_path
+from deployments.serve import hooks, logs, request_path, spare
 from deployments.serve.model_app import ModelDeployment
 from deployments.serve.names import (
     MODEL_DEPLOYMENT,
@@ -128,10 +128,12 @@ class RayDeployer:
                 # the request router (hooks: deployment_import_serializes_routers)
                 from deployments.serve.model_host import ModelHostDeployment
 
+                options = host.serve_options()
+                options["ray_actor_options"] = spare.with_child_runtime_env(options["ray_actor_options"])
                 return ModelHostDeployment.options(  # type: ignore[attr-defined]
                     logging_config={"enable_access_log": self.settings.access_log},
                     graceful_shutdown_timeout_s=self.settings.exit_timeout_secs,
-                    **host.serve_options(),
+                    **options,
                 ).bind(self.settings, host.memory_bytes, host.gpu_memory_bytes)
 
             await asyncio.to_thread(hooks.run_application, build, host.app_name, host.route_prefix)
@@ -248,10 +250,12 @@ class RayDeployer:
                 version = code_version(model, files, self._built_with(entry, composing))
 
                 def build(entry: DeploymentEntry = entry, version: str = version) -> Any:
+                    options = entry.serve_options()
+                    options["ray_actor_options"] = spare.with_child_runtime_env(options["ray_actor_options"])
                     deployment = ModelDeployment.options(  # type: ignore[attr-defined]
                         logging_config=logging_config,
                         graceful_shutdown_timeout_s=self.settings.exit_timeout_secs,
-                        **entry.serve_options(),
+                        **options,
                     )
                     # a stable version: a count-only change scales the deployment (repository_loader.revision)
                     return hooks.with_version(deployment, version).bind(
@@ -494,7 +498,8 @@ SERVER_HEALTH_CHECK_PERIOD_S = 0.25
 # exit_on_error is final, not retried.
 @serve.deployment(
     name=SERVER_DEPLOYMENT,
-    ray_actor_options={"num_cpus": 0.05},
+    # the setup hook in its runtime_env: a worker started for it imports its modules first (spare.py)
+    ray_actor_options={"num_cpus": 0.05, "runtime_env": spare.SERVER_RUNTIME_ENV},
     max_ongoing_requests=1000,
     max_constructor_retry_count=1,
     # a dead server replica is found within a quarter of a second (Serve's default period: 10 s; a
@@ -570,6 +575,10 @@ class ServerDeployment:
             self._grpc_watch = asyncio.get_running_loop().create_task(self._watch_grpc(settings))
         else:
             self._grpc_answers = True  # no gRPC to wait for
+        # an idle worker on this node for this server's next replica (docs/recovery.md)
+        self._spare = (
+            asyncio.get_running_loop().create_task(spare.keep_spare()) if settings.spare_worker else None
+        )
 
     async def _watch_grpc(self, settings: ServerSettings) -> None:
         """Ready only once gRPC answers too: HAProxy takes up this replica's gRPC port a moment after

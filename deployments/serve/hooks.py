@@ -101,6 +101,22 @@ versions without starting Ray, so an upgrade that moves one fails there, by name
 * ``haproxy_grpc_frontend``: Serve's HAProxy template writes ``frontend grpc_frontend`` and one
   backend ``grpc-<application>`` per application (``haproxy.py``, ``haproxy_templates.py``), which
   ``deployments.serve.haproxy_shim`` routes by model name.
+* ``worker_setup_hook_env``: a Ray worker process calls the function that the runtime-environment
+  variable :data:`SETUP_HOOK_ENV` names (``module.attribute``) when it starts, before it takes any
+  task or actor (``ray/_private/workers/default_worker.py``; ``ray_constants``
+  ``WORKER_PROCESS_SETUP_HOOK_ENV_VAR``, which Ray's public ``worker_process_setup_hook`` sets for a
+  job only). The server deployment sets it in its own ``runtime_env``, so a worker started for it,
+  a spare included, has imported what the server's replica runs (``deployments.serve.spare``).
+* ``raylet_prestart_workers``: the raylet's ``PrestartWorkers`` RPC (``node_manager.proto``: language,
+  job id, runtime environment, keep-alive, count) starts idle worker processes for a job and runtime
+  environment, which the raylet's idle-worker reaping leaves alone for the keep-alive; an actor of
+  that job and environment created on that node then starts in one instead of a new process. Called
+  over Ray's own gRPC channel helper (``ray._private.grpc_utils.init_grpc_channel``, which adds the
+  cluster's authentication token) at the node's manager address (:func:`prestart_workers`).
+* ``inherited_runtime_env``: a deployment deployed from inside a replica without a ``runtime_env``
+  gets the caller's (``serve.api._run_many`` passes ``ray.get_runtime_context().runtime_env`` as
+  ``build_app``'s default); the server deploys models with its own environment less its setup hook
+  (``deployments.serve.spare.child_runtime_env``).
 """
 
 from __future__ import annotations
@@ -122,6 +138,7 @@ GRPC_MAX_MESSAGE_ENV = "RAY_SERVE_GRPC_MAX_MESSAGE_SIZE"
 UNSCHEDULED_MARK = "to be scheduled"
 SLOW_STARTUP_ENV = "RAY_SERVE_SLOW_STARTUP_WARNING_S"
 SLOW_STARTUP_PERIOD_ENV = "RAY_SERVE_SLOW_STARTUP_WARNING_PERIOD_S"
+SETUP_HOOK_ENV = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
 
 HOOKS = (
     "proxy_callback_env",
@@ -151,6 +168,9 @@ HOOKS = (
     "raylet_agent_listen_port",
     "replica_http_server_start",
     "uvicorn_extra_listener",
+    "worker_setup_hook_env",
+    "raylet_prestart_workers",
+    "inherited_runtime_env",
 )
 
 KV_NAMESPACE = "triton_serve"
@@ -249,6 +269,35 @@ def kv_put(key: str, value: bytes) -> None:
     from ray.experimental import internal_kv
 
     internal_kv._internal_kv_put(key, value, overwrite=True, namespace=KV_NAMESPACE)
+
+
+def import_replica_actor() -> None:
+    """Import Serve's replica actor module, as a worker about to run a replica would."""
+    import ray.serve._private.replica  # noqa: F401
+
+
+def prestart_workers(count: int, keep_alive_s: int) -> None:
+    """Ask this node's raylet for ``count`` idle worker processes of this worker's job and runtime
+    environment, kept at least ``keep_alive_s`` unless an actor or task takes them."""
+    import ray
+    from ray._private.grpc_utils import init_grpc_channel
+    from ray.core.generated import common_pb2, node_manager_pb2, node_manager_pb2_grpc
+
+    context = ray.get_runtime_context()
+    node_id = context.get_node_id()
+    node = next(n for n in ray.nodes() if n["NodeID"] == node_id)
+    request = node_manager_pb2.PrestartWorkersRequest(  # type: ignore[attr-defined]  # generated
+        language=common_pb2.PYTHON,  # type: ignore[attr-defined]
+        job_id=bytes.fromhex(context.get_job_id()),
+        keep_alive_duration_secs=keep_alive_s,
+        num_workers=count,
+    )
+    request.runtime_env_info.serialized_runtime_env = context.get_runtime_env_string()
+    channel = init_grpc_channel(f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}")
+    try:
+        node_manager_pb2_grpc.NodeManagerServiceStub(channel).PrestartWorkers(request, timeout=10)
+    finally:
+        channel.close()
 
 
 def pending_resource_demands() -> list[dict[str, float]]:

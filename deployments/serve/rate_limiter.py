@@ -94,8 +94,12 @@ def limiter_actor(settings: ServerSettings) -> Any:
     """The server's rate-limiter actor: the running one, or a new one where none runs."""
     import ray
 
+    from deployments.serve.spare import child_runtime_env
+
     remote = ray.remote(num_cpus=0)(RateLimiterActor)  # an async actor: grants wait side by side
-    return remote.options(name=ACTOR_NAME, get_if_exists=True).remote(  # type: ignore[attr-defined]
+    env = child_runtime_env()  # not the server's own: its spare worker is for the server's replica
+    options: dict[str, Any] = {} if env is None else {"runtime_env": env}
+    return remote.options(name=ACTOR_NAME, get_if_exists=True, **options).remote(  # type: ignore[attr-defined]
         [limit.to_text() for limit in settings.rate_limit_resources], settings.log_settings
     )
 

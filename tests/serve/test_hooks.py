@@ -309,6 +309,53 @@ CHECKS = {
 }
 
 
+def _check_worker_setup_hook_env() -> None:
+    from ray._private import ray_constants
+    from ray._private.workers import default_worker
+
+    from deployments.serve import spare
+
+    assert ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR == hooks.SETUP_HOOK_ENV
+    source = inspect.getsource(default_worker)
+    assert "WORKER_PROCESS_SETUP_HOOK_ENV_VAR" in source and "load_and_execute_setup_hook(" in source, (
+        "a Ray worker no longer runs the setup hook its runtime environment names"
+    )
+    # a string is an import path, called with no arguments
+    from ray._private.runtime_env.setup_hook import load_and_execute_setup_hook
+
+    assert load_and_execute_setup_hook(spare.PRELOAD) is None
+    assert spare.SERVER_RUNTIME_ENV["env_vars"][hooks.SETUP_HOOK_ENV] == spare.PRELOAD
+
+
+def _check_raylet_prestart_workers() -> None:
+    from ray._private import grpc_utils
+    from ray.core.generated import node_manager_pb2, node_manager_pb2_grpc
+    from ray.runtime_context import RuntimeContext
+
+    fields = set(node_manager_pb2.PrestartWorkersRequest.DESCRIPTOR.fields_by_name)
+    assert fields >= {"language", "job_id", "runtime_env_info", "keep_alive_duration_secs", "num_workers"}
+    assert "PrestartWorkers" in inspect.getsource(node_manager_pb2_grpc.NodeManagerServiceStub)
+    assert "address" in inspect.signature(grpc_utils.init_grpc_channel).parameters
+    for name in ("get_node_id", "get_job_id", "get_runtime_env_string"):
+        assert hasattr(RuntimeContext, name), name
+
+
+def _check_inherited_runtime_env() -> None:
+    from ray.serve import api
+    from ray.serve._private import build_app
+
+    assert "default_runtime_env=ray.get_runtime_context().runtime_env" in inspect.getsource(api._run_many)
+    source = inspect.getsource(build_app._set_default_runtime_env)
+    assert '"runtime_env" not in ray_actor_options' in source, (
+        "Serve no longer keeps a deployment's own runtime_env over the caller's"
+    )
+
+
+CHECKS["worker_setup_hook_env"] = _check_worker_setup_hook_env
+CHECKS["raylet_prestart_workers"] = _check_raylet_prestart_workers
+CHECKS["inherited_runtime_env"] = _check_inherited_runtime_env
+
+
 def _check_serve_run_interrupt() -> None:
     import inspect
 

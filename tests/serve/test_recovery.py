@@ -6,6 +6,7 @@ models of tests/serve/recovery_models.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from deployments.serve import spare
 from tests.serve import processes, recovery_models
 from tests.serve.counts import metric
 from tests.serve.recovery_load import kill_under_load, one_request
@@ -215,6 +217,20 @@ def _index(server: Server) -> dict[str, dict[str, str]]:
     return {row["name"]: row for row in json.loads(body)}
 
 
+def _spare_worker(server: Server, timeout_s: float = 60.0) -> int:
+    """The idle Ray worker the server keeps for its next replica (its environment names the server's
+    setup hook: deployments/serve/spare.py)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for pid in processes.alive(server.track()):
+            if "ray::IDLE" in processes.command(pid):
+                with contextlib.suppress(OSError):
+                    if spare.PRELOAD.encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                        return pid
+        assert time.monotonic() < deadline, "the server keeps no spare worker"
+        time.sleep(0.2)
+
+
 def test_a_restarted_server_application_keeps_the_models_the_api_loaded(server: Server) -> None:
     """The server application's replica killed: Serve starts a new one, which finds ``api_loaded`` (loaded
     through the repository API, not at start) still running and lists it READY, keeps a start model the
@@ -225,6 +241,11 @@ def test_a_restarted_server_application_keeps_the_models_the_api_loaded(server: 
     (server_pid,) = [
         p for p in processes.alive(server.track()) if "ServeReplica:triton:" in processes.command(p)
     ]
+    spare_pid = _spare_worker(server)
+    model_pids = server.replica_pids("api_loaded")
+    assert model_pids
+    for pid in model_pids:  # models run without the server's setup hook: the
+        assert spare.PRELOAD.encode() not in Path(f"/proc/{pid}/environ").read_bytes()  # spare is its own
     os.kill(server_pid, signal.SIGKILL)
     killed_at = time.monotonic()
     last: object = None
@@ -244,6 +265,11 @@ def test_a_restarted_server_application_keeps_the_models_the_api_loaded(server: 
             )
         time.sleep(0.2)
     print(f"ready again {time.monotonic() - killed_at:.1f}s after the kill")
+    # the new replica started in the spare worker (before: a new process, its imports after it)
+    assert [p for p in processes.alive(server.track()) if "ServeReplica:triton:" in processes.command(p)] == [
+        spare_pid
+    ]
+    assert _spare_worker(server) != spare_pid  # and it keeps a spare of its own for the next one
     rows = _index(server)
     assert last == 200, (rows, _server_log(server))
     assert hung == [], hung  # a 503 (or 400, not ready) while it restarts, never a hang
