@@ -129,7 +129,7 @@ class RayDeployer:
                 from deployments.serve.model_host import ModelHostDeployment
 
                 options = host.serve_options()
-                options["ray_actor_options"] = spare.with_child_runtime_env(options["ray_actor_options"])
+                options["ray_actor_options"] = spare.with_model_runtime_env(options["ray_actor_options"])
                 return ModelHostDeployment.options(  # type: ignore[attr-defined]
                     logging_config={"enable_access_log": self.settings.access_log},
                     graceful_shutdown_timeout_s=self.settings.exit_timeout_secs,
@@ -251,7 +251,7 @@ class RayDeployer:
 
                 def build(entry: DeploymentEntry = entry, version: str = version) -> Any:
                     options = entry.serve_options()
-                    options["ray_actor_options"] = spare.with_child_runtime_env(options["ray_actor_options"])
+                    options["ray_actor_options"] = spare.with_model_runtime_env(options["ray_actor_options"])
                     deployment = ModelDeployment.options(  # type: ignore[attr-defined]
                         logging_config=logging_config,
                         graceful_shutdown_timeout_s=self.settings.exit_timeout_secs,

@@ -105,8 +105,15 @@ versions without starting Ray, so an upgrade that moves one fails there, by name
   variable :data:`SETUP_HOOK_ENV` names (``module.attribute``) when it starts, before it takes any
   task or actor (``ray/_private/workers/default_worker.py``; ``ray_constants``
   ``WORKER_PROCESS_SETUP_HOOK_ENV_VAR``, which Ray's public ``worker_process_setup_hook`` sets for a
-  job only). The server deployment sets it in its own ``runtime_env``, so a worker started for it,
-  a spare included, has imported what the server's replica runs (``deployments.serve.spare``).
+  job only). The server deployment sets it in its own ``runtime_env`` and the models' (a function
+  each), so a worker started for one, a spare included, has imported what its replica runs
+  (``deployments.serve.spare``).
+* ``idle_worker_title``: a Ray worker with no task or actor names its process :data:`IDLE_WORKER_TITLE`
+  (``ray_constants.WORKER_PROCESS_TYPE_IDLE_WORKER``); a replica counts the spares of its own
+  environment on its node by that title and the setup hook in their environment.
+* ``session_dir``: a worker's Ray session folder (``ray._private.worker.global_worker.node``,
+  ``get_session_dir_path()``), one per node and cluster: the replicas of a node take turns there to
+  count and ask for spares (:func:`session_dir`).
 * ``raylet_prestart_workers``: the raylet's ``PrestartWorkers`` RPC (``node_manager.proto``: language,
   job id, runtime environment, keep-alive, count) starts idle worker processes for a job and runtime
   environment, which the raylet's idle-worker reaping leaves alone for the keep-alive; an actor of
@@ -115,8 +122,8 @@ versions without starting Ray, so an upgrade that moves one fails there, by name
   cluster's authentication token) at the node's manager address (:func:`prestart_workers`).
 * ``inherited_runtime_env``: a deployment deployed from inside a replica without a ``runtime_env``
   gets the caller's (``serve.api._run_many`` passes ``ray.get_runtime_context().runtime_env`` as
-  ``build_app``'s default); the server deploys models with its own environment less its setup hook
-  (``deployments.serve.spare.child_runtime_env``).
+  ``build_app``'s default); the server deploys models with its own environment, its setup hook
+  swapped for the models' (``deployments.serve.spare.child_runtime_env``).
 """
 
 from __future__ import annotations
@@ -139,6 +146,7 @@ UNSCHEDULED_MARK = "to be scheduled"
 SLOW_STARTUP_ENV = "RAY_SERVE_SLOW_STARTUP_WARNING_S"
 SLOW_STARTUP_PERIOD_ENV = "RAY_SERVE_SLOW_STARTUP_WARNING_PERIOD_S"
 SETUP_HOOK_ENV = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
+IDLE_WORKER_TITLE = "ray::IDLE"
 
 HOOKS = (
     "proxy_callback_env",
@@ -170,6 +178,8 @@ HOOKS = (
     "uvicorn_extra_listener",
     "worker_setup_hook_env",
     "raylet_prestart_workers",
+    "idle_worker_title",
+    "session_dir",
     "inherited_runtime_env",
 )
 
@@ -269,6 +279,13 @@ def kv_put(key: str, value: bytes) -> None:
     from ray.experimental import internal_kv
 
     internal_kv._internal_kv_put(key, value, overwrite=True, namespace=KV_NAMESPACE)
+
+
+def session_dir() -> str:
+    """This worker's Ray session folder on its node."""
+    from ray._private import worker
+
+    return str(worker.global_worker.node.get_session_dir_path())
 
 
 def import_replica_actor() -> None:

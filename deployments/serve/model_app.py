@@ -23,7 +23,7 @@ from deployments.runtime import batch_execute, response_cache
 from deployments.runtime.model import ModelRuntime
 from deployments.runtime.router import REPLICA_SNAPSHOT, Ranks, Router
 from deployments.runtime.stats import PushGate, keep_latency_windows
-from deployments.serve import grpc_ingress, hooks, ingress, local_sockets, logs, ray_metrics, reloads
+from deployments.serve import grpc_ingress, hooks, ingress, local_sockets, logs, ray_metrics, reloads, spare
 from deployments.serve.devices import pin_replica_gpu
 from deployments.serve.names import hosted_key, model_app_name, model_route, stats_path
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory
@@ -160,6 +160,10 @@ class ModelDeployment:
             self._publish = asyncio.get_running_loop().create_task(self._publish_rank(context.app_name))
         if settings.allow_grpc:  # ModelInfer calls and streams that start with this model, routed by HAProxy
             grpc_ingress.serve_grpc(dataplane, grpc_ingress.grpc_options(settings))
+        # an idle worker on this node for the next model replica (docs/recovery.md, "Spare workers")
+        self._spare = (
+            asyncio.get_running_loop().create_task(spare.keep_spare()) if settings.spare_worker else None
+        )
 
     def _gate(self, model: ModelDescription) -> Any:
         """What each execution of this replica's instance holds (docs/rate_limiter.md); None: nothing."""

@@ -39,7 +39,7 @@ from deployments.runtime.gpu_memory import GpuMemory, gpu_budgets
 from deployments.runtime.host import ModelHost
 from deployments.runtime.model import ModelRuntime
 from deployments.runtime.stats import PushGate, keep_latency_windows
-from deployments.serve import grpc_ingress, hooks, ingress, local_sockets, logs, ray_metrics
+from deployments.serve import grpc_ingress, hooks, ingress, local_sockets, logs, ray_metrics, spare
 from deployments.serve.names import hosted_key
 from deployments.serve.peers import RemoteModels, ReplicaCalls, ReplicaDirectory
 from deployments.serve.response_writes import coalesce_response_writes
@@ -128,6 +128,8 @@ class ModelHostDeployment:
             loop.create_task(follow_traces(self.server, self.replica_id)),
             loop.create_task(ray_metrics.export_gauges(self._pending)),
         ]
+        if settings.spare_worker:  # an idle worker on this node for the next replica (docs/recovery.md)
+            self._tasks.append(loop.create_task(spare.keep_spare()))
 
     def _pending(self) -> dict[tuple[str, str], int]:
         """Pending requests of each resident model's versions."""

@@ -97,7 +97,7 @@ def limiter_actor(settings: ServerSettings) -> Any:
     from deployments.serve.spare import child_runtime_env
 
     remote = ray.remote(num_cpus=0)(RateLimiterActor)  # an async actor: grants wait side by side
-    env = child_runtime_env()  # not the server's own: its spare worker is for the server's replica
+    env = child_runtime_env(None)  # not the server's own: its spare worker is for the server's replica
     options: dict[str, Any] = {} if env is None else {"runtime_env": env}
     return remote.options(name=ACTOR_NAME, get_if_exists=True, **options).remote(  # type: ignore[attr-defined]
         [limit.to_text() for limit in settings.rate_limit_resources], settings.log_settings

@@ -42,7 +42,7 @@ def _spares(server: Server) -> set[int]:
     for pid in processes.alive(server.track()):
         if "ray::IDLE" in processes.command(pid):
             with contextlib.suppress(OSError):
-                if spare.PRELOAD.encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                if spare.SERVER_PRELOAD.encode() in Path(f"/proc/{pid}/environ").read_bytes():
                     found.add(pid)
     return found
 

@@ -323,8 +323,15 @@ def _check_worker_setup_hook_env() -> None:
     # a string is an import path, called with no arguments
     from ray._private.runtime_env.setup_hook import load_and_execute_setup_hook
 
-    assert load_and_execute_setup_hook(spare.PRELOAD) is None
-    assert spare.SERVER_RUNTIME_ENV["env_vars"][hooks.SETUP_HOOK_ENV] == spare.PRELOAD
+    for preload in (spare.SERVER_PRELOAD, spare.MODEL_PRELOAD):
+        assert load_and_execute_setup_hook(preload) is None
+    assert spare.SERVER_RUNTIME_ENV["env_vars"][hooks.SETUP_HOOK_ENV] == spare.SERVER_PRELOAD
+
+
+def _check_idle_worker_title() -> None:
+    from ray._private import ray_constants
+
+    assert ray_constants.WORKER_PROCESS_TYPE_IDLE_WORKER == hooks.IDLE_WORKER_TITLE
 
 
 def _check_raylet_prestart_workers() -> None:
@@ -354,6 +361,17 @@ def _check_inherited_runtime_env() -> None:
 CHECKS["worker_setup_hook_env"] = _check_worker_setup_hook_env
 CHECKS["raylet_prestart_workers"] = _check_raylet_prestart_workers
 CHECKS["inherited_runtime_env"] = _check_inherited_runtime_env
+CHECKS["idle_worker_title"] = _check_idle_worker_title
+
+
+def _check_session_dir() -> None:
+    from ray._private import node, worker
+
+    assert hasattr(worker.global_worker, "node") or "node" in inspect.getsource(worker.Worker)
+    assert callable(node.Node.get_session_dir_path)
+
+
+CHECKS["session_dir"] = _check_session_dir
 
 
 def _check_serve_run_interrupt() -> None:

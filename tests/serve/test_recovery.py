@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from deployments.serve import spare
+from deployments.serve import hooks, spare
 from tests.serve import processes, recovery_models
 from tests.serve.counts import metric
 from tests.serve.recovery_load import kill_under_load, one_request
@@ -46,6 +46,7 @@ def _success_count(server: Server, model: str) -> int:
 
 
 def test_a_killed_single_replica_answers_again_fast_every_failure_json(server: Server) -> None:
+    model_spare = _spare_worker(server, spare.MODEL_PRELOAD)
     report = kill_under_load(server.url, "add_one", server.replica_pids, replicas=1, after_s=12)
     summary = report.summary()
     assert summary["failed_not_json"] == 0, summary  # before: plain-text 500s from HAProxy
@@ -53,6 +54,7 @@ def test_a_killed_single_replica_answers_again_fast_every_failure_json(server: S
     # bench/results/recovery, 2.3-2.5 s here against 6.7 s before; on a loaded machine it took longer)
     assert summary["first_answer_after_kill_s"] is not None, summary
     server.wait_ready(["add_one"])
+    assert server.replica_pids("add_one") == [model_spare]  # its replacement started in the spare
 
 
 def test_statistics_are_cumulative_across_a_replica_restart(server: Server) -> None:
@@ -217,17 +219,18 @@ def _index(server: Server) -> dict[str, dict[str, str]]:
     return {row["name"]: row for row in json.loads(body)}
 
 
-def _spare_worker(server: Server, timeout_s: float = 60.0) -> int:
-    """The idle Ray worker the server keeps for its next replica (its environment names the server's
-    setup hook: deployments/serve/spare.py)."""
+def _spare_worker(server: Server, preload: str = spare.SERVER_PRELOAD, timeout_s: float = 60.0) -> int:
+    """The idle Ray worker this server keeps on its node for the next replica of the server application
+    (``preload``: its setup hook, named in its environment) or of a model (deployments/serve/spare.py)."""
+    mark = f"{hooks.SETUP_HOOK_ENV}={preload}\0".encode()
     deadline = time.monotonic() + timeout_s
     while True:
         for pid in processes.alive(server.track()):
             if "ray::IDLE" in processes.command(pid):
                 with contextlib.suppress(OSError):
-                    if spare.PRELOAD.encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                    if mark in Path(f"/proc/{pid}/environ").read_bytes():
                         return pid
-        assert time.monotonic() < deadline, "the server keeps no spare worker"
+        assert time.monotonic() < deadline, f"the server keeps no spare worker for {preload}"
         time.sleep(0.2)
 
 
@@ -244,8 +247,9 @@ def test_a_restarted_server_application_keeps_the_models_the_api_loaded(server: 
     spare_pid = _spare_worker(server)
     model_pids = server.replica_pids("api_loaded")
     assert model_pids
-    for pid in model_pids:  # models run without the server's setup hook: the
-        assert spare.PRELOAD.encode() not in Path(f"/proc/{pid}/environ").read_bytes()  # spare is its own
+    for pid in model_pids:  # models run with their own setup hook: the server's spare is its own
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+        assert f"{hooks.SETUP_HOOK_ENV}={spare.MODEL_PRELOAD}\0".encode() in environ
     os.kill(server_pid, signal.SIGKILL)
     killed_at = time.monotonic()
     last: object = None
