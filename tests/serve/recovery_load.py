@@ -140,12 +140,13 @@ MODELS = (("add_one", 1), ("add_two_replicas", 2))
 
 
 def kill_each(
-    url: str, replica_pids: Any, wait_ready: Callable[[str], None], after_s: float
+    url: str, replica_pids: Any, wait_ready: Callable[[str], None], after_s: float, settle_s: float = 0.0
 ) -> list[dict[str, Any]]:
     """Each recovery model's first replica killed under load, one after the other: their summaries."""
     results = []
     for model, replicas in MODELS:
         wait_ready(model)
+        time.sleep(settle_s)  # a replica that has run a while (its node's spare worker started)
         report = kill_under_load(url, model, replica_pids, replicas=replicas, after_s=after_s)
         results.append(report.summary())
         print(json.dumps(results[-1]), flush=True)
@@ -154,17 +155,17 @@ def kill_each(
     return results
 
 
-def _serve_this_tree(repo: Path, after_s: float) -> list[dict[str, Any]]:
+def _serve_this_tree(repo: Path, after_s: float, settle_s: float = 0.0) -> list[dict[str, Any]]:
     from tests.serve.standalone import Server
 
     server = Server(repo, args={"model_control_mode": "explicit", "load_model": [m for m, _ in MODELS]})
     try:
-        return kill_each(server.url, server.replica_pids, lambda m: server.wait_ready([m]), after_s)
+        return kill_each(server.url, server.replica_pids, lambda m: server.wait_ready([m]), after_s, settle_s)
     finally:
         server.close()
 
 
-def _serve_revision(repo: Path, revision: str, after_s: float) -> list[dict[str, Any]]:
+def _serve_revision(repo: Path, revision: str, after_s: float, settle_s: float = 0.0) -> list[dict[str, Any]]:
     """The same load on the server of an earlier revision (a worktree under bench/.work/), started as
     the ``revisions`` bench scenario starts one; its replicas found among its descendants."""
     from bench.scenarios.common import free_port, start_this_server, work_dir
@@ -186,7 +187,7 @@ def _serve_revision(repo: Path, revision: str, after_s: float) -> list[dict[str,
             time.sleep(0.5)
 
     with handle:
-        return kill_each(f"http://{handle.url}", replica_pids, wait_ready, after_s)
+        return kill_each(f"http://{handle.url}", replica_pids, wait_ready, after_s, settle_s)
 
 
 def main() -> None:
@@ -199,15 +200,18 @@ def main() -> None:
     parser.add_argument("--out", default="bench/results/recovery/after.json")
     parser.add_argument("--after-s", type=float, default=15.0)
     parser.add_argument("--revision", default="", help="measure the server of this git revision instead")
+    parser.add_argument("--settle-s", type=float, default=0.0, help="pause before each model's kill")
     args = parser.parse_args()
     repo = recovery_models.build(Path(tempfile.mkdtemp(prefix="trs-repo-")))
     if args.revision:
-        results = _serve_revision(repo, args.revision, args.after_s)
+        results = _serve_revision(repo, args.revision, args.after_s, args.settle_s)
     else:
-        results = _serve_this_tree(repo, args.after_s)
+        results = _serve_this_tree(repo, args.after_s, args.settle_s)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     revision = f" --revision {args.revision}" if args.revision else ""
+    if args.settle_s:
+        revision += f" --settle-s {args.settle_s:g}"
     command = (
         "flock /tmp/triton-serve-tests.lock .venv/bin/python -m tests.serve.recovery_load "
         f"--out {args.out}{revision}"
