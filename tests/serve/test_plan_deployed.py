@@ -15,7 +15,7 @@ pytestmark = pytest.mark.serve
 
 
 def test_deployed_serve_options_equal_the_plan(server_url: str, tmp_path: Path) -> None:
-    from deployments.serve import hooks, launch
+    from deployments.serve import hooks, launch, spare
     from tests.serve.conftest import build_test_repository
 
     deployed = launch.call_server(lambda server: server.deployed_plan())
@@ -35,6 +35,10 @@ def test_deployed_serve_options_equal_the_plan(server_url: str, tmp_path: Path) 
     assert len({entry["app_name"] for entry in applied}) == len(applied)
     for entry in applied:  # every deployed model, whenever loaded: Serve runs its entries
         options = hooks.deployed_options(entry["app_name"], entry["deployment_name"])
+        # the server's runtime environment with the models' setup hook (deployments/serve/spare.py): not
+        # a plan decision, the process its replicas start in
+        runtime_env = options["ray_actor_options"].pop("runtime_env")
+        assert runtime_env["env_vars"][hooks.SETUP_HOOK_ENV] == spare.MODEL_PRELOAD, entry["app_name"]
         assert options == {
             "route_prefix": entry["route_prefix"],
             "num_replicas": entry["num_replicas"],
