@@ -4,7 +4,8 @@ with model hosts (docs/hosts.md), one after the other on the same repository in 
 For each server: the seconds from its start until ``/v2/health/ready`` answers 200 and every model is
 listed READY, the memory of all its processes then (the sum of their proportional set sizes, PSS, so
 shared pages count once), and, for every model in turn, the latency of its first request (a cold start
-on a model host) and of a second one (warm), and the memory after that walk. ``BENCH_DENSITY_MODELS``
+on a model host) and of a second one (warm), the memory after that walk, and again once the server
+has idled ``SETTLE_S`` (what it keeps beside its models: this server's spare workers). ``BENCH_DENSITY_MODELS``
 sets the number of models (default 60; 20 with ``--quick``), ``BENCH_DENSITY_HOSTS`` the host replicas
 (default 1), ``BENCH_DENSITY_SERVERS`` which servers run (``tritonserver,this``; a repository of a
 thousand Python models would start a thousand stub processes in tritonserver), and
@@ -138,8 +139,11 @@ def _summary(values: list[float]) -> dict[str, float]:
     }
 
 
+SETTLE_S = 15.0  # idle after the walk before the last memory reading
+
+
 def measure_server(start: Callable[[], ServerHandle], names: list[str]) -> dict[str, Any]:
-    """Start one server, time its readiness, read its memory, walk every model cold then warm."""
+    """Start one server, time its readiness, read its memory, walk every model cold then warm, idle."""
     import tritonclient.http as httpclient
 
     began = time.monotonic()
@@ -158,13 +162,21 @@ def measure_server(start: Callable[[], ServerHandle], names: list[str]) -> dict[
         first = [_infer_ms(client, name) for name in names]
         warm = [_infer_ms(client, name) for name in names]
         pss_walked = pss_bytes(handle.process.pid)
+        # and once idle: what the server keeps beside its models (this server: its spare workers,
+        # started a few seconds after the replicas, docs/recovery.md)
+        time.sleep(SETTLE_S)
+        pss_settled = pss_bytes(handle.process.pid)
+        processes_settled = len(take_snapshot().descendants({handle.process.pid}))
     return {
         "ready_s": ready_s,
         "pss_ready_bytes": pss_ready,
         "pss_after_walk_bytes": pss_walked,
         "pss_ready_gb": pss_ready / 1e9,
         "pss_after_walk_gb": pss_walked / 1e9,
+        "pss_settled_bytes": pss_settled,
+        "pss_settled_gb": pss_settled / 1e9,
         "processes": processes,
+        "processes_settled": processes_settled,
         "first_request_ms": _summary(first),
         "warm_request_ms": _summary(warm),
     }
@@ -218,6 +230,7 @@ def run(quick: bool = False) -> Report:
             "ready_s": this["ready_s"] / peer["ready_s"],
             "pss_ready": this["pss_ready_bytes"] / peer["pss_ready_bytes"],
             "pss_after_walk": this["pss_after_walk_bytes"] / peer["pss_after_walk_bytes"],
+            "pss_settled": this["pss_settled_bytes"] / peer["pss_settled_bytes"],
             "warm_request_median": this["warm_request_ms"]["median"] / peer["warm_request_ms"]["median"],
         }
     if count == 60 and kind == "python":
