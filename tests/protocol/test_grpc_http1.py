@@ -303,7 +303,10 @@ async def test_a_stream_answers_each_message_while_its_body_is_still_open(datapl
     await connection.written(3)
     connection.body(b"", more=False)  # the client half-closes
     await asyncio.wait_for(served, 5)
-    answers = connection.responses()
+    # "a" was answered before "b" and "c" were sent; those two run side by side and are answered in the
+    # order they complete (docs/grpc.md, Streaming), so either may come first
+    first_answer, *others = connection.responses()
+    answers = [first_answer, *sorted(others, key=lambda r: r.infer_response.id)]
     assert [(r.infer_response.id, r.error_message) for r in answers] == [("a", ""), ("b", ""), ("c", "")]
     assert [list(np.frombuffer(r.infer_response.raw_output_contents[0], np.int64)) for r in answers] == [
         [7],

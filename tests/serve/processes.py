@@ -87,6 +87,21 @@ def command(pid: int) -> str:
         return ""
 
 
+def spare_workers(pids: set[int], preload: str) -> set[int]:
+    """Those of ``pids`` that are idle Ray workers whose environment names ``preload`` as the setup hook:
+    the spares a server keeps (deployments/serve/spare.py)."""
+    from deployments.serve import hooks
+
+    mark = f"{hooks.SETUP_HOOK_ENV}={preload}\0".encode()
+    found = set()
+    for pid in alive(pids):
+        if hooks.IDLE_WORKER_TITLE in command(pid):
+            with contextlib.suppress(OSError):
+                if mark in Path(f"/proc/{pid}/environ").read_bytes():
+                    found.add(pid)
+    return found
+
+
 def end(pids: set[int], grace_s: float = 5.0) -> None:
     """SIGTERM each of ``pids`` still alive, then SIGKILL what remains after ``grace_s``."""
     for sig in (signal.SIGTERM, signal.SIGKILL):

@@ -13,7 +13,6 @@ replica started in the spare worker (and the spare's resident memory before the 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
@@ -38,13 +37,7 @@ def _server_pid(server: Server) -> int:
 
 
 def _spares(server: Server) -> set[int]:
-    found = set()
-    for pid in processes.alive(server.track()):
-        if "ray::IDLE" in processes.command(pid):
-            with contextlib.suppress(OSError):
-                if spare.SERVER_PRELOAD.encode() in Path(f"/proc/{pid}/environ").read_bytes():
-                    found.add(pid)
-    return found
+    return processes.spare_workers(server.track(), spare.SERVER_PRELOAD)
 
 
 def _rss_mib(pid: int) -> float:

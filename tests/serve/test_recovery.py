@@ -6,7 +6,6 @@ models of tests/serve/recovery_models.py.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -222,16 +221,12 @@ def _index(server: Server) -> dict[str, dict[str, str]]:
 def _spare_worker(server: Server, preload: str = spare.SERVER_PRELOAD, timeout_s: float = 60.0) -> int:
     """The idle Ray worker this server keeps on its node for the next replica of the server application
     (``preload``: its setup hook, named in its environment) or of a model (deployments/serve/spare.py)."""
-    mark = f"{hooks.SETUP_HOOK_ENV}={preload}\0".encode()
     deadline = time.monotonic() + timeout_s
-    while True:
-        for pid in processes.alive(server.track()):
-            if "ray::IDLE" in processes.command(pid):
-                with contextlib.suppress(OSError):
-                    if mark in Path(f"/proc/{pid}/environ").read_bytes():
-                        return pid
+    while not (found := processes.spare_workers(server.track(), preload)):
         assert time.monotonic() < deadline, f"the server keeps no spare worker for {preload}"
         time.sleep(0.2)
+    (pid,) = found
+    return pid
 
 
 def test_a_restarted_server_application_keeps_the_models_the_api_loaded(server: Server) -> None:
