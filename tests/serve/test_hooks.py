@@ -367,8 +367,9 @@ CHECKS["idle_worker_title"] = _check_idle_worker_title
 def _check_session_dir() -> None:
     from ray._private import node, worker
 
-    assert hasattr(worker.global_worker, "node") or "node" in inspect.getsource(worker.Worker)
-    assert callable(node.Node.get_session_dir_path)
+    # a connected worker holds its node, whose session folder the replicas of that node share
+    assert "worker.node = node" in inspect.getsource(worker.connect), "a worker no longer keeps its node"
+    assert "session_dir" in inspect.getsource(node.Node.get_session_dir_path)
 
 
 CHECKS["session_dir"] = _check_session_dir
