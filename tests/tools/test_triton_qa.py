@@ -26,7 +26,7 @@ from tools.triton_qa import (
 )
 from tools.triton_qa.junit import TestOutcome, parse_junit_text
 from tools.triton_qa.models import OWN_MODELS, apply_edit, build_repository
-from tools.triton_qa.report import RunRecord, write_results
+from tools.triton_qa.report import RunRecord, load_reference, write_results
 from tools.triton_qa.runner import (
     REFERENCE,
     THIS,
@@ -195,6 +195,34 @@ def test_write_results_makes_the_table_json_and_failure_list(tmp_path: Path) -> 
     assert "| L0_http | http_test.py | 2 | 2 | 1 |" in readme
     assert "`t.T.test_b` failed (tritonserver: passed): AssertionError: 1 != 2" in readme
     assert "--log-verbose=1" in readme and "square_int32" in readme and "C++ clients" in readme
+
+
+def test_an_earlier_sessions_tritonserver_results_fill_the_reference_column(tmp_path: Path) -> None:
+    ok, bad = TestOutcome("t.T.test_a", "passed"), TestOutcome("t.T.test_b", "failed", "AssertionError: x")
+    earlier = RunRecord(
+        "L0_http",
+        "http_test",
+        "http_test.py",
+        {
+            REFERENCE: RunResult(REFERENCE, [ok, bad], not_ready=["m: UNAVAILABLE"]),
+            THIS: RunResult(THIS, [ok]),
+        },
+    )
+    old = write_results([earlier], {"commit": "0123456789abc", "started": "2026-11-01"}, [], tmp_path / "old")
+    other = RunRecord("L0_http", "http_test", "http_test.py", {REFERENCE: RunResult(REFERENCE, [ok, ok])})
+    older = write_results([other], {"commit": "fff"}, [], tmp_path / "older")
+    found, sources = load_reference([old / "results.json", older / "results.json"])
+    ref = found[("L0_http", "http_test")]  # the first file that ran the run wins
+    assert [(o.test_id, o.status, o.message) for o in ref.outcomes] == [
+        ("t.T.test_a", "passed", ""),
+        ("t.T.test_b", "failed", "AssertionError: x"),
+    ]
+    assert ref.not_ready == ["m: UNAVAILABLE"] and [s["commit"] for s in sources] == ["0123456789abc", "fff"]
+    now = RunRecord("L0_http", "http_test", "http_test.py", {REFERENCE: ref, THIS: RunResult(THIS, [ok, ok])})
+    meta = {"commit": "new", "reference_from": sources}
+    readme = (write_results([now], meta, [], tmp_path / "new") / "README.md").read_text()
+    assert "| L0_http | http_test.py | 2 | 1 | 2 |" in readme
+    assert f"read from `{old / 'results.json'}` (run at commit `012345678`" in readme
 
 
 def test_unittest_junit_records_each_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -42,7 +42,7 @@ from tools.triton_qa import (  # noqa: F401
     string_io,
     trace,
 )
-from tools.triton_qa.report import RESULTS_DIR, RunRecord, git_commit, write_results
+from tools.triton_qa.report import RESULTS_DIR, RunRecord, git_commit, load_reference, write_results
 from tools.triton_qa.runner import COMMON_TRITON_ARGS, REFERENCE, THIS, Workspace, run_both
 from tools.triton_qa.suites import SUITES, select
 
@@ -73,6 +73,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--servers", choices=sorted(SERVER_CHOICES), default="both")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/triton-qa-work"))
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    parser.add_argument(
+        "--reference-from",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="with --servers this: tritonserver's column from these earlier results.json files",
+    )
     parser.add_argument("--list", action="store_true", help="list the suites and their runs, then exit")
     return parser.parse_args(argv)
 
@@ -109,6 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for run in s.runs
         for test, why in run.not_here
     ]
+    reference, sources = load_reference(args.reference_from)
     meta: dict[str, Any] = {
         "command": "python -m tools.triton_qa " + shlex.join(sys.argv[1:] if argv is None else list(argv)),
         "commit": git_commit(),
@@ -117,11 +125,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "common_server_args": list(COMMON_TRITON_ARGS),
     }
+    if sources:
+        meta["reference_from"] = sources
     for suite in suites:
         for run in suite.runs:
             if args.runs and run.label not in args.runs:
                 continue
             results, skipped = run_both(ws, suite, run, SERVER_CHOICES[args.servers], args.tests)
+            if REFERENCE not in results and (suite.name, run.label) in reference:
+                results = {REFERENCE: reference[(suite.name, run.label)], **results}
             records.append(RunRecord(suite.name, run.label, run.test_file, results, skipped))
             meta["seconds"] = time.monotonic() - started
             write_results(records, meta, cannot_run, args.out)  # after each run: nothing is lost

@@ -50,6 +50,35 @@ def git_commit(path: Path = REPO_ROOT) -> str:
     return out.stdout.strip() or "unknown"
 
 
+def load_reference(paths: list[Path]) -> tuple[dict[tuple[str, str], RunResult], list[dict[str, str]]]:
+    """tritonserver's results per ``(suite, run label)`` from earlier sessions' ``results.json`` files
+    (the first file that ran a run wins), and where each file came from (path, commit, start)."""
+    found: dict[tuple[str, str], RunResult] = {}
+    sources: list[dict[str, str]] = []
+    for path in paths:
+        doc = json.loads(path.read_text())
+        sources.append(
+            {"path": str(path), "commit": doc.get("commit", ""), "started": doc.get("started", "")}
+        )
+        for run in doc.get("runs", []):
+            ref = run.get("servers", {}).get(REFERENCE)
+            key = (run["suite"], run["label"])
+            if ref is None or key in found:
+                continue
+            found[key] = RunResult(
+                REFERENCE,
+                outcomes=[
+                    TestOutcome(test_id, o["status"], o.get("message", ""))
+                    for test_id, o in ref.get("outcomes", {}).items()
+                ],
+                error=ref.get("error", ""),
+                seconds=float(ref.get("seconds", 0.0)),
+                dropped_args=list(ref.get("dropped_args", [])),
+                not_ready=list(ref.get("models_not_ready", [])),
+            )
+    return found, sources
+
+
 def _outcome_map(outcomes: list[TestOutcome]) -> dict[str, dict[str, Any]]:
     return {o.test_id: {"status": o.status, "message": o.message} for o in outcomes}
 
@@ -113,6 +142,11 @@ def to_markdown(doc: dict[str, Any], records: list[RunRecord]) -> str:
         f"- Triton checkout: `{doc.get('triton_checkout', '')}` ({doc.get('triton_ref', 'unknown')})",
         f"- run time: {doc.get('seconds', 0):.0f} s",
         f"- both servers started with: `{' '.join(doc.get('common_server_args', []))}`",
+        *[
+            f"- tritonserver's column read from `{src['path']}` (run at commit `{src['commit'][:9]}`,"
+            f" {src['started']}): the same checkout and tritonserver, not run again"
+            for src in doc.get("reference_from", [])
+        ],
         "",
         "| suite | test file | tests | passed on tritonserver | passed on this server |",
         "|---|---|---:|---:|---:|",
