@@ -527,6 +527,20 @@ class ModelRuntime:
                 return True
         return False
 
+    def can_start_sequence(self, version: str) -> bool:
+        """Whether a new sequence for ``version`` ("" = the latest) would take a slot here now, not wait
+        in the backlog (docs/sequence.md, "A full owner lends"); True where nothing would wait."""
+        try:
+            scheduler = self.version(version).scheduler
+        except ServerError:
+            return True  # the request fails here as it would anywhere
+        free = getattr(scheduler, "has_free_slot", None)
+        return True if free is None else bool(free())
+
+    def sequence_idle_ns(self) -> int:
+        """The longest idle time a sequence of this model keeps its slot (0: none or no limit)."""
+        return max((getattr(r.scheduler, "idle_ns", 0) for r in self.versions.values()), default=0)
+
     async def infer(self, request: InferRequest) -> InferResponse:
         """Run ``request`` on the version it names; every failure comes back in ``response.error``."""
         runtime = self._ready_version(request)

@@ -9,7 +9,8 @@ is the decision and returns a :class:`Placement`:
 * ``OWNER``: the replica holding a sequence's state, when this replica serves the model but
   another rank owns the sequence (:func:`owner_rank`); a sequence that its owner does not hold (it
   started before the model's replica count changed, under another owner) is asked of the other
-  ranks (:meth:`Router.route`);
+  ranks (:meth:`Router.route`). An owner with no free slot for a new sequence lends it to a rank
+  that has one and sends its later requests on there (:meth:`Router.route`);
 * ``REMOTE``: any other model, through the serving layer's executor (another replica).
 
 The router is Ray-free: how an owner or another model is reached is given to it
@@ -22,6 +23,7 @@ owner's reply comes back as it is (:data:`RawReply`), the one fast path, decided
 from __future__ import annotations
 
 import asyncio
+import time
 import zlib
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
@@ -61,6 +63,22 @@ class Runner(Protocol):
     async def infer(self, request: InferRequest) -> InferResponse: ...
 
     def infer_stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]: ...
+
+
+def _can_start(runner: Runner, request: InferRequest) -> bool:
+    """Whether ``runner`` would give ``request``'s new sequence a slot now (its
+    ``can_start_sequence``, which a stateful model's runtime has; True for one without it)."""
+    can_start = getattr(runner, "can_start_sequence", None)
+    return True if can_start is None else bool(can_start(request.model_version))
+
+
+def _idle_ns(runner: Runner) -> int:
+    idle = getattr(runner, "sequence_idle_ns", None)
+    return 0 if idle is None else int(idle())
+
+
+LENT_KEEP_NS = 3_600 * 10**9
+"""How long an owner remembers where it lent a sequence that has no idle limit, after its last request."""
 
 
 def _holds(runner: Runner, correlation_id: int | str) -> bool:
@@ -188,6 +206,10 @@ class Router:
         self.sent_to_owner = 0  # ... and sent on to their owner
         self.sending = SendOrder()  # the order of the requests sent on to owners
         self.arrivals = ArrivalGate()  # ... and of those other replicas sent here
+        # sequences this owner lent to another rank (it had no free slot): rank, last request's time
+        self.lent: dict[int | str, tuple[int, int]] = {}
+        self._placing: dict[int | str, asyncio.Future[None]] = {}  # STARTs asking for a free slot
+        self.lent_count = 0  # new sequences this owner lent
 
     def serve(self, name: str, runner: Runner) -> None:
         """Run ``name`` here with ``runner`` from now on (a load, or a reload swapping it in)."""
@@ -211,31 +233,102 @@ class Router:
         if placement.where is Where.LOCAL:
             runner = self.local[request.model_name]
             if self.ranks is not None and request.correlation_id and request.model_name == self.ranks.model:
+                cid = request.correlation_id
                 order = raw.order if raw is not None and raw.forwarded else None
                 if order is not None:
                     # queued in the order the sender numbered them: turn() returns once the request
                     # before it passed, and the runner queues it before its first suspension
-                    await self.arrivals.turn(request.correlation_id, order)
-                if not request.sequence_start and not _holds(runner, request.correlation_id):
-                    if raw is not None and raw.probe:
-                        return ABSENT_REPLY
-                    found = await self._held_elsewhere(request, raw)
-                    if found is not None:
-                        return found
+                    await self.arrivals.turn(cid, order)
+                placing = self._placing.get(cid)
+                if placing is not None:  # its START is asking for a free slot: it goes where that does
+                    await asyncio.shield(placing)
+                probe = raw is not None and raw.probe
+                if not _holds(runner, cid):
+                    if request.sequence_start and probe and not _can_start(runner, request):
+                        return ABSENT_REPLY  # asked to take a lent sequence: only into a free slot
+                    if cid in self.lent:  # lent before: it lives there (a START starts it again there)
+                        answer = await self._send_on(request, raw, self._lent_to(cid))
+                        if request.sequence_end:
+                            self.lent.pop(cid, None)
+                        return answer
+                    owner = self.ranks.owner(cid) == self.ranks.rank
+                    if request.sequence_start and owner and not probe and not _can_start(runner, request):
+                        lent = await self._lend(request, raw, runner)
+                        if lent is not None:
+                            return lent
+                    elif not request.sequence_start:
+                        if probe:
+                            return ABSENT_REPLY
+                        found = await self._held_elsewhere(request, raw)
+                        if found is not None:
+                            return found
                 self.answered_here += 1
             return await runner.infer(request)
         if placement.where is Where.OWNER:
-            if self.owners is None:
-                raise self._owner_unreachable(request, placement.rank)
-            # sent at once, numbered in the order they came here (deployments/runtime/forward_order.py)
-            order = self.sending.next(request.correlation_id)
-            try:
-                answer = await self.owners.forward(request.model_name, placement.rank, request, raw, order)
-            finally:
-                self.sending.answered(request.correlation_id, order)
-            self.sent_to_owner += 1
-            return answer
+            return await self._send_on(request, raw, placement.rank)
         return await self._remote(request).infer(request)
+
+    async def _send_on(
+        self, request: InferRequest, raw: RawRequest | None, rank: int
+    ) -> InferResponse | RawReply:
+        """The answer of the replica holding ``rank`` to ``request``, sent on to it."""
+        if self.owners is None:
+            raise self._owner_unreachable(request, rank)
+        # sent at once, numbered in the order they came here (deployments/runtime/forward_order.py)
+        order = self.sending.next(request.correlation_id)
+        try:
+            answer = await self.owners.forward(request.model_name, rank, request, raw, order)
+        finally:
+            self.sending.answered(request.correlation_id, order)
+        self.sent_to_owner += 1
+        return answer
+
+    def _lent_to(self, cid: int | str) -> int:
+        """The rank holding lent sequence ``cid``, remembered until its END has been sent on there."""
+        rank, _ = self.lent[cid]
+        self.lent[cid] = (rank, time.monotonic_ns())
+        return rank
+
+    async def _lend(
+        self, request: InferRequest, raw: RawRequest | None, runner: Runner
+    ) -> InferResponse | RawReply | None:
+        """The answer of another rank that took ``request``'s new sequence into a free slot, where this
+        owner has none (it would wait in the backlog here while another replica could run it, which
+        Triton's one set of slots over all instances never lets happen); None where every other rank
+        is full too (it then waits here). The ranks are asked one at a time, so one takes it."""
+        ranks, owners = self.ranks, self.owners
+        if ranks is None or owners is None or ranks.world_size <= 1:
+            return None
+        cid = request.correlation_id
+        placing: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._placing[cid] = placing
+        try:
+            for step in range(1, ranks.world_size):
+                rank = (ranks.rank + step) % ranks.world_size
+                try:
+                    answer = await owners.forward(request.model_name, rank, request, raw, None, probe=True)
+                except Exception:  # gone, or not there yet: it has no slot to lend
+                    continue
+                if is_absent(answer):
+                    continue
+                self._forget_idle(runner)
+                if not request.sequence_end:
+                    self.lent[cid] = (rank, time.monotonic_ns())
+                self.lent_count += 1
+                self.sent_to_owner += 1
+                return answer
+            return None
+        finally:
+            del self._placing[cid]
+            placing.set_result(None)
+
+    def _forget_idle(self, runner: Runner) -> None:
+        """Drop the lent sequences whose replica has released them for going idle (bounds ``lent``)."""
+        idle = _idle_ns(runner)
+        keep = 2 * idle if idle > 0 else LENT_KEEP_NS
+        now = time.monotonic_ns()
+        for cid in [c for c, (_, last) in self.lent.items() if now - last > keep]:
+            del self.lent[cid]
 
     async def _held_elsewhere(
         self, request: InferRequest, raw: RawRequest | None

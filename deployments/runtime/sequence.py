@@ -174,6 +174,15 @@ class SequenceBatcher:
         """Whether sequence ``correlation_id`` is live here: it holds a slot or waits in the backlog."""
         return correlation_id in self._bound or correlation_id in self._backlog_open
 
+    def has_free_slot(self) -> bool:
+        """Whether a new sequence would take a slot here now rather than wait in the backlog."""
+        return bool(self._free) and not self._closing and not self._closed
+
+    @property
+    def idle_ns(self) -> int:
+        """How long a sequence may go without a request before it loses its slot (0: no limit)."""
+        return self.settings.idle_ns
+
     # -- admission -------------------------------------------------------------
 
     async def submit(self, request: InferRequest) -> InferResponse:

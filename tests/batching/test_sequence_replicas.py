@@ -351,3 +351,129 @@ async def test_a_probed_replica_that_does_not_hold_the_sequence_answers_absent_w
     start = InferRequest("m", {"IN": np.zeros((1, 1), np.int32)}, correlation_id=8, sequence_start=True)
     assert isinstance(await router.route(start, probe), InferResponse)  # a START never asks
     assert runner.calls == [7, 8]
+
+
+async def test_an_owner_with_no_free_slot_lends_new_sequences_to_a_replica_that_has_one(
+    tmp_path: Path,
+) -> None:
+    """Twelve sequences whose IDs all belong to rank 0 (even IDs, two replicas of eight slots each):
+    rank 0 fills its eight slots and lends the four others to rank 1, where they run to their END, as
+    Triton's one set of slots over both instances runs all twelve at once. Before, the four waited in
+    rank 0's backlog while rank 1 stood idle, and failed once the sequences holding the slots went idle."""
+    model = _two_instance_accumulator(tmp_path, "direct { }")
+    owners = InMemoryOwners()
+    runtimes = []
+    for rank in range(2):
+        runtime = ModelRuntime(model)
+        await runtime.load()
+        owners.routers[rank] = Router(ranks=Ranks(model.name, rank, 2), owners=owners)
+        owners.routers[rank].serve(model.name, runtime)
+        runtimes.append(runtime)
+    cids = list(range(2, 26, 2))
+    assert {owner_rank(c, 2) for c in cids} == {0}
+    held_after_start: dict[int, list[int]] = {}
+
+    async def send(cid: int, step: int, start: bool, end: bool) -> InferResponse:
+        landed = owners.routers[(cid // 2 + step) % 2]  # either replica, as HAProxy picks
+        request = InferRequest(
+            model.name,
+            {"IN": np.array([[step + 1]], dtype=np.int32)},
+            correlation_id=cid,
+            sequence_start=start,
+            sequence_end=end,
+        )
+        answer = await landed.infer(request)
+        if step == 0:
+            held_after_start[cid] = [r for r, runtime in enumerate(runtimes) if runtime.holds_sequence(cid)]
+        return answer
+
+    try:
+        answers = await asyncio.wait_for(_step_by_step(send, cids), 20)
+    finally:
+        for runtime in runtimes:
+            await runtime.close()
+    for cid, responses in answers.items():
+        assert [r.error for r in responses] == [None] * STEPS, cid
+        assert [int(r.outputs["OUT"][0, 0]) for r in responses] == list(np.cumsum(range(1, STEPS + 1))), cid
+    assert sorted(held_after_start.values()) == [[0]] * 8 + [[1]] * 4
+    assert owners.routers[0].lent_count == 4 and owners.routers[1].answered_here == 4 * STEPS
+    assert owners.routers[0].lent == {}  # each lent sequence forgotten once its END was sent on
+    assert owners.probes == 4  # one ask per lent sequence: rank 1 had a free slot each time
+
+
+class _Slots:
+    """A runner with ``free`` slots for new sequences, recording what it ran."""
+
+    def __init__(self, free: int) -> None:
+        self.free = free
+        self.live: set[int | str] = set()
+        self.calls: list[tuple[int | str, bool]] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    def holds_sequence(self, cid: int | str) -> bool:
+        return cid in self.live
+
+    def can_start_sequence(self, version: str) -> bool:
+        return self.free > 0
+
+    def sequence_idle_ns(self) -> int:
+        return 1_000_000_000
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        if request.sequence_start and request.correlation_id not in self.live:
+            self.free -= 1
+            self.live.add(request.correlation_id)
+        self.calls.append((request.correlation_id, request.sequence_start))
+        await self.gate.wait()
+        return InferResponse(id=str(len(self.calls)))
+
+    def infer_stream(self, request: InferRequest) -> Any:
+        raise AssertionError("not streamed")
+
+
+def _request(cid: int, start: bool = False, end: bool = False) -> InferRequest:
+    return InferRequest(
+        "m", {"IN": np.zeros((1, 1), np.int32)}, correlation_id=cid, sequence_start=start, sequence_end=end
+    )
+
+
+async def test_a_full_owner_keeps_the_start_where_every_replica_is_full_and_a_full_replica_refuses_a_loan() -> (
+    None
+):
+    owners = InMemoryOwners()
+    runners = {0: _Slots(0), 1: _Slots(0), 2: _Slots(1)}
+    for rank, runner in runners.items():
+        owners.routers[rank] = Router(ranks=Ranks("m", rank, 3), owners=owners)
+        owners.routers[rank].serve("m", runner)
+    # 3 is rank 0's: rank 1 is full (it answers absent, running nothing), rank 2 takes it
+    assert isinstance(await owners.routers[0].infer(_request(3, start=True)), InferResponse)
+    assert runners[1].calls == [] and runners[2].calls == [(3, True)] and owners.probes == 2
+    assert owners.routers[0].lent == {3: (2, owners.routers[0].lent[3][1])}
+    # 6 is rank 0's too: nobody has a free slot, so it starts (waits) at its owner, as before
+    await owners.routers[0].infer(_request(6, start=True))
+    assert runners[0].calls == [(6, True)] and 6 not in owners.routers[0].lent
+    # a probe START at a replica with no free slot is refused without running
+    probe = RawRequest("/v2/models/m/infer", [(FORWARDED, b"1"), (PROBE, b"1")], b"")
+    assert await owners.routers[1].route(_request(9, start=True), probe) == ABSENT_REPLY
+    # the lent sequence's requests go on to rank 2 from wherever they land; its END ends the loan
+    await owners.routers[1].infer(_request(3))
+    await owners.routers[0].infer(_request(3, end=True))
+    assert runners[2].calls == [(3, True), (3, False), (3, False)] and owners.routers[0].lent == {}
+
+
+async def test_a_request_that_comes_while_its_start_asks_for_a_slot_follows_it_to_the_lender() -> None:
+    owners = InMemoryOwners()
+    runners = {0: _Slots(0), 1: _Slots(1)}
+    for rank, runner in runners.items():
+        owners.routers[rank] = Router(ranks=Ranks("m", rank, 2), owners=owners)
+        owners.routers[rank].serve("m", runner)
+    runners[1].gate.clear()  # rank 1 takes the START but has not answered it yet
+    start = asyncio.ensure_future(owners.routers[0].infer(_request(4, start=True)))
+    await until(lambda: runners[1].calls == [(4, True)])
+    second = asyncio.ensure_future(owners.routers[0].infer(_request(4)))
+    await asyncio.sleep(0.01)
+    assert runners[0].calls == [] and not second.done()  # not failed for a missing START at rank 0
+    runners[1].gate.set()
+    await asyncio.gather(start, second)
+    assert runners[1].calls == [(4, True), (4, False)] and runners[0].calls == []
