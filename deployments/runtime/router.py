@@ -72,9 +72,12 @@ def _can_start(runner: Runner, request: InferRequest) -> bool:
     return True if can_start is None else bool(can_start(request.model_version))
 
 
-def _idle_ns(runner: Runner) -> int:
+def _keep_ns(runner: Runner) -> int:
+    """How long an owner remembers a loan after the sequence's last request: twice the model's idle
+    limit, by when the replica holding it has released it (an hour where it has none)."""
     idle = getattr(runner, "sequence_idle_ns", None)
-    return 0 if idle is None else int(idle())
+    idle_ns = 0 if idle is None else int(idle())
+    return 2 * idle_ns if idle_ns > 0 else LENT_KEEP_NS
 
 
 LENT_KEEP_NS = 3_600 * 10**9
@@ -246,8 +249,9 @@ class Router:
                 if not _holds(runner, cid):
                     if request.sequence_start and probe and not _can_start(runner, request):
                         return ABSENT_REPLY  # asked to take a lent sequence: only into a free slot
-                    if cid in self.lent:  # lent before: it lives there (a START starts it again there)
-                        answer = await self._send_on(request, raw, self._lent_to(cid))
+                    lender = self._loan(cid, runner)
+                    if lender is not None:  # lent before: it lives there (a START starts it again there)
+                        answer = await self._send_on(request, raw, lender)
                         if request.sequence_end:
                             self.lent.pop(cid, None)
                         return answer
@@ -283,11 +287,18 @@ class Router:
         self.sent_to_owner += 1
         return answer
 
-    def _lent_to(self, cid: int | str) -> int:
-        """The rank holding lent sequence ``cid``, remembered until its END has been sent on there."""
-        rank, _ = self.lent[cid]
-        self.lent[cid] = (rank, time.monotonic_ns())
-        return rank
+    def _loan(self, cid: int | str, runner: Runner) -> int | None:
+        """The rank this owner lent sequence ``cid`` to, while the loan may still be live there (its END
+        not yet sent on, and a request within twice the idle limit); forgotten otherwise."""
+        loan = self.lent.get(cid)
+        if loan is None:
+            return None
+        now = time.monotonic_ns()
+        if now - loan[1] > _keep_ns(runner):
+            del self.lent[cid]
+            return None
+        self.lent[cid] = (loan[0], now)
+        return loan[0]
 
     async def _lend(
         self, request: InferRequest, raw: RawRequest | None, runner: Runner
@@ -324,9 +335,7 @@ class Router:
 
     def _forget_idle(self, runner: Runner) -> None:
         """Drop the lent sequences whose replica has released them for going idle (bounds ``lent``)."""
-        idle = _idle_ns(runner)
-        keep = 2 * idle if idle > 0 else LENT_KEEP_NS
-        now = time.monotonic_ns()
+        keep, now = _keep_ns(runner), time.monotonic_ns()
         for cid in [c for c, (_, last) in self.lent.items() if now - last > keep]:
             del self.lent[cid]
 

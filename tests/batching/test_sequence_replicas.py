@@ -404,8 +404,9 @@ async def test_an_owner_with_no_free_slot_lends_new_sequences_to_a_replica_that_
 class _Slots:
     """A runner with ``free`` slots for new sequences, recording what it ran."""
 
-    def __init__(self, free: int) -> None:
+    def __init__(self, free: int, idle_ns: int = 1_000_000_000) -> None:
         self.free = free
+        self.idle_ns = idle_ns
         self.live: set[int | str] = set()
         self.calls: list[tuple[int | str, bool]] = []
         self.gate = asyncio.Event()
@@ -418,7 +419,7 @@ class _Slots:
         return self.free > 0
 
     def sequence_idle_ns(self) -> int:
-        return 1_000_000_000
+        return self.idle_ns
 
     async def infer(self, request: InferRequest) -> InferResponse:
         if request.sequence_start and request.correlation_id not in self.live:
@@ -477,3 +478,17 @@ async def test_a_request_that_comes_while_its_start_asks_for_a_slot_follows_it_t
     runners[1].gate.set()
     await asyncio.gather(start, second)
     assert runners[1].calls == [(4, True), (4, False)] and runners[0].calls == []
+
+
+async def test_a_loan_is_forgotten_once_the_lender_has_released_the_sequence_for_idling() -> None:
+    owners = InMemoryOwners()
+    runners = {0: _Slots(0, idle_ns=1_000_000), 1: _Slots(1)}
+    for rank, runner in runners.items():
+        owners.routers[rank] = Router(ranks=Ranks("m", rank, 2), owners=owners)
+        owners.routers[rank].serve("m", runner)
+    await owners.routers[0].infer(_request(2, start=True))
+    assert runners[1].calls == [(2, True)] and 2 in owners.routers[0].lent
+    await asyncio.sleep(0.01)  # past twice the 1 ms idle limit: rank 1 released it
+    runners[0].free = 1
+    await owners.routers[0].infer(_request(2, start=True))  # a new sequence 2, into the owner's slot
+    assert runners[0].calls == [(2, True)] and owners.routers[0].lent == {}

@@ -115,6 +115,53 @@ def test_twelve_sequences_step_by_step_from_eight_threads(server_url: str) -> No
     assert len(pids) == 2, "both replicas hold sequences"
 
 
+def test_twelve_sequences_of_one_owner_borrow_the_other_replicas_free_slots(server_url: str) -> None:
+    """Twelve sequences whose IDs all belong to one replica (even IDs over two): it fills its 8 slots
+    and lends the other four to the second replica, where they run all their steps; none waits in a
+    backlog while a slot is free (Triton's one set of slots over both instances)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from deployments.runtime.router import owner_rank
+
+    cids = list(range(9000, 9024, 2))
+    assert {owner_rank(c, 2) for c in cids} == {0}
+    steps = 8
+    local = threading.local()
+
+    def send(cid: int, step: int) -> tuple[int, int] | str:
+        if not hasattr(local, "client"):
+            local.client = httpclient.InferenceServerClient(server_url)
+        try:
+            result = local.client.infer(
+                ACC,
+                _acc_input(step + 1),
+                sequence_id=cid,
+                sequence_start=step == 0,
+                sequence_end=step == steps - 1,
+            )
+        except InferenceServerException as exc:
+            return f"step {step + 1}: {exc}"
+        return int(result.as_numpy("OUT")[0, 0]), int(result.as_numpy("PID")[0, 0])
+
+    answers: dict[int, list[tuple[int, int] | str]] = {cid: [] for cid in cids}
+    with ThreadPoolExecutor(8) as pool:
+        for step in range(steps):  # every sequence's step, then the next step
+            for cid, answer in zip(cids, pool.map(send, cids, [step] * len(cids)), strict=True):
+                answers[cid].append(answer)
+    failed = {cid: a for cid, run in answers.items() for a in run if isinstance(a, str)}
+    assert not failed, failed
+    held: dict[int, int] = {}
+    for cid, run in answers.items():
+        assert [a[0] for a in run] == list(np.cumsum(range(1, steps + 1))), cid  # type: ignore[index]
+        pids = {a[1] for a in run}  # type: ignore[index]
+        assert len(pids) == 1, f"sequence {cid} switched replicas: {pids}"
+        pid = pids.pop()
+        held[pid] = held.get(pid, 0) + 1
+    # each replica ran at most its own 8 slots' sequences at once: the owner's overflow went to the other
+    assert len(held) == 2 and max(held.values()) <= 8, held
+
+
 def test_interleaved_grpc_sequences_reach_their_owner(server_url: str, grpc_url: str) -> None:
     """gRPC requests go through the server application's handle calls: the sequence request router
     sends each to the replica owning the sequence, the one HTTP requests of it reach too."""
