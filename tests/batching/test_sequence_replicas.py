@@ -196,6 +196,29 @@ def _two_instance_accumulator(tmp: Path, strategy: str) -> Any:
     return from_text(text, folder)
 
 
+def _step_request(model: str, cid: int, value: int, start: bool, end: bool) -> InferRequest:
+    return InferRequest(
+        model,
+        {"IN": np.array([[value]], dtype=np.int32)},
+        correlation_id=cid,
+        sequence_start=start,
+        sequence_end=end,
+    )
+
+
+async def _replicas_behind_routers(model: Any, count: int) -> tuple[InMemoryOwners, list[ModelRuntime]]:
+    """``count`` loaded runtimes of ``model``, each behind a router ranked ``0 .. count-1``."""
+    owners = InMemoryOwners()
+    runtimes = []
+    for rank in range(count):
+        runtime = ModelRuntime(model)
+        await runtime.load()
+        owners.routers[rank] = Router(ranks=Ranks(model.name, rank, count), owners=owners)
+        owners.routers[rank].serve(model.name, runtime)
+        runtimes.append(runtime)
+    return owners, runtimes
+
+
 @pytest.mark.parametrize("strategy", ["direct { }", "oldest { max_candidate_sequences: 8 }"])
 async def test_two_replicas_behind_their_routers_run_twelve_sequences_step_by_step(
     tmp_path: Path, strategy: str
@@ -206,26 +229,13 @@ async def test_two_replicas_behind_their_routers_run_twelve_sequences_step_by_st
     replica owns six and holds them in its own eight slots (with IDs owned 10 to 2, four backlogged
     STARTs held client threads until the sequences holding the slots went idle)."""
     model = _two_instance_accumulator(tmp_path, strategy)
-    owners = InMemoryOwners()
-    runtimes = []
-    for rank in range(2):
-        runtime = ModelRuntime(model)
-        await runtime.load()
-        owners.routers[rank] = Router(ranks=Ranks(model.name, rank, 2), owners=owners)
-        owners.routers[rank].serve(model.name, runtime)
-        runtimes.append(runtime)
+    owners, runtimes = await _replicas_behind_routers(model, 2)
     cids = list(range(1001, 1013))
     assert sorted(owner_rank(c, 2) for c in cids) == [0] * 6 + [1] * 6
 
     async def send(cid: int, step: int, start: bool, end: bool) -> InferResponse:
         landed = owners.routers[(cid // 2 + step) % 2]  # either replica, as HAProxy picks
-        request = InferRequest(
-            model.name,
-            {"IN": np.array([[step + 1]], dtype=np.int32)},
-            correlation_id=cid,
-            sequence_start=start,
-            sequence_end=end,
-        )
+        request = _step_request(model.name, cid, step + 1, start, end)
         return await landed.infer(request)
 
     try:
@@ -361,27 +371,14 @@ async def test_an_owner_with_no_free_slot_lends_new_sequences_to_a_replica_that_
     Triton's one set of slots over both instances runs all twelve at once. Before, the four waited in
     rank 0's backlog while rank 1 stood idle, and failed once the sequences holding the slots went idle."""
     model = _two_instance_accumulator(tmp_path, "direct { }")
-    owners = InMemoryOwners()
-    runtimes = []
-    for rank in range(2):
-        runtime = ModelRuntime(model)
-        await runtime.load()
-        owners.routers[rank] = Router(ranks=Ranks(model.name, rank, 2), owners=owners)
-        owners.routers[rank].serve(model.name, runtime)
-        runtimes.append(runtime)
+    owners, runtimes = await _replicas_behind_routers(model, 2)
     cids = list(range(2, 26, 2))
     assert {owner_rank(c, 2) for c in cids} == {0}
     held_after_start: dict[int, list[int]] = {}
 
     async def send(cid: int, step: int, start: bool, end: bool) -> InferResponse:
         landed = owners.routers[(cid // 2 + step) % 2]  # either replica, as HAProxy picks
-        request = InferRequest(
-            model.name,
-            {"IN": np.array([[step + 1]], dtype=np.int32)},
-            correlation_id=cid,
-            sequence_start=start,
-            sequence_end=end,
-        )
+        request = _step_request(model.name, cid, step + 1, start, end)
         answer = await landed.infer(request)
         if step == 0:
             held_after_start[cid] = [r for r, runtime in enumerate(runtimes) if runtime.holds_sequence(cid)]

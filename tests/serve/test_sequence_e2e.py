@@ -71,18 +71,16 @@ def test_64_interleaved_sequences_keep_their_replica_and_their_sums(server_url: 
     assert len(pids) == 2, "both replicas hold sequences"
 
 
-def test_twelve_sequences_step_by_step_from_eight_threads(server_url: str) -> None:
-    """The issue's setup: 12 sequences numbered one after another, two instances of 8 slots. Each
-    replica owns six (ID mod 2) and holds them in its own instance's slots; none waits in a backlog,
-    where the sequences holding the slots would go idle and fail later steps without their START."""
+STEPS = 8
+
+
+def _step_by_step_from_eight_threads(server_url: str, cids: list[int]) -> dict[int, int]:
+    """Every sequence's ``STEPS`` requests over HTTP from 8 client threads, step by step (each step of
+    every sequence, then the next step); checks every answer's sum and that each sequence kept to one
+    replica, and returns how many sequences each replica (by pid) ran."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from deployments.runtime.router import owner_rank
-
-    cids = list(range(8000, 8012))
-    assert sorted(owner_rank(c, 2) for c in cids) == [0] * 6 + [1] * 6
-    steps = 8
     local = threading.local()
 
     def send(cid: int, step: int) -> tuple[int, int] | str:
@@ -94,7 +92,7 @@ def test_twelve_sequences_step_by_step_from_eight_threads(server_url: str) -> No
                 _acc_input(step + 1),
                 sequence_id=cid,
                 sequence_start=step == 0,
-                sequence_end=step == steps - 1,
+                sequence_end=step == STEPS - 1,
             )
         except InferenceServerException as exc:
             return f"step {step + 1}: {exc}"
@@ -102,62 +100,43 @@ def test_twelve_sequences_step_by_step_from_eight_threads(server_url: str) -> No
 
     answers: dict[int, list[tuple[int, int] | str]] = {cid: [] for cid in cids}
     with ThreadPoolExecutor(8) as pool:
-        for step in range(steps):  # every sequence's step, then the next step
+        for step in range(STEPS):
             live = [c for c in cids if all(not isinstance(a, str) for a in answers[c])]
             for cid, answer in zip(live, pool.map(send, live, [step] * len(live)), strict=True):
                 answers[cid].append(answer)
     failed = {cid: a for cid, run in answers.items() for a in run if isinstance(a, str)}
     assert not failed, failed
-    pids = set()
+    held: dict[int, int] = {}
     for cid, run in answers.items():
-        assert [a[0] for a in run] == list(np.cumsum(range(1, steps + 1))), cid  # type: ignore[index]
-        pids |= {a[1] for a in run}  # type: ignore[index]
-    assert len(pids) == 2, "both replicas hold sequences"
+        assert [a[0] for a in run] == list(np.cumsum(range(1, STEPS + 1))), cid  # type: ignore[index]
+        pids = {a[1] for a in run}  # type: ignore[index]
+        assert len(pids) == 1, f"sequence {cid} switched replicas: {pids}"
+        pid = pids.pop()
+        held[pid] = held.get(pid, 0) + 1
+    return held
+
+
+def test_twelve_sequences_step_by_step_from_eight_threads(server_url: str) -> None:
+    """The issue's setup: 12 sequences numbered one after another, two instances of 8 slots. Each
+    replica owns six (ID mod 2) and holds them in its own instance's slots; none waits in a backlog,
+    where the sequences holding the slots would go idle and fail later steps without their START."""
+    from deployments.runtime.router import owner_rank
+
+    cids = list(range(8000, 8012))
+    assert sorted(owner_rank(c, 2) for c in cids) == [0] * 6 + [1] * 6
+    held = _step_by_step_from_eight_threads(server_url, cids)
+    assert len(held) == 2, "both replicas hold sequences"
 
 
 def test_twelve_sequences_of_one_owner_borrow_the_other_replicas_free_slots(server_url: str) -> None:
     """Twelve sequences whose IDs all belong to one replica (even IDs over two): it fills its 8 slots
     and lends the other four to the second replica, where they run all their steps; none waits in a
     backlog while a slot is free (Triton's one set of slots over both instances)."""
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
-
     from deployments.runtime.router import owner_rank
 
     cids = list(range(9000, 9024, 2))
     assert {owner_rank(c, 2) for c in cids} == {0}
-    steps = 8
-    local = threading.local()
-
-    def send(cid: int, step: int) -> tuple[int, int] | str:
-        if not hasattr(local, "client"):
-            local.client = httpclient.InferenceServerClient(server_url)
-        try:
-            result = local.client.infer(
-                ACC,
-                _acc_input(step + 1),
-                sequence_id=cid,
-                sequence_start=step == 0,
-                sequence_end=step == steps - 1,
-            )
-        except InferenceServerException as exc:
-            return f"step {step + 1}: {exc}"
-        return int(result.as_numpy("OUT")[0, 0]), int(result.as_numpy("PID")[0, 0])
-
-    answers: dict[int, list[tuple[int, int] | str]] = {cid: [] for cid in cids}
-    with ThreadPoolExecutor(8) as pool:
-        for step in range(steps):  # every sequence's step, then the next step
-            for cid, answer in zip(cids, pool.map(send, cids, [step] * len(cids)), strict=True):
-                answers[cid].append(answer)
-    failed = {cid: a for cid, run in answers.items() for a in run if isinstance(a, str)}
-    assert not failed, failed
-    held: dict[int, int] = {}
-    for cid, run in answers.items():
-        assert [a[0] for a in run] == list(np.cumsum(range(1, steps + 1))), cid  # type: ignore[index]
-        pids = {a[1] for a in run}  # type: ignore[index]
-        assert len(pids) == 1, f"sequence {cid} switched replicas: {pids}"
-        pid = pids.pop()
-        held[pid] = held.get(pid, 0) + 1
+    held = _step_by_step_from_eight_threads(server_url, cids)
     # each replica ran at most its own 8 slots' sequences at once: the owner's overflow went to the other
     assert len(held) == 2 and max(held.values()) <= 8, held
 
