@@ -206,6 +206,19 @@ def _step_request(model: str, cid: int, value: int, start: bool, end: bool) -> I
     )
 
 
+async def _run_to_the_end(send: Any, cids: list[int], runtimes: list[ModelRuntime]) -> None:
+    """Every sequence step by step through ``send``, then the runtimes closed; each answer's running
+    sum checked (the Python accumulator's ``OUT``)."""
+    try:
+        answers = await asyncio.wait_for(_step_by_step(send, cids), 20)
+    finally:
+        for runtime in runtimes:
+            await runtime.close()
+    for cid, responses in answers.items():
+        assert [r.error for r in responses] == [None] * STEPS, cid
+        assert [int(r.outputs["OUT"][0, 0]) for r in responses] == list(np.cumsum(range(1, STEPS + 1))), cid
+
+
 async def _replicas_behind_routers(model: Any, count: int) -> tuple[InMemoryOwners, list[ModelRuntime]]:
     """``count`` loaded runtimes of ``model``, each behind a router ranked ``0 .. count-1``."""
     owners = InMemoryOwners()
@@ -238,14 +251,7 @@ async def test_two_replicas_behind_their_routers_run_twelve_sequences_step_by_st
         request = _step_request(model.name, cid, step + 1, start, end)
         return await landed.infer(request)
 
-    try:
-        answers = await asyncio.wait_for(_step_by_step(send, cids), 20)
-    finally:
-        for runtime in runtimes:
-            await runtime.close()
-    for cid, responses in answers.items():
-        assert [r.error for r in responses] == [None] * STEPS, cid
-        assert [int(r.outputs["OUT"][0, 0]) for r in responses] == list(np.cumsum(range(1, STEPS + 1))), cid
+    await _run_to_the_end(send, cids, runtimes)
     assert owners.routers[1].answered_here == 6 * STEPS
     assert owners.routers[0].answered_here == 6 * STEPS
 
@@ -384,14 +390,7 @@ async def test_an_owner_with_no_free_slot_lends_new_sequences_to_a_replica_that_
             held_after_start[cid] = [r for r, runtime in enumerate(runtimes) if runtime.holds_sequence(cid)]
         return answer
 
-    try:
-        answers = await asyncio.wait_for(_step_by_step(send, cids), 20)
-    finally:
-        for runtime in runtimes:
-            await runtime.close()
-    for cid, responses in answers.items():
-        assert [r.error for r in responses] == [None] * STEPS, cid
-        assert [int(r.outputs["OUT"][0, 0]) for r in responses] == list(np.cumsum(range(1, STEPS + 1))), cid
+    await _run_to_the_end(send, cids, runtimes)
     assert sorted(held_after_start.values()) == [[0]] * 8 + [[1]] * 4
     assert owners.routers[0].lent_count == 4 and owners.routers[1].answered_here == 4 * STEPS
     assert owners.routers[0].lent == {}  # each lent sequence forgotten once its END was sent on
