@@ -239,13 +239,15 @@ class ModelDeployment:
         self._publish = asyncio.get_running_loop().create_task(self._publish_rank(context.app_name))
 
     def sequence_routing(self) -> dict[str, int]:
-        """This replica's rank and how many sequence requests it answered itself / sent to their owner."""
+        """This replica's rank, how many sequence requests it answered itself / sent to their owner, and
+        how many new sequences it lent to another replica for want of a free slot."""
         if self._ranks is None:
             return {}
         return {
             "rank": self._ranks.rank,
             "local": self.router.answered_here,
             "forwarded": self.router.sent_to_owner,
+            "lent": self.router.lent_count,
         }
 
     async def _follow_reloads(self) -> None:
