@@ -211,15 +211,15 @@ def test_an_earlier_sessions_tritonserver_results_fill_the_reference_column(tmp_
     old = write_results([earlier], {"commit": "0123456789abc", "started": "2026-11-01"}, [], tmp_path / "old")
     other = RunRecord("L0_http", "http_test", "http_test.py", {REFERENCE: RunResult(REFERENCE, [ok, ok])})
     older = write_results([other], {"commit": "fff"}, [], tmp_path / "older")
-    found, sources = load_reference([old / "results.json", older / "results.json"])
-    ref = found[("L0_http", "http_test")]  # the first file that ran the run wins
+    found = load_reference([old / "results.json", older / "results.json"])
+    ref, source = found[("L0_http", "http_test")]  # the first file that ran the run wins
     assert [(o.test_id, o.status, o.message) for o in ref.outcomes] == [
         ("t.T.test_a", "passed", ""),
         ("t.T.test_b", "failed", "AssertionError: x"),
     ]
-    assert ref.not_ready == ["m: UNAVAILABLE"] and [s["commit"] for s in sources] == ["0123456789abc", "fff"]
+    assert ref.not_ready == ["m: UNAVAILABLE"] and source["commit"] == "0123456789abc"
     now = RunRecord("L0_http", "http_test", "http_test.py", {REFERENCE: ref, THIS: RunResult(THIS, [ok, ok])})
-    meta = {"commit": "new", "reference_from": sources}
+    meta = {"commit": "new", "reference_from": [source]}
     readme = (write_results([now], meta, [], tmp_path / "new") / "README.md").read_text()
     assert "| L0_http | http_test.py | 2 | 1 | 2 |" in readme
     assert f"read from `{old / 'results.json'}` (run at commit `012345678`" in readme

@@ -116,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for run in s.runs
         for test, why in run.not_here
     ]
-    reference, sources = load_reference(args.reference_from)
+    reference = load_reference(args.reference_from)
     meta: dict[str, Any] = {
         "command": "python -m tools.triton_qa " + shlex.join(sys.argv[1:] if argv is None else list(argv)),
         "commit": git_commit(),
@@ -125,15 +125,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "common_server_args": list(COMMON_TRITON_ARGS),
     }
-    if sources:
-        meta["reference_from"] = sources
     for suite in suites:
         for run in suite.runs:
             if args.runs and run.label not in args.runs:
                 continue
             results, skipped = run_both(ws, suite, run, SERVER_CHOICES[args.servers], args.tests)
             if REFERENCE not in results and (suite.name, run.label) in reference:
-                results = {REFERENCE: reference[(suite.name, run.label)], **results}
+                earlier, source = reference[(suite.name, run.label)]
+                results = {REFERENCE: earlier, **results}
+                used = meta.setdefault("reference_from", [])  # the files that gave a run, in first use
+                if source not in used:
+                    used.append(source)
             records.append(RunRecord(suite.name, run.label, run.test_file, results, skipped))
             meta["seconds"] = time.monotonic() - started
             write_results(records, meta, cannot_run, args.out)  # after each run: nothing is lost

@@ -50,22 +50,19 @@ def git_commit(path: Path = REPO_ROOT) -> str:
     return out.stdout.strip() or "unknown"
 
 
-def load_reference(paths: list[Path]) -> tuple[dict[tuple[str, str], RunResult], list[dict[str, str]]]:
+def load_reference(paths: list[Path]) -> dict[tuple[str, str], tuple[RunResult, dict[str, str]]]:
     """tritonserver's results per ``(suite, run label)`` from earlier sessions' ``results.json`` files
-    (the first file that ran a run wins), and where each file came from (path, commit, start)."""
-    found: dict[tuple[str, str], RunResult] = {}
-    sources: list[dict[str, str]] = []
+    (the first file that ran a run wins), each with where it came from (path, commit, start)."""
+    found: dict[tuple[str, str], tuple[RunResult, dict[str, str]]] = {}
     for path in paths:
         doc = json.loads(path.read_text())
-        sources.append(
-            {"path": str(path), "commit": doc.get("commit", ""), "started": doc.get("started", "")}
-        )
+        source = {"path": str(path), "commit": doc.get("commit", ""), "started": doc.get("started", "")}
         for run in doc.get("runs", []):
             ref = run.get("servers", {}).get(REFERENCE)
             key = (run["suite"], run["label"])
             if ref is None or key in found:
                 continue
-            found[key] = RunResult(
+            result = RunResult(
                 REFERENCE,
                 outcomes=[
                     TestOutcome(test_id, o["status"], o.get("message", ""))
@@ -76,7 +73,8 @@ def load_reference(paths: list[Path]) -> tuple[dict[tuple[str, str], RunResult],
                 dropped_args=list(ref.get("dropped_args", [])),
                 not_ready=list(ref.get("models_not_ready", [])),
             )
-    return found, sources
+            found[key] = (result, source)
+    return found
 
 
 def _outcome_map(outcomes: list[TestOutcome]) -> dict[str, dict[str, Any]]:
