@@ -42,6 +42,9 @@ API_GROUPS = (
 )
 # "0" sends every request through Serve's wrapper (Serve's request metrics, ``max_ongoing_requests``).
 DIRECT_ROUTES_ENV = "TRITON_SERVE_DIRECT_ROUTES"
+# "uvicorn" serves HAProxy's connections to a replica with uvicorn's protocol instead of the server's own
+REPLICA_HTTP_ENV = "TRITON_SERVE_REPLICA_HTTP"
+REPLICA_HTTP_SERVERS = ("own", "uvicorn")
 DELAY_SCHEDULER_ENV = "TRITONSERVER_DELAY_SCHEDULER"  # tritonserver's testing variables (Triton's qa)
 BACKLOG_DELAY_SCHEDULER_ENV = "TRITONSERVER_BACKLOG_DELAY_SCHEDULER"
 GRPC_RESPONSE_DELAY_ENV = "TRITONSERVER_SERVER_DELAY_GRPC_RESPONSE_SEC"
@@ -344,6 +347,12 @@ class ServerSettings:
     grpc_max_send_message_bytes: int = 64 * 1024 * 1024
     grpc_compression: str = "none"  # responses: none | gzip | deflate (compressed requests always accepted)
     direct_routes: bool = True  # a model replica answers its routes without Serve's per-request wrapper
+    # what serves HAProxy's connections to a replica (its local socket): "own" (deployments.protocol.
+    # http1_server) or "uvicorn"; from TRITON_SERVE_REPLICA_HTTP
+    replica_http: str = "own"
+    # after its last response, a replica polls for the next request this long before it sleeps (0: never;
+    # docs/operations.md, "Busy polling")
+    busy_poll_us: int = 0
     # Triton's TRITONSERVER_DELAY_SCHEDULER and TRITONSERVER_BACKLOG_DELAY_SCHEDULER, for its qa tests:
     # each scheduler holds its first batch until this many requests are queued (and, for the sequence
     # batcher, requests of sequences wait in its backlog); 0: off. Read from the environment as tritonserver does.
@@ -452,6 +461,12 @@ class ServerSettings:
             raise SettingsError(f"metrics_port must be between 1 and 65535, not {self.metrics_port}")
         if not 0 < self.grpc_port < 65536:
             raise SettingsError(f"grpc_port must be between 1 and 65535, not {self.grpc_port}")
+        if self.replica_http not in REPLICA_HTTP_SERVERS:
+            raise SettingsError(
+                f"{REPLICA_HTTP_ENV} must be one of {', '.join(REPLICA_HTTP_SERVERS)}, not '{self.replica_http}'"
+            )
+        if not 0 <= self.busy_poll_us <= 100_000:
+            raise SettingsError(f"busy_poll_us must be between 0 and 100000, not {self.busy_poll_us}")
         if self.grpc_compression not in GRPC_COMPRESSIONS:
             raise SettingsError(
                 f"grpc_compression must be one of {', '.join(GRPC_COMPRESSIONS)}, not '{self.grpc_compression}'"
@@ -537,6 +552,8 @@ class ServerSettings:
             "allow_grpc": _flag(args, "allow_grpc", True),
             "spare_worker": _flag(args, "spare_worker", True),
             "direct_routes": env.get(DIRECT_ROUTES_ENV, "1").strip() != "0",
+            "replica_http": env.get(REPLICA_HTTP_ENV, "own").strip().lower() or "own",
+            "busy_poll_us": _typed("busy_poll_us", args.get("busy_poll_us", 0), int),
             "delay_scheduler": _typed(DELAY_SCHEDULER_ENV, env.get(DELAY_SCHEDULER_ENV) or "0", int),
             "log_escape": env.get(ESCAPE_LOG_MESSAGES_ENV, "1").strip().lower() not in ("0", "false"),
             "backlog_delay_scheduler": _typed(
@@ -671,6 +688,7 @@ _ARG_NAMES = {
     "strict_readiness",
     "exit_on_error",
     "exit_timeout_secs",
+    "busy_poll_us",
     "server_id",
     "allow_model_file_upload",
     "http_restricted_api",

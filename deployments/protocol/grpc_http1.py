@@ -48,14 +48,11 @@ from deployments.protocol.grpc import (
     answer_unary,
     status_of,
 )
+from deployments.protocol.http1_server import STREAMED_RESPONSE, TRAILERS_EXTENSION
 from deployments.protocol.raw_tail import RAW_INPUT_FIELD, TAIL_MIN_BYTES, Tailed, split
 from repository_loader.errors import InternalError, ServerError, TooLarge, Unsupported
 
 PATH_PREFIX = f"/{SERVICE}/"
-TRAILERS_EXTENSION = "http.response.trailers"
-STREAMED_RESPONSE = "triton_serve.streamed"
-"""A key of a stream's ``http.response.start``: its body messages are written as they come, not held
-for the trailers (a server whose writes wait for the trailers reads it: ``deployments.serve.response_writes``)."""
 _FRAME = 5  # compressed flag and length
 CANCEL_WATCH_AFTER_S = 0.05  # how often running calls are swept: one running a whole interval is watched
 _CONTENT_TYPE = (b"content-type", b"application/grpc")

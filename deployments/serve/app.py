@@ -519,7 +519,8 @@ class ServerDeployment:
         from deployments.serve.response_writes import coalesce_response_writes
 
         coalesce_response_writes()
-        local_sockets.install()  # HAProxy on this node reaches the replica through a Unix socket
+        # HAProxy on this node reaches the replica through a Unix socket
+        local_sockets.install(settings.replica_http == "own", settings.busy_poll_us)
         # the log settings: the flags, or what a previous replica of this server was told to change
         self._logs_key = f"{instance}/log_settings" if instance else ""
         kept = await asyncio.to_thread(hooks.kv_get, self._logs_key) if self._logs_key else None

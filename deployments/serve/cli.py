@@ -147,6 +147,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--response-cache-byte-size", type=int, default=None, help="older form of --cache-config")
     p.add_argument(
+        "--busy-poll-us",
+        type=int,
+        default=None,
+        help="after its last response a replica polls this long for the next request before it sleeps (0: never)",
+    )
+    p.add_argument(
         "--rate-limit",
         default="off",
         choices=["off", "execution_count"],
@@ -268,6 +274,7 @@ def server_args(args: argparse.Namespace) -> dict[str, Any]:
         ]
         + args.trace_config,
         "response_cache_byte_size": args.response_cache_byte_size,
+        **({} if args.busy_poll_us is None else {"busy_poll_us": args.busy_poll_us}),
         "model_hosts": args.model_hosts,
         "model_host_cpus": args.model_host_cpus,
         "model_host_memory_bytes": args.model_host_memory_bytes,

@@ -96,8 +96,11 @@ versions without starting Ray, so an upgrade that moves one fails there, by name
   ``Server``. :func:`after_replica_http_start` wraps that name (``deployments.serve.local_sockets``).
 * ``uvicorn_extra_listener``: uvicorn's ``Server`` builds each connection's protocol from
   ``config.http_protocol_class(config=, server_state=, app_state=)``, keeps its listeners in
-  ``servers`` (closed by ``shutdown``, which then waits for ``server_state.connections``) and sets
-  ``started`` once they accept (:func:`uvicorn_add_listener`).
+  ``servers`` (closed by ``shutdown``, which then calls ``shutdown()`` on each of
+  ``server_state.connections``, waits until that set is empty, and then for ``server_state.tasks``)
+  and sets ``started`` once they accept; ``config.loaded_app`` and ``config.root_path`` are the
+  application and root path its protocol serves (:func:`uvicorn_add_listener`, which may serve the
+  listener with another protocol, ``deployments.protocol.http1_server``).
 * ``haproxy_grpc_frontend``: Serve's HAProxy template writes ``frontend grpc_frontend`` and one
   backend ``grpc-<application>`` per application (``haproxy.py``, ``haproxy_templates.py``), which
   ``deployments.serve.haproxy_shim`` routes by model name.
@@ -444,18 +447,30 @@ def uvicorn_started(server: Any) -> bool:
     return bool(getattr(server, "started", False))
 
 
-async def uvicorn_add_listener(server: Any, sock: Any) -> None:
-    """Serve uvicorn's running ``server`` on one more listening Unix socket ``sock`` too: the same protocol,
-    configuration and connection table, so a graceful shutdown closes it and waits for its requests."""
+ListenerProtocol = Callable[[Any, Any, dict[str, Any], str], asyncio.Protocol]
+"""Builds one connection's protocol from uvicorn's loaded application, its ``server_state``, the
+lifespan state and the root path (``deployments.protocol.http1_server.Http1Protocol`` takes these)."""
+
+
+async def uvicorn_add_listener(server: Any, sock: Any, protocol: ListenerProtocol | None = None) -> None:
+    """Serve uvicorn's running ``server`` on one more listening Unix socket ``sock`` too, with the same
+    application, configuration and connection table, so a graceful shutdown closes it and waits for
+    its requests: each connection served by ``protocol`` (None: uvicorn's own HTTP protocol)."""
     config = server.config
 
-    def protocol() -> Any:
+    def uvicorn_protocol() -> Any:
         return config.http_protocol_class(
             config=config, server_state=server.server_state, app_state=server.lifespan.state
         )
 
+    def own_protocol() -> Any:
+        assert protocol is not None
+        return protocol(config.loaded_app, server.server_state, server.lifespan.state, config.root_path)
+
+    if protocol is not None and not config.loaded:
+        config.load()
     listener = await asyncio.get_running_loop().create_unix_server(
-        protocol, sock=sock, backlog=config.backlog
+        uvicorn_protocol if protocol is None else own_protocol, sock=sock, backlog=config.backlog
     )
     if getattr(server, "should_exit", False):  # its shutdown may have closed its listeners already
         listener.close()

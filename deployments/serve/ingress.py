@@ -42,7 +42,7 @@ from typing import Any
 from starlette.middleware import Middleware
 
 from deployments.protocol.grpc_http1 import PATH_PREFIX as GRPC_PATH_PREFIX
-from deployments.protocol.grpc_http1 import TRAILERS_EXTENSION
+from deployments.protocol.http1_server import TRAILERS_EXTENSION
 from deployments.serve.hooks import DISCONNECT_DISABLED
 from deployments.serve.response_writes import sends_trailers
 

@@ -11,9 +11,13 @@ Why abstract names: they live in the node's network namespace, as the TCP port d
 cluster in its own namespace sees only its own replicas' names, never another node's), and they
 vanish with the socket, so a replica that died leaves no file behind that a later one could be
 confused with. A name held by a process of another user is not used (the shim checks the
-listener's credentials). Nothing else changes: the replica serves the same application on both
-listeners, HAProxy checks its health the same way, and a replica whose socket could not be made is
-reached over TCP as before. ``TRITON_SERVE_LOCAL_SOCKETS=0`` turns it off (both sides read it).
+listener's credentials). The replica serves the same application on both listeners, HAProxy checks
+its health the same way, and a replica whose socket could not be made is reached over TCP as before.
+``TRITON_SERVE_LOCAL_SOCKETS=0`` turns it off (both sides read it).
+
+The local socket's connections, HAProxy's, carry every request of this node's clients, so they are
+served by the server's own HTTP/1.1 protocol (``deployments.protocol.http1_server``), optionally with
+a busy poll (``ServerSettings.replica_http`` and ``busy_poll_us``); the TCP port stays uvicorn's.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
+from deployments.protocol.http1_server import BusyPoll, Http1Protocol
 from deployments.serve import hooks
 
 logger = logging.getLogger("ray.serve")
@@ -73,10 +78,26 @@ def listen(port: int) -> socket.socket | None:
     return sock
 
 
-def serve_beside(port: int, server: Any, serving: asyncio.Task[Any]) -> None:
+def lean_protocol(busy_poll_us: int) -> hooks.ListenerProtocol:
+    """Connections served by :class:`~deployments.protocol.http1_server.Http1Protocol`, all of them
+    sharing one :class:`~deployments.protocol.http1_server.BusyPoll` of ``busy_poll_us`` (0: none)."""
+    busy: list[BusyPoll | None] = []
+
+    def protocol(app: Any, state: Any, app_state: dict[str, Any], root_path: str) -> Http1Protocol:
+        if not busy:  # made on the replica's loop, with its first connection
+            busy.append(BusyPoll(busy_poll_us) if busy_poll_us > 0 else None)
+        return Http1Protocol(app, state, app_state, root_path, busy[0])
+
+    return protocol
+
+
+def serve_beside(
+    port: int, server: Any, serving: asyncio.Task[Any], protocol: hooks.ListenerProtocol | None = None
+) -> None:
     """Give ``server`` (the replica's running uvicorn server for TCP ``port``) a second listener on the
-    local socket, once it started (``serving`` is its task). The socket listens at once, so a
-    connection made before the server accepts waits in its backlog."""
+    local socket, once it started (``serving`` is its task), its connections served by ``protocol``
+    (None: uvicorn's). The socket listens at once, so a connection made before the server accepts
+    waits in its backlog."""
     sock = listen(port)
     if sock is None:
         return
@@ -88,7 +109,7 @@ def serve_beside(port: int, server: Any, serving: asyncio.Task[Any]) -> None:
                     sock.close()
                     return
                 await asyncio.sleep(0.01)
-            await hooks.uvicorn_add_listener(server, sock)
+            await hooks.uvicorn_add_listener(server, sock, protocol)
         except Exception:
             sock.close()
             logger.exception("replica HTTP port %d: the local socket was not served", port)
@@ -101,13 +122,17 @@ def serve_beside(port: int, server: Any, serving: asyncio.Task[Any]) -> None:
 _ATTACHING: set[asyncio.Task[None]] = set()
 
 
-def install(environ: Mapping[str, str] | None = None) -> bool:
+def install(lean: bool = True, busy_poll_us: int = 0, environ: Mapping[str, str] | None = None) -> bool:
     """Have this process's replica HTTP server (Serve's direct ingress, started after the deployment's
-    constructor) also listen on its local socket. Called by every deployment's constructor; True
-    when it will."""
+    constructor) also listen on its local socket, served by this server's own HTTP/1.1 protocol
+    (``lean``, with a busy poll of ``busy_poll_us``) or by uvicorn's. Called by every deployment's
+    constructor (the first call decides); True when it will."""
     if not enabled(environ):
         return False
-    return hooks.after_replica_http_start(serve_beside)
+    protocol = lean_protocol(busy_poll_us) if lean else None
+    return hooks.after_replica_http_start(
+        lambda port, server, serving: serve_beside(port, server, serving, protocol)
+    )
 
 
 def is_local_address(host: str) -> bool:

@@ -74,7 +74,8 @@ class ModelDeployment:
         group_index: int = 0,
     ) -> None:
         coalesce_response_writes()
-        local_sockets.install()  # HAProxy on this node reaches the replica through a Unix socket
+        # HAProxy on this node reaches the replica through a Unix socket
+        local_sockets.install(settings.replica_http == "own", settings.busy_poll_us)
         log_to_stderr(settings.log_settings)  # pb_utils.Logger lines into the replica's worker log
         as_stub_process()  # sys.argv as model code sees it under tritonserver
         ensembles.register()  # an ensemble's replica runs the ensemble backend

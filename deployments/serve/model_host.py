@@ -67,7 +67,8 @@ class ModelHostDeployment:
         self, settings: ServerSettings, memory_bytes: int, gpu_memory_bytes: int = 0
     ) -> None:
         coalesce_response_writes()
-        local_sockets.install()  # HAProxy on this node reaches the replica through a Unix socket
+        # HAProxy on this node reaches the replica through a Unix socket
+        local_sockets.install(settings.replica_http == "own", settings.busy_poll_us)
         ensembles.register()  # pooled ensembles run here
         log_to_stderr(settings.log_settings)
         as_stub_process()  # sys.argv as model code sees it under tritonserver

@@ -35,7 +35,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from deployments.protocol.grpc_http1 import STREAMED_RESPONSE
+from deployments.protocol.http1_server import STREAMED_RESPONSE
 from deployments.serve import hooks
 
 logger = logging.getLogger(__name__)

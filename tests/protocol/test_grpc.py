@@ -33,7 +33,8 @@ from deployments.protocol.grpc import (
     GrpcOptions,
     build_grpc_server,
 )
-from deployments.protocol.grpc_http1 import TRAILERS_EXTENSION, GrpcOverHttp1
+from deployments.protocol.grpc_http1 import GrpcOverHttp1
+from deployments.protocol.http1_server import TRAILERS_EXTENSION
 from deployments.protocol.proto import grpc_service_pb2 as pb
 from deployments.serve.response_writes import coalesce_response_writes
 from tests.protocol.fakes import LABELS, softmax

@@ -15,11 +15,10 @@ import pytest
 from deployments.protocol.grpc import GRPCInferenceServicer, GrpcOptions
 from deployments.protocol.grpc_http1 import (
     CANCEL_WATCH_AFTER_S,
-    STREAMED_RESPONSE,
-    TRAILERS_EXTENSION,
     GrpcOverHttp1,
     percent_encoded,
 )
+from deployments.protocol.http1_server import STREAMED_RESPONSE, TRAILERS_EXTENSION
 from deployments.protocol.proto import grpc_service_pb2 as pb
 from deployments.settings import RestrictedApi
 from tests.protocol.grpc_fakes import StreamingFakeDataPlane, grpc_models

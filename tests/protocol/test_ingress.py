@@ -148,7 +148,7 @@ async def test_lifespan_and_websocket_scopes_go_to_serve() -> None:
 
 
 async def test_grpc_calls_reach_the_registered_lane_with_the_trailers_extension() -> None:
-    from deployments.protocol.grpc_http1 import TRAILERS_EXTENSION
+    from deployments.protocol.http1_server import TRAILERS_EXTENSION
     from deployments.serve.response_writes import coalesce_response_writes
 
     assert coalesce_response_writes()

@@ -106,7 +106,7 @@ async def trailed_with_length(scope: Any, receive: Any, send: Any) -> None:
 
 
 async def streamed(scope: Any, receive: Any, send: Any) -> None:
-    from deployments.protocol.grpc_http1 import STREAMED_RESPONSE
+    from deployments.protocol.http1_server import STREAMED_RESPONSE
 
     await receive()
     start = {"type": "http.response.start", "status": 200, "headers": [], "trailers": True}

@@ -116,7 +116,7 @@ def test_on_the_same_loop_the_servicer_is_added_as_it_is() -> None:
 def test_calls_over_http1_run_on_the_deployments_loop(deployment_loop: asyncio.AbstractEventLoop) -> None:
     """The replica's HTTP server (its own loop here) hands a gRPC call to the lane registered by
     ``serve_grpc``; the servicer runs on the deployment's loop, the answer is written where it came."""
-    from deployments.protocol.grpc_http1 import TRAILERS_EXTENSION
+    from deployments.protocol.http1_server import TRAILERS_EXTENSION
     from deployments.serve import ingress
 
     plane = _Plane()

@@ -26,7 +26,8 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from deployments.protocol.grpc import GRPCInferenceServicer
-from deployments.protocol.grpc_http1 import PATH_PREFIX, TRAILERS_EXTENSION, GrpcOverHttp1
+from deployments.protocol.grpc_http1 import PATH_PREFIX, GrpcOverHttp1
+from deployments.protocol.http1_server import TRAILERS_EXTENSION
 from deployments.protocol.proto import grpc_service_pb2 as pb
 from deployments.serve import haproxy_shim
 from deployments.serve.response_writes import coalesce_response_writes

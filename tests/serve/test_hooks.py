@@ -499,7 +499,13 @@ def _check_uvicorn_extra_listener() -> None:
         "self.started = True",
     ):
         assert needle in startup + inspect.getsource(uvicorn.Server._serve), needle
-    assert "for server in self.servers:" in inspect.getsource(uvicorn.Server.shutdown)
+    shutdown = inspect.getsource(uvicorn.Server.shutdown)
+    assert "for server in self.servers:" in shutdown
+    assert "connection.shutdown()" in shutdown and "server_state.connections" in shutdown
+    waits = inspect.getsource(uvicorn.Server._wait_tasks_to_complete)
+    assert "self.server_state.connections" in waits and "self.server_state.tasks" in waits
+    assert "self.loaded_app" in inspect.getsource(uvicorn.Config.load)
+    assert "self.root_path" in inspect.getsource(uvicorn.Config.__init__)
     assert "should_exit" in inspect.getsource(uvicorn.Server.main_loop)
     assert "await self.shutdown(" in inspect.getsource(uvicorn.Server._serve)
 

@@ -21,8 +21,20 @@ from tests.protocol.haproxy import running_haproxy
 from tests.serve.standalone import free_port
 
 
+_kinds: dict[int, str] = {}  # the replica server's local-socket protocol, by the server's id
+
+
+def replica_server_kind(server: Any) -> str:
+    return _kinds[id(server)]
+
+
+_release: asyncio.Event | None = None  # set by a test, on its own loop
+
+
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     assert scope["type"] == "http"
+    if scope["path"] == "/held" and _release is not None:
+        await _release.wait()
     body = f"{scope['method']} {scope['path']}".encode()
     await send(
         {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(body))]}
@@ -42,11 +54,14 @@ def _ask_over_socket(port: int, path: str) -> bytes:
     return b"".join(chunks)
 
 
-@pytest.fixture
-async def replica_server(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[int, Any]]:
-    """A replica's HTTP server as Serve starts it, with the local socket installed first."""
+@pytest.fixture(params=["own", "uvicorn"])
+async def replica_server(monkeypatch: pytest.MonkeyPatch, request) -> AsyncIterator[tuple[int, Any]]:
+    """A replica's HTTP server as Serve starts it, with the local socket installed first, served by this
+    server's own HTTP/1.1 protocol or by uvicorn's."""
     monkeypatch.setattr(replica, "start_asgi_http_server", replica.start_asgi_http_server)  # restored after
-    assert local_sockets.install(environ={}) is True
+    lean = request.param == "own"
+    assert local_sockets.install(lean, busy_poll_us=100 if lean else 0, environ={}) is True
+    _kinds.clear()
     assert local_sockets.install(environ={}) is True  # a second deployment in the process: one wrapper
     port = free_port()
     task, server = await replica.start_asgi_http_server(
@@ -56,6 +71,7 @@ async def replica_server(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple
         if len(getattr(server, "servers", ())) == 2:
             break
         await asyncio.sleep(0.01)
+    _kinds[id(server)] = request.param
     try:
         yield port, server
     finally:
@@ -75,6 +91,31 @@ async def test_the_replica_server_answers_on_its_local_socket_and_closes_it_with
             break
         await asyncio.sleep(0.01)
     assert not local_sockets.owned_listener(port), "the local socket outlived the server"
+
+
+async def test_a_request_in_flight_on_the_local_socket_is_answered_through_a_shutdown(replica_server) -> None:
+    """Serve stops the replica's server before the deployment's destructor: a request HAProxy handed over
+    the local socket still gets its answer, then the connection closes and the server's task ends."""
+    global _release
+    port, server = replica_server
+    _release = release = asyncio.Event()
+    reader, writer = await asyncio.open_unix_connection(local_sockets.socket_name(port))
+    writer.write(b"GET /held HTTP/1.1\r\nhost: x\r\n\r\n")
+    for _ in range(500):
+        if server.server_state.tasks and len(server.server_state.connections) == 1:
+            break
+        await asyncio.sleep(0.01)
+    (connection,) = server.server_state.connections
+    served_by_own = type(connection).__name__ == "Http1Protocol"
+    assert served_by_own == (replica_server_kind(server) == "own")
+    server.should_exit = True
+    await asyncio.sleep(0.3)  # the shutdown began and waits for the connection
+    assert server.server_state.connections
+    release.set()
+    answer = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"GET /held")
+    assert b"connection: close" in answer.lower()
 
 
 def test_a_replica_is_addressed_locally_only_where_it_is_this_nodes_and_listens() -> None:
