@@ -352,7 +352,7 @@ class ServerSettings:
     replica_http: str = "own"
     # after its last response, a replica polls for the next request this long before it sleeps (0: never;
     # docs/operations.md, "Busy polling")
-    busy_poll_us: int = 0
+    busy_poll_us: int = 300
     # Triton's TRITONSERVER_DELAY_SCHEDULER and TRITONSERVER_BACKLOG_DELAY_SCHEDULER, for its qa tests:
     # each scheduler holds its first batch until this many requests are queued (and, for the sequence
     # batcher, requests of sequences wait in its backlog); 0: off. Read from the environment as tritonserver does.
@@ -512,7 +512,7 @@ class ServerSettings:
         ``access_log``, ``http_host``, ``http_port``, ``allow_grpc``, ``grpc_host``, ``grpc_port``,
         ``grpc_max_receive_message_bytes``, ``grpc_max_send_message_bytes``, ``grpc_compression``,
         ``deploy_timeout_s``, ``stats_push_interval_s``, ``exit_timeout_secs``, ``server_id``,
-        ``control_app_cpus``, ``model_hosts``, ``model_host_cpus``, ``model_host_memory_bytes``, ``model_host_gpus``,
+        ``control_app_cpus``, ``busy_poll_us``, ``model_hosts``, ``model_host_cpus``, ``model_host_memory_bytes``, ``model_host_gpus``,
         ``model_host_gpu_memory_bytes``, ``model_host_placement``, ``model_host_max_per_node``, ``model_host_autoscaling`` (a mapping, or
         ``field=value`` texts), ``rate_limit``, ``rate_limit_resource`` (a text or a list), and the :class:`RequestLimits` by their field names (``max_input_size``,
         ...). An unknown name is an error, so a misspelt argument is not ignored.
@@ -553,7 +553,7 @@ class ServerSettings:
             "spare_worker": _flag(args, "spare_worker", True),
             "direct_routes": env.get(DIRECT_ROUTES_ENV, "1").strip() != "0",
             "replica_http": env.get(REPLICA_HTTP_ENV, "own").strip().lower() or "own",
-            "busy_poll_us": _typed("busy_poll_us", args.get("busy_poll_us", 0), int),
+            "busy_poll_us": _typed("busy_poll_us", args.get("busy_poll_us", 300), int),
             "delay_scheduler": _typed(DELAY_SCHEDULER_ENV, env.get(DELAY_SCHEDULER_ENV) or "0", int),
             "log_escape": env.get(ESCAPE_LOG_MESSAGES_ENV, "1").strip().lower() not in ("0", "false"),
             "backlog_delay_scheduler": _typed(
@@ -624,6 +624,7 @@ class ServerSettings:
             "strict_readiness": self.strict_readiness,
             "exit_on_error": self.exit_on_error,
             "exit_timeout_secs": self.exit_timeout_secs,
+            "busy_poll_us": self.busy_poll_us,
             "server_id": self.server_id,
             "allow_model_file_upload": self.allow_model_file_upload,
             "http_restricted_api": [r.to_text() for r in self.http_restricted_api],

@@ -135,10 +135,13 @@ async def test_pipelined_requests_are_answered_in_order() -> None:
         await echo(scope, receive, send)
 
     raw = b"".join(
-        b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\n\r\nabc" % p for p in (b"/slow", b"/fast", b"/last")
+        b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\n\r\nabc" % p
+        for p in (b"/slow", b"/fast", b"/last")
     )
     async with serve(app) as served:
-        data = await served.exchange(raw, until=lambda d: d.count(b"HTTP/1.1 200") == 3 and d.endswith(b"abc"))
+        data = await served.exchange(
+            raw, until=lambda d: d.count(b"HTTP/1.1 200") == 3 and d.endswith(b"abc")
+        )
     assert order == ["/slow", "/fast", "/last"]
     bodies = [part.split(b"\r\n\r\n", 1)[1] for part in data.split(b"HTTP/1.1 200 OK\r\n")[1:]]
     assert bodies == [b"POST /slow? abc", b"POST /fast? abc", b"POST /last? abc"]
@@ -186,7 +189,9 @@ async def test_expect_100_continue_is_answered_when_the_body_is_read() -> None:
 
 async def test_a_response_without_length_is_chunked_and_head_has_no_body() -> None:
     async def parts(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]}
+        )
         for piece in (b"one ", b"two ", b""):
             await send({"type": "http.response.body", "body": piece, "more_body": bool(piece)})
 
@@ -211,7 +216,9 @@ async def test_trailers_end_the_body_in_one_write() -> None:
         await send({"type": "http.response.start", "status": 200, "headers": [], "trailers": True})
         await send({"type": "http.response.body", "body": b"MSG", "more_body": False})
         await asyncio.sleep(0.02)  # nothing leaves before the trailers
-        await send({"type": "http.response.trailers", "headers": [(b"Grpc-Status", b"0")], "more_trailers": True})
+        await send(
+            {"type": "http.response.trailers", "headers": [(b"Grpc-Status", b"0")], "more_trailers": True}
+        )
         await send({"type": "http.response.trailers", "headers": [(b"grpc-message", b"")]})
 
     async with serve(grpc_like) as served:
@@ -404,4 +411,3 @@ async def test_the_busy_poll_counts_every_request_of_the_server() -> None:
 def test_status_lines_have_their_reason() -> None:
     assert http1_server._STATUS_LINES[404] == b"HTTP/1.1 404 Not Found\r\n"
     assert http1_server._status_line(599) == b"HTTP/1.1 599 \r\n"
-

@@ -20,7 +20,6 @@ from deployments.serve import haproxy_shim, hooks, local_sockets
 from tests.protocol.haproxy import running_haproxy
 from tests.serve.standalone import free_port
 
-
 _kinds: dict[int, str] = {}  # the replica server's local-socket protocol, by the server's id
 
 

@@ -12,7 +12,13 @@ from deployments.control import ModelController
 from deployments.protocol.dataplane import DataPlane, ModelDataPlane
 from deployments.runtime.router import Router
 from deployments.serve.cli import NO_EFFECT, add_parser, server_args, unapplied_flags
-from deployments.settings import DIRECT_ROUTES_ENV, ResourceLimit, ServerSettings, SettingsError
+from deployments.settings import (
+    DIRECT_ROUTES_ENV,
+    REPLICA_HTTP_ENV,
+    ResourceLimit,
+    ServerSettings,
+    SettingsError,
+)
 from repository_loader.autoscaling import Autoscaling
 from repository_loader.errors import NotFound, Unavailable
 from repository_loader.model import ModelDescription, ModelState, TensorSpec
@@ -35,6 +41,23 @@ def test_serve_config_args_and_environment_are_read_once() -> None:
     assert ServerSettings.from_args(settings.to_args(), {DIRECT_ROUTES_ENV: "0"}) == settings
     with pytest.raises(AttributeError):
         settings.http_port = 1  # type: ignore[misc]
+
+
+def test_the_replica_http_server_and_its_busy_poll() -> None:
+    repo = {"model_repository": "s3://b/m"}
+    default = ServerSettings.from_args(repo, {})
+    assert default.replica_http == "own" and default.busy_poll_us == 300
+    chosen = ServerSettings.from_args({**repo, "busy_poll_us": "0"}, {REPLICA_HTTP_ENV: "UVICORN"})
+    assert chosen.replica_http == "uvicorn" and chosen.busy_poll_us == 0
+    assert ServerSettings.from_args(chosen.to_args(), {REPLICA_HTTP_ENV: "uvicorn"}) == chosen
+    with pytest.raises(SettingsError, match="TRITON_SERVE_REPLICA_HTTP must be one of own, uvicorn"):
+        ServerSettings.from_args(repo, {REPLICA_HTTP_ENV: "h11"})
+    with pytest.raises(SettingsError, match="busy_poll_us must be between 0 and 100000"):
+        ServerSettings.from_args({**repo, "busy_poll_us": -1}, {})
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = server_args(parser.parse_args(["serve", "/m", "--busy-poll-us", "50"]))
+    assert ServerSettings.from_args(args, {}).busy_poll_us == 50
 
 
 def test_the_repository_stays_a_url() -> None:
