@@ -92,13 +92,16 @@ def table(stacks: str, top: int = 60) -> list[dict[str, object]]:
 # py-spy names files relative to their import root: the model's own file is ``model.py`` (a file mark
 # matches that name alone, a folder mark a folder of that name anywhere in the path).
 SOCKET_LAYER = "socket send (the kernel's TCP path, HAProxy's end included)"
+HTTP_SERVER_LAYER = "HTTP/1.1 server (uvicorn or the replica's own, on httptools)"
+_OWN_SERVER = "deployments/protocol/http1_server.py"
 LAYERS: tuple[tuple[str, str], ...] = (
     ("model's execute (its model.py)", "model.py:"),
     ("Python backend (pb_utils objects, execute hand-off)", "deployments/backends/"),
     ("runtime (scheduling, checks, statistics)", "deployments/runtime/"),
+    (HTTP_SERVER_LAYER, _OWN_SERVER),
     ("protocol (parse, decode, encode, respond)", "deployments/protocol/"),
     ("replica glue (ingress, response writes)", "deployments/serve/"),
-    ("HTTP/1.1 server (uvicorn, httptools)", "uvicorn/"),
+    (HTTP_SERVER_LAYER, "uvicorn/"),
     ("Ray and Serve in the replica", "ray/"),
 )
 IDLE_LAYER = "event loop and other threads (uvloop's C loop, idle waits)"
@@ -111,15 +114,15 @@ def layers(stacks: str) -> dict[str, float]:
     for frames, count in samples(stacks):
         total += count
         counts[_layer(frames)] += count
-    names = [SOCKET_LAYER, *(name for name, _ in LAYERS), IDLE_LAYER]
+    names = list(dict.fromkeys([SOCKET_LAYER, *(name for name, _ in LAYERS), IDLE_LAYER]))
     return {name: counts[name] / total for name in names} if total else {}
 
 
 def _layer(frames: list[str]) -> str:
     name, _, path = frames[-1].partition(" (")
-    if path.startswith("deployments/serve/response_writes.py") and name.rsplit(".", 1)[-1] in (
-        "write",
-        "writelines",
+    method = name.rsplit(".", 1)[-1]
+    if (path.startswith("deployments/serve/response_writes.py") and method in ("write", "writelines")) or (
+        path.startswith(_OWN_SERVER) and method == "_flush"
     ):
         return SOCKET_LAYER
     for frame in reversed(frames):
