@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import urllib.parse
 from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -97,10 +98,15 @@ class BusyPoll:
         "penalty",
     )
 
-    def __init__(self, budget_us: int, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(
+        self,
+        budget_us: int,
+        loop: asyncio.AbstractEventLoop | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.budget_s = max(0, budget_us) / 1e6
         self.loop = loop or asyncio.get_event_loop()
-        self.clock = self.loop.time
+        self.clock = clock  # not the loop's: uvloop's time() counts whole milliseconds
         self.running = 0  # requests read and not yet answered
         self.deadline = 0.0
         self.polling = False  # waiting for a request, polling

@@ -355,7 +355,7 @@ class _Loop:
 
 def test_the_busy_poll_polls_after_the_last_response_and_backs_off_after_misses() -> None:
     loop = _Loop()
-    busy = BusyPoll(100, loop)  # type: ignore[arg-type]
+    busy = BusyPoll(100, loop, loop.time)  # type: ignore[arg-type]
     busy.started()
     busy.started()
     busy.answered()
