@@ -122,6 +122,20 @@ def _nv_shape(lines: list[str]) -> list[str]:
     return shape
 
 
+def _success_line(count: int) -> str:
+    return f'nv_inference_request_success{{model="{PEER_METRICS_MODEL}",version="1"}} {count}'
+
+
+def _scrape_when(url: str, line: str, timeout_s: float = 10.0) -> list[str]:
+    """``url``'s metrics once they hold ``line`` (or as they are after ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    lines = _scrape(url)
+    while line not in lines and time.monotonic() < deadline:
+        time.sleep(0.25)
+        lines = _scrape(url)
+    return lines
+
+
 def _counts(lines: list[str]) -> dict[str, str]:
     names = ("nv_inference_request_success", "nv_inference_count", "nv_inference_exec_count")
     return {
@@ -136,14 +150,12 @@ def test_custom_metrics_model_matches_tritonserver(
 ) -> None:
     triton_http, triton_metrics, _ = triton
     assert _answers(server_url) == _answers(triton_http) == [[1.0], [2.0], [3.0]]
-    theirs = _scrape(triton_metrics)
-    # a model with several replicas: their counters reach the server with the next push (1 s)
-    done = f'custom_requests_total{{model="{PEER_METRICS_MODEL}",version="1"}} {len(REQUESTS)}'
-    deadline = time.monotonic() + 10
-    ours = _scrape(metrics_url)
-    while done not in ours and time.monotonic() < deadline:
-        time.sleep(0.25)
-        ours = _scrape(metrics_url)
+    # tritonserver counts a request's success after its response left, so a scrape right after the last
+    # answer may miss it; a model with several replicas here: their counters reach the server with the
+    # next push (1 s). Each side is read once its counts are complete.
+    theirs = _scrape_when(triton_metrics, _success_line(len(REQUESTS)))
+    ours = _scrape_when(metrics_url, _success_line(len(REQUESTS)))
+    assert f'custom_requests_total{{model="{PEER_METRICS_MODEL}",version="1"}} {len(REQUESTS)}' in ours
     assert _model_lines(ours) == _model_lines(theirs)
     assert any(line.startswith("custom_input_value_bucket") for line in _model_lines(ours))
     assert any(line.startswith("custom_execute_latency_ns{") for line in _model_lines(ours))
