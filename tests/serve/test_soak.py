@@ -240,6 +240,9 @@ def test_soak_mixed_traffic_through_a_server_application_kill_and_an_haproxy_kil
     server_killed = time.monotonic()
     os.kill(app_pid, signal.SIGKILL)
     server_back = _until_index_answers(server, rows, after=server_killed)
+    # The two faults apart: a request that started just before the index answered again may still wait
+    # for the CPU when HAProxy goes, and would count against the server application's restart.
+    time.sleep(2)
     haproxies = [
         p for p in processes.alive(server.track()) if processes.command(p).split(" ")[0].endswith("haproxy")
     ]
@@ -260,7 +263,12 @@ def test_soak_mixed_traffic_through_a_server_application_kill_and_an_haproxy_kil
     )
     during_restart = [r for r in rows if server_killed <= r["started"] < server_back and r["kind"] != "index"]
     counts["inference_during_server_restart"] = len(during_restart)
-    counts["inference_failed_during_server_restart"] = sum(r["outcome"] != "correct" for r in during_restart)
+    failed_during_restart = [
+        {k: (round(v - server_killed, 3) if k in ("started", "ended") else v) for k, v in r.items()}
+        for r in during_restart
+        if r["outcome"] != "correct"
+    ]
+    counts["inference_failed_during_server_restart"] = len(failed_during_restart)
 
     def in_flight(r: dict[str, Any]) -> bool:  # on a process as it was killed (it took up to 0.5 s to go)
         return any(r["started"] < k + 0.5 and r["ended"] >= k for k in (server_killed, haproxy_killed))
@@ -285,7 +293,7 @@ def test_soak_mixed_traffic_through_a_server_application_kill_and_an_haproxy_kil
         if r["kind"] == "index" and r["outcome"] not in ("refused", "lost")
     ), counts
     assert not [r for r in rows if r["status"] == 404 and r["kind"] == "valid"], counts
-    assert during_restart and counts["inference_failed_during_server_restart"] == 0, counts
+    assert during_restart and not failed_during_restart, (failed_during_restart, counts)
 
 
 def _until_index_answers(
