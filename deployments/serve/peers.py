@@ -35,6 +35,7 @@ from urllib.parse import quote
 from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.codec import HEADER_LENGTH, decode_infer_response, encode_infer_request
 from deployments.protocol.dataplane import empty_model_statistics, model_metadata_document
+from deployments.protocol.http1_client import Http1Pool, PeerClosed
 from deployments.runtime.forward_order import SEQUENCE_ORDER, Order
 from deployments.runtime.router import (
     ABSENT,
@@ -48,7 +49,7 @@ from deployments.runtime.router import (
     owner_rank,
 )
 from deployments.runtime.stats import merge_snapshots
-from deployments.serve import hooks
+from deployments.serve import hooks, local_sockets
 from deployments.serve.names import hosted_key, hosting_ensemble, is_hosted_key, model_app_name, stats_path
 from deployments.serve.server_api import (
     GroupApps,
@@ -83,6 +84,7 @@ _RETURNED = (
     ERROR_CODE_HEADER,
     ABSENT.decode(),
 )
+_RETURNED_BYTES = frozenset(name.lower().encode() for name in _RETURNED)
 
 K = TypeVar("K")
 
@@ -178,10 +180,13 @@ class ReplicaDirectory:
 class ReplicaCalls:
     """Unary calls to other replicas over their direct-ingress HTTP ports, in one session."""
 
-    def __init__(self, directory: ReplicaDirectory) -> None:
+    def __init__(self, directory: ReplicaDirectory, local: bool = True) -> None:
         self.directory = directory
         self.in_flight: dict[Address, int] = {}
         self._session: Any = None
+        self._local = local and local_sockets.enabled()
+        self._sockets: dict[Address, bytes | None] = {}  # a replica's local socket, where it has one
+        self._pool = Http1Pool()
 
     async def to_app(self, app: str, request: InferRequest) -> InferResponse | None:
         """The answer of ``app``'s least loaded replica; None where it cannot go this way."""
@@ -310,7 +315,32 @@ class ReplicaCalls:
             )
         return self._session
 
+    def _local_socket(self, address: Address) -> bytes | None:
+        """The local socket of the replica at ``address`` where it is on this node and has one (looked
+        up once per address: a replica that starts again has a new port)."""
+        if not self._local:
+            return None
+        if address not in self._sockets:
+            found = local_sockets.local_address(*address) is not None
+            self._sockets[address] = local_sockets.socket_name(address[1]) if found else None
+        return self._sockets[address]
+
     async def _post(self, address: Address, path: str, headers: dict[str, str], body: bytes) -> RawReply:
+        """One call to the replica at ``address``: on its local socket where it is on this node (this
+        server's own HTTP/1.1 protocol there, as for HAProxy's requests), else over TCP."""
+        name = self._local_socket(address)
+        if name is None:
+            return await self._post_tcp(address, path, headers, body)
+        try:
+            with counting(self.in_flight, address):
+                status, returned, out = await self._pool.request(name, "POST", path, headers, body)
+        except (PeerClosed, OSError) as exc:  # gone (a refused connect, a reset): as aiohttp's refusal
+            self._pool.forget(name)
+            self._sockets.pop(address, None)
+            raise ConnectFailed(str(exc) or type(exc).__name__) from exc
+        return status, [(k, v) for k, v in returned if k in _RETURNED_BYTES], out
+
+    async def _post_tcp(self, address: Address, path: str, headers: dict[str, str], body: bytes) -> RawReply:
         import aiohttp
 
         url = f"http://{address[0]}:{address[1]}{path}"
@@ -328,6 +358,7 @@ class ReplicaCalls:
             raise ConnectFailed(str(exc)) from exc
 
     async def close(self) -> None:
+        self._pool.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
