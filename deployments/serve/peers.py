@@ -8,8 +8,9 @@ it there when that is another replica:
   ``TARGETS_TTL_S`` and read again when a replica refuses the connection; and, for a stateful
   model, which replica holds each rank (registered with the server application). A replica on
   this node is called on loopback, as Serve's HAProxy calls it.
-* :class:`ReplicaCalls`: unary calls over the replicas' own direct-ingress HTTP ports, in one
-  ``aiohttp`` session: to the least loaded replica of an application (the request encoded with
+* :class:`ReplicaCalls`: unary calls to the replicas' own HTTP servers (on the local socket of a
+  replica on this node, ``deployments.protocol.http1_client``; else over its direct-ingress TCP port
+  in one ``aiohttp`` session): to the least loaded replica of an application (the request encoded with
   every tensor binary and answered by the replica's HTTP app, the same path and checks as any
   HTTP request), or to a sequence's owner (:class:`~deployments.runtime.router.OwnerCalls`, an
   HTTP request's body sent on unchanged).
@@ -178,13 +179,14 @@ class ReplicaDirectory:
 
 
 class ReplicaCalls:
-    """Unary calls to other replicas over their direct-ingress HTTP ports, in one session."""
+    """Unary calls to other replicas: on the local socket of one on this node, over the direct-ingress
+    TCP port (one aiohttp session) of one elsewhere."""
 
-    def __init__(self, directory: ReplicaDirectory, local: bool = True) -> None:
+    def __init__(self, directory: ReplicaDirectory) -> None:
         self.directory = directory
         self.in_flight: dict[Address, int] = {}
         self._session: Any = None
-        self._local = local and local_sockets.enabled()
+        self._local = local_sockets.enabled()
         self._sockets: dict[Address, bytes | None] = {}  # a replica's local socket, where it has one
         self._pool = Http1Pool()
 
