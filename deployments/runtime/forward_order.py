@@ -11,6 +11,10 @@ answer yet. The owner queues a request once the one it comes ``after`` is queued
 
 A request whose predecessor never arrives (its caller left before it was sent, or the owner
 restarted and forgot it) waits :data:`GAP_S` at most, then is queued anyway.
+
+While an owner asks other replicas to take a sequence's START (docs/sequence.md, "A full owner lends"),
+the sequence's later requests wait for it in a :class:`PlacingLine` and go on one at a time in the order
+they came; one that comes once the START went on waits behind those still waiting, never overtaking them.
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ import itertools
 import logging
 import time
 import uuid
-from collections import OrderedDict
-from dataclasses import dataclass
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
 
 SEQUENCE_ORDER = b"x-triton-sequence-order"
 """Set beside ``FORWARDED`` on a request sent on to a sequence's owner: ``<origin> <n> [<after>]``."""
@@ -150,4 +154,70 @@ class ArrivalGate:
         return len(self._passed)
 
 
-__all__ = ["GAP_S", "SEQUENCE_ORDER", "ArrivalGate", "Order", "SendOrder"]
+@dataclass
+class _Line:
+    held: bool = True  # its START has not gone on yet
+    waiting: deque[asyncio.Future[None]] = field(default_factory=deque)
+
+
+class PlacingLine:
+    """The requests of a sequence that come while its START is held, let on in the order they came.
+
+    :meth:`hold` and :meth:`release` bracket the START's wait; :meth:`wait` returns at a request's turn:
+    at once where nothing of its sequence is held or waiting, else after the START went on and every
+    request that came before it went on. A request let on reaches its queue (or its call) before its
+    next suspension; the next one is woken on a later turn of the loop, so it cannot overtake it, and a
+    START among the waiters that is held in its turn holds those behind it again."""
+
+    def __init__(self) -> None:
+        self._lines: dict[int | str, _Line] = {}
+
+    def hold(self, correlation_id: int | str) -> None:
+        """The sequence's START is asking where it can run: its later requests wait."""
+        line = self._lines.get(correlation_id)
+        if line is None:
+            self._lines[correlation_id] = _Line()
+        else:  # a START that waited in the line itself: those behind it wait for it now
+            line.held = True
+
+    def release(self, correlation_id: int | str) -> None:
+        """The START went on (it was sent, or it is queued here): the first waiting request goes next."""
+        line = self._lines.get(correlation_id)
+        if line is not None:
+            line.held = False
+            self._advance(correlation_id, line)
+
+    def holding(self, correlation_id: int | str) -> bool:
+        """Whether a request of the sequence would wait now."""
+        return correlation_id in self._lines
+
+    async def wait(self, correlation_id: int | str) -> None:
+        """Return at this request's turn (see the class)."""
+        line = self._lines.get(correlation_id)
+        if line is None:
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        line.waiting.append(turn)
+        try:
+            await turn
+        finally:
+            line.waiting.remove(turn)
+            # the next one goes once this one went on (or left): on the loop's next turn, after this
+            # request reached its queue, and only if a START let on here did not hold the line again
+            asyncio.get_running_loop().call_soon(self._advance, correlation_id, line)
+
+    def _advance(self, correlation_id: int | str, line: _Line) -> None:
+        if line.held or self._lines.get(correlation_id) is not line:
+            return
+        if not line.waiting:
+            del self._lines[correlation_id]
+        elif not line.waiting[0].done():
+            line.waiting[0].set_result(None)
+
+    @property
+    def lines(self) -> int:
+        """Sequences with a START held or requests waiting (for tests and statistics)."""
+        return len(self._lines)
+
+
+__all__ = ["GAP_S", "SEQUENCE_ORDER", "ArrivalGate", "Order", "PlacingLine", "SendOrder"]

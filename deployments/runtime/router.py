@@ -31,7 +31,7 @@ from enum import Enum
 from typing import Any, Protocol
 
 from deployments.inference import InferRequest, InferResponse, ModelExecutor
-from deployments.runtime.forward_order import SEQUENCE_ORDER, ArrivalGate, Order, SendOrder
+from deployments.runtime.forward_order import SEQUENCE_ORDER, ArrivalGate, Order, PlacingLine, SendOrder
 from deployments.tracing import TRACE_STEP_HEADER
 from repository_loader.errors import NotFound, Unavailable, Unsupported
 
@@ -211,7 +211,7 @@ class Router:
         self.arrivals = ArrivalGate()  # ... and of those other replicas sent here
         # sequences this owner lent to another rank (it had no free slot): rank, last request's time
         self.lent: dict[int | str, tuple[int, int]] = {}
-        self._placing: dict[int | str, asyncio.Future[None]] = {}  # STARTs asking for a free slot
+        self.placing = PlacingLine()  # STARTs asking for a free slot, and their sequences' requests
         self.lent_count = 0  # new sequences this owner lent
 
     def serve(self, name: str, runner: Runner) -> None:
@@ -242,27 +242,26 @@ class Router:
                     # queued in the order the sender numbered them: turn() returns once the request
                     # before it passed, and the runner queues it before its first suspension
                     await self.arrivals.turn(cid, order)
-                placing = self._placing.get(cid)
-                if placing is not None:  # its START is asking for a free slot: it goes where that does
-                    await asyncio.shield(placing)
+                # its START is asking for a free slot: it goes where that does, after those before it
+                await self.placing.wait(cid)
                 probe = raw is not None and raw.probe
                 if not _holds(runner, cid):
-                    if request.sequence_start and probe and not _can_start(runner, request):
-                        return ABSENT_REPLY  # asked to take a lent sequence: only into a free slot
-                    lender = self._loan(cid, runner)
-                    if lender is not None:  # lent before: it lives there (a START starts it again there)
+                    if probe:  # asked whether it lives here: only a START, and only into a free slot
+                        if not request.sequence_start or not _can_start(runner, request):
+                            return ABSENT_REPLY
+                    elif (lender := self._loan(cid, runner)) is not None:
+                        # lent before: it lives there (a START starts it again there)
                         answer = await self._send_on(request, raw, lender)
                         if request.sequence_end:
                             self.lent.pop(cid, None)
                         return answer
-                    owner = self.ranks.owner(cid) == self.ranks.rank
-                    if request.sequence_start and owner and not probe and not _can_start(runner, request):
-                        lent = await self._lend(request, raw, runner)
-                        if lent is not None:
-                            return lent
-                    elif not request.sequence_start:
-                        if probe:
-                            return ABSENT_REPLY
+                    elif request.sequence_start:
+                        owner = self.ranks.owner(cid) == self.ranks.rank
+                        if owner and not _can_start(runner, request):
+                            lent = await self._lend(request, raw, runner)
+                            if lent is not None:
+                                return lent
+                    else:
                         found = await self._held_elsewhere(request, raw)
                         if found is not None:
                             return found
@@ -311,8 +310,7 @@ class Router:
         if ranks is None or owners is None or ranks.world_size <= 1:
             return None
         cid = request.correlation_id
-        placing: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._placing[cid] = placing
+        self.placing.hold(cid)
         try:
             for step in range(1, ranks.world_size):
                 rank = (ranks.rank + step) % ranks.world_size
@@ -330,8 +328,7 @@ class Router:
                 return answer
             return None
         finally:
-            del self._placing[cid]
-            placing.set_result(None)
+            self.placing.release(cid)
 
     def _forget_idle(self, runner: Runner) -> None:
         """Drop the lent sequences whose replica has released them for going idle (bounds ``lent``)."""

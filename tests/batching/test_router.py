@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from deployments.inference import InferRequest, InferResponse
-from deployments.runtime.forward_order import SEQUENCE_ORDER, ArrivalGate, Order, SendOrder
+from deployments.runtime.forward_order import SEQUENCE_ORDER, ArrivalGate, Order, PlacingLine, SendOrder
 from deployments.runtime.router import (
     FORWARDED,
     Placement,
@@ -234,6 +234,68 @@ async def test_the_owner_forgets_idle_senders() -> None:
     await gate.turn(1, Order("a", 1))
     await gate.turn(2, Order("a", 2))
     assert gate.remembered == 1  # only the latest, every older one idle for keep_s
+
+
+async def test_requests_held_behind_a_start_go_on_in_the_order_they_came_and_nothing_overtakes_them() -> None:
+    """Each request let on reaches its queue before the next is woken; one that comes after the START
+    went on, while others still wait, queues behind them instead of going straight on."""
+    line = PlacingLine()
+    went: list[str] = []
+
+    async def request(name: str) -> None:
+        await line.wait(7)
+        went.append(name)  # what reaches its queue, synchronously after its turn
+
+    assert not line.holding(7)
+    await request("alone")  # nothing held: on at once
+    line.hold(7)
+    first = [asyncio.ensure_future(request(f"waited-{n}")) for n in range(3)]
+    await asyncio.sleep(0)
+    assert went == ["alone"] and line.holding(7)
+    line.release(7)  # the START went on; the first waiter is woken on a later turn of the loop
+    late = asyncio.ensure_future(request("came-after-the-start"))
+    other = asyncio.ensure_future(_wait_then(line, 8, went))  # another sequence never waits
+    await asyncio.gather(*first, late, other)
+    assert [w for w in went if w != "other"] == [
+        "alone", "waited-0", "waited-1", "waited-2", "came-after-the-start"
+    ]  # fmt: skip
+    assert "other" in went
+    assert line.lines == 0
+
+
+async def _wait_then(line: PlacingLine, cid: int, went: list[str]) -> None:
+    await line.wait(cid)
+    went.append("other")
+
+
+async def test_a_start_let_on_from_the_line_holds_those_behind_it_and_a_waiter_that_leaves_passes_on() -> (
+    None
+):
+    line = PlacingLine()
+    went: list[str] = []
+    line.hold(7)
+
+    async def request(name: str, start: bool = False) -> None:
+        await line.wait(7)
+        went.append(name)
+        if start:  # asks for a slot in its turn: those behind it wait again until it went on
+            line.hold(7)
+            await asyncio.sleep(0.02)
+            went.append(name + " placed")
+            line.release(7)
+
+    tasks = [
+        asyncio.ensure_future(request("step")),
+        asyncio.ensure_future(request("restart", start=True)),
+        asyncio.ensure_future(request("leaves")),
+        asyncio.ensure_future(request("after")),
+    ]
+    await asyncio.sleep(0)
+    tasks[2].cancel()  # its client left while it waited
+    line.release(7)
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert went == ["step", "restart", "restart placed", "after"]
+    assert line.lines == 0
 
 
 async def test_a_sequence_whose_owner_cannot_be_reached_never_runs_here() -> None:

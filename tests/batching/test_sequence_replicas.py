@@ -6,6 +6,7 @@ replica's backlog, where the sequences holding its slots would go idle meanwhile
 from __future__ import annotations
 
 import asyncio
+import random
 import shutil
 from pathlib import Path
 from typing import Any
@@ -488,3 +489,155 @@ async def test_a_loan_is_forgotten_once_the_lender_has_released_the_sequence_for
     runners[0].free = 1
     await owners.routers[0].infer(_request(2, start=True))  # a new sequence 2, into the owner's slot
     assert runners[0].calls == [(2, True)] and owners.routers[0].lent == {}
+
+
+class _Numbered(_Slots):
+    """``_Slots`` recording each request's id, and calling ``on_start`` as a START is queued."""
+
+    def __init__(self, free: int) -> None:
+        super().__init__(free)
+        self.ran: list[str] = []
+        self.on_start: Any = None
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        self.ran.append(request.id)
+        if request.sequence_start and self.on_start is not None:
+            self.on_start()
+        return await super().infer(request)
+
+
+class _HeldProbes(InMemoryOwners):
+    """``InMemoryOwners`` whose probes wait for ``probes_go``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.probes_go = asyncio.Event()
+
+    async def forward(self, *args: Any, probe: bool = False, **kwargs: Any) -> InferResponse | RawReply:
+        if probe:
+            await self.probes_go.wait()
+        return await super().forward(*args, probe=probe, **kwargs)
+
+
+async def test_requests_that_waited_for_their_start_go_on_before_one_that_comes_as_it_is_queued() -> None:
+    """Both ranks full: the START asks rank 1, then is queued at its owner. Steps 1 and 2 came while it
+    asked; step 3 comes just as the START is queued. The old wait let step 3 run before steps 1 and 2
+    (wrong running sums in Triton's sequence stress test)."""
+    owners = _HeldProbes()
+    runners = {0: _Numbered(0), 1: _Numbered(0)}
+    for rank, runner in runners.items():
+        owners.routers[rank] = Router(ranks=Ranks("m", rank, 2), owners=owners)
+        owners.routers[rank].serve("m", runner)
+    owner = owners.routers[0]
+
+    def step(n: int, start: bool = False) -> InferRequest:
+        request = _request(4, start=start)
+        request.id = f"step-{n}"
+        return request
+
+    late: list[asyncio.Future[InferResponse]] = []
+    runners[0].on_start = lambda: late.append(asyncio.ensure_future(owner.infer(step(3))))
+    start = asyncio.ensure_future(owner.infer(step(0, start=True)))
+    waiting = [asyncio.ensure_future(owner.infer(step(n))) for n in (1, 2)]
+    await asyncio.sleep(0.01)
+    assert runners[0].ran == [] and owner.placing.holding(4)
+    owners.probes_go.set()
+    await asyncio.wait_for(asyncio.gather(start, *waiting), 5)
+    await asyncio.wait_for(late[0], 5)
+    assert runners[0].ran == ["step-0", "step-1", "step-2", "step-3"] and runners[1].ran == []
+    assert owners.probes == 1 and owner.placing.lines == 0
+
+
+async def test_a_lent_sequence_its_lender_released_fails_there_and_is_never_sent_back_and_forth() -> None:
+    """A probe is answered where the sequence lives, never sent on: a lender that released the sequence
+    (idle) asks the other ranks, and the owner's loan pointing back at it does not send it there again."""
+    owners = InMemoryOwners()
+    runners = {0: _Slots(0), 1: _Slots(1)}
+    for rank, runner in runners.items():
+        owners.routers[rank] = Router(ranks=Ranks("m", rank, 2), owners=owners)
+        owners.routers[rank].serve("m", runner)
+    await owners.routers[0].infer(_request(2, start=True))
+    assert owners.routers[0].lent.keys() == {2} and runners[1].calls == [(2, True)]
+    runners[1].live.clear()  # released for idling, within the owner's memory of the loan
+    await asyncio.wait_for(owners.routers[0].infer(_request(2)), 5)
+    # rank 1 got it from the loan, asked rank 0 (absent), and ran it: a real runtime answers the
+    # missing START there
+    assert runners[1].calls == [(2, True), (2, False)] and runners[0].calls == []
+    assert owners.probes == 2
+
+
+async def test_sequences_of_the_stress_pattern_keep_their_running_sums_across_lending_replicas(
+    tmp_path: Path,
+) -> None:
+    """Triton's sequence stress test's pattern: client threads send sequences as gRPC streams (every
+    request at once, in order) landing on any replica, correlation IDs reused by the next sequence,
+    sequences without END left to go idle, and few slots (two ranks of two, or four of one) so that
+    owners lend; calls between replicas take a random time, so they overtake each other."""
+    for ranks, slots in ((2, 2), (4, 1)):
+        folder = tmp_path / f"acc{ranks}"
+        shutil.copytree(MODELS / "sequence_accumulator", folder)
+        text = (folder / "config.pbtxt").read_text()
+        text = text.replace(
+            "max_sequence_idle_microseconds: 5000000", "max_sequence_idle_microseconds: 1000000"
+        )
+        text = text.replace("max_batch_size: 8", f"max_batch_size: {slots}").replace(
+            "count: 1", f"count: {ranks}"
+        )
+        (folder / "config.pbtxt").write_text(text)
+        await _stress(from_text(text, folder), ranks, seed=ranks)
+
+
+class _SlowOwners(InMemoryOwners):
+    """Calls between replicas that take 0-3 ms each way (random, seeded)."""
+
+    def __init__(self, rng: random.Random) -> None:
+        super().__init__()
+        self.rng = rng
+
+    async def forward(self, *args: Any, **kwargs: Any) -> InferResponse | RawReply:
+        await asyncio.sleep(self.rng.random() * 0.003)
+        answer = await super().forward(*args, **kwargs)
+        await asyncio.sleep(self.rng.random() * 0.003)
+        return answer
+
+
+async def _stress(model: Any, count: int, seed: int, clients: int = 4, sequences: int = 12) -> None:
+    rng = random.Random(seed)
+    owners = _SlowOwners(rng)
+    runtimes = []
+    for rank in range(count):
+        runtime = ModelRuntime(model)
+        await runtime.load()
+        owners.routers[rank] = Router(ranks=Ranks(model.name, rank, count), owners=owners)
+        owners.routers[rank].serve(model.name, runtime)
+        runtimes.append(runtime)
+    wrong: list[tuple[int, int, int, int]] = []
+
+    async def stream(cid: int, values: list[int], end: bool) -> None:
+        landed = owners.routers[rng.randrange(count)]  # a stream's replica, as HAProxy picks
+        sent = []
+        for n, value in enumerate(values):
+            request = _step_request(model.name, cid, value, n == 0, end and n == len(values) - 1)
+            sent.append(asyncio.ensure_future(landed.infer(request)))
+            await asyncio.sleep(0)
+        total = 0
+        for n, (value, answer) in enumerate(zip(values, await asyncio.gather(*sent), strict=True)):
+            total += value
+            assert answer.error is None, (cid, n, answer.error)
+            if int(answer.outputs["OUT"][0, 0]) != total:
+                wrong.append((cid, n, int(answer.outputs["OUT"][0, 0]), total))
+
+    async def client(number: int) -> None:
+        own = random.Random(seed * 100 + number)
+        for _ in range(sequences):
+            cid = 1 + number * 100 + own.randrange(2)  # two IDs per client, reused sequence after sequence
+            values = [own.randrange(1, 1000) for _ in range(max(1, int(own.gauss(8, 4))))]
+            await stream(cid, values, end=own.random() > 0.15)  # some never end: they go idle
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(client(n) for n in range(clients))), 60)
+    finally:
+        for runtime in runtimes:
+            await runtime.close()
+    assert wrong == []
+    assert sum(router.lent_count for router in owners.routers.values()) > 0  # the pattern made owners lend
