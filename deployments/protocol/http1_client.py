@@ -123,8 +123,7 @@ class Http1Pool:
     ) -> Reply:
         """One request on an idle connection to ``address`` or a new one. A connection that cannot be
         made raises ``OSError``; one that ends before a whole response, :class:`PeerClosed`."""
-        idle = self._idle.get(address)
-        connection = idle.pop() if idle else await Http1Connection.open_unix(address)
+        connection = self._idle_connection(address) or await Http1Connection.open_unix(address)
         try:
             reply = await connection.request(method, path, headers, body)
         except BaseException:
@@ -137,6 +136,17 @@ class Http1Pool:
                 return reply
         connection.close()
         return reply
+
+    def _idle_connection(self, address: bytes | str) -> Http1Connection | None:
+        """The latest idle connection to ``address`` that its peer has not closed meanwhile (one
+        closed while idle, by a peer that restarted, is dropped here rather than failing a request)."""
+        idle = self._idle.get(address)
+        while idle:
+            connection = idle.pop()
+            if not connection.reader.at_eof() and not connection.writer.is_closing():
+                return connection
+            connection.close()
+        return None
 
     def forget(self, address: bytes | str) -> None:
         """Close the idle connections to ``address`` (its peer is gone)."""

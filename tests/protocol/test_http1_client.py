@@ -119,6 +119,21 @@ async def test_a_connection_the_peer_closes_is_not_reused() -> None:
         pool.close()
 
 
+async def test_an_idle_connection_the_peer_closed_meanwhile_is_dropped_not_used() -> None:
+    """A peer that closes a kept-alive connection while it is idle (it restarted) costs a new
+    connection, not a failed call."""
+    name = _name("idle-closed")
+    async with serve(name) as state:
+        pool = Http1Pool()
+        assert (await pool.request(name, "POST", "/echo", {}, b"a"))[2] == b"a"
+        for conn in list(state.connections):
+            conn.transport.close()
+        await asyncio.sleep(0.05)  # the client's loop reads the end of the idle connection
+        assert (await pool.request(name, "POST", "/echo", {}, b"b"))[2] == b"b"
+        assert state.accepted == 2
+        pool.close()
+
+
 async def test_a_response_cut_short_or_an_absent_peer_is_an_error_and_nothing_is_kept() -> None:
     name = _name("cut")
     async with serve(name) as state:
