@@ -220,9 +220,12 @@ async def _run_to_the_end(send: Any, cids: list[int], runtimes: list[ModelRuntim
         assert [int(r.outputs["OUT"][0, 0]) for r in responses] == list(np.cumsum(range(1, STEPS + 1))), cid
 
 
-async def _replicas_behind_routers(model: Any, count: int) -> tuple[InMemoryOwners, list[ModelRuntime]]:
-    """``count`` loaded runtimes of ``model``, each behind a router ranked ``0 .. count-1``."""
-    owners = InMemoryOwners()
+async def _replicas_behind_routers(
+    model: Any, count: int, owners: InMemoryOwners | None = None
+) -> tuple[InMemoryOwners, list[ModelRuntime]]:
+    """``count`` loaded runtimes of ``model``, each behind a router ranked ``0 .. count-1`` calling the
+    others through ``owners`` (new in-memory calls where None)."""
+    owners = InMemoryOwners() if owners is None else owners
     runtimes = []
     for rank in range(count):
         runtime = ModelRuntime(model)
@@ -513,10 +516,18 @@ class _HeldProbes(InMemoryOwners):
         super().__init__()
         self.probes_go = asyncio.Event()
 
-    async def forward(self, *args: Any, probe: bool = False, **kwargs: Any) -> InferResponse | RawReply:
+    async def forward(
+        self,
+        model: str,
+        rank: int,
+        request: InferRequest,
+        raw: RawRequest | None,
+        order: Order | None,
+        probe: bool = False,
+    ) -> InferResponse | RawReply:
         if probe:
             await self.probes_go.wait()
-        return await super().forward(*args, probe=probe, **kwargs)
+        return await super().forward(model, rank, request, raw, order, probe)
 
 
 async def test_requests_that_waited_for_their_start_go_on_before_one_that_comes_as_it_is_queued() -> None:
@@ -603,14 +614,7 @@ class _SlowOwners(InMemoryOwners):
 
 async def _stress(model: Any, count: int, seed: int, clients: int = 4, sequences: int = 12) -> None:
     rng = random.Random(seed)
-    owners = _SlowOwners(rng)
-    runtimes = []
-    for rank in range(count):
-        runtime = ModelRuntime(model)
-        await runtime.load()
-        owners.routers[rank] = Router(ranks=Ranks(model.name, rank, count), owners=owners)
-        owners.routers[rank].serve(model.name, runtime)
-        runtimes.append(runtime)
+    owners, runtimes = await _replicas_behind_routers(model, count, _SlowOwners(rng))
     wrong: list[tuple[int, int, int, int]] = []
 
     async def stream(cid: int, values: list[int], end: bool) -> None:
