@@ -787,8 +787,8 @@ async def _trace(call: _Call, request: InferRequest) -> None:
 
 
 async def _respond(send: Send, reply: Reply) -> None:
-    status, headers, body = reply
-    headers.append((b"content-length", str(len(body)).encode()))
+    status, given, body = reply
+    headers = [*given, (b"content-length", str(len(body)).encode())]  # a reply may be a shared constant
     try:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})

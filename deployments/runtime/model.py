@@ -537,6 +537,16 @@ class ModelRuntime:
         free = getattr(scheduler, "has_free_slot", None)
         return True if free is None else bool(free())
 
+    def reserve_sequence(self, version: str, correlation_id: int | str) -> bool:
+        """Keep a free slot of ``version`` for a new sequence whose START follows (its owner lends it,
+        docs/sequence.md, "A full owner lends"): True where one was free and is now kept."""
+        try:
+            scheduler = self.version(version).scheduler
+        except ServerError:
+            return False  # the START fails at its owner, as it would anywhere
+        reserve = getattr(scheduler, "reserve", None)
+        return False if reserve is None else bool(reserve(correlation_id))
+
     def sequence_idle_ns(self) -> int:
         """The longest idle time a sequence of this model keeps its slot (0: none or no limit)."""
         return max((getattr(r.scheduler, "idle_ns", 0) for r in self.versions.values()), default=0)

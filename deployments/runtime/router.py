@@ -53,6 +53,10 @@ not answers :data:`ABSENT` at once instead of running it (or refusing it for its
 ABSENT = b"x-triton-sequence-absent"
 """Set on a probed replica's answer where it does not hold the request's sequence."""
 
+TAKEN = b"x-triton-sequence-taken"
+"""Set on a probed replica's answer to a START where it kept a free slot for the new sequence (or
+holds it already): the owner then sends the START on there, and the sequence's later requests after it."""
+
 INTERNAL_HEADERS = (FORWARDED, PROBE, SEQUENCE_ORDER, REPLICA_SNAPSHOT, TRACE_STEP_HEADER)
 """Headers only replicas set on their calls to each other."""
 
@@ -70,6 +74,13 @@ def _can_start(runner: Runner, request: InferRequest) -> bool:
     ``can_start_sequence``, which a stateful model's runtime has; True for one without it)."""
     can_start = getattr(runner, "can_start_sequence", None)
     return True if can_start is None else bool(can_start(request.model_version))
+
+
+def _reserve(runner: Runner, request: InferRequest) -> bool:
+    """Whether ``runner`` kept a free slot for ``request``'s new sequence (its ``reserve_sequence``,
+    which a stateful model's runtime has; False for one without it)."""
+    reserve = getattr(runner, "reserve_sequence", None)
+    return False if reserve is None else bool(reserve(request.model_version, request.correlation_id))
 
 
 def _keep_ns(runner: Runner) -> int:
@@ -149,10 +160,18 @@ def owner_rank(correlation_id: int | str, world_size: int) -> int:
 ABSENT_REPLY: RawReply = (404, [(ABSENT, b"1")], b"")
 """A probed replica's answer where it does not hold the sequence."""
 
+TAKEN_REPLY: RawReply = (200, [(TAKEN, b"1")], b"")
+"""A probed replica's answer where it kept a slot for the probed START's new sequence."""
+
 
 def is_absent(answer: object) -> bool:
     """Whether ``answer`` is a probed replica's :data:`ABSENT` reply."""
     return isinstance(answer, tuple) and any(key == ABSENT for key, _ in answer[1])
+
+
+def is_taken(answer: object) -> bool:
+    """Whether ``answer`` is a probed replica's :data:`TAKEN` reply."""
+    return isinstance(answer, tuple) and any(key == TAKEN for key, _ in answer[1])
 
 
 @dataclass
@@ -245,17 +264,18 @@ class Router:
                 # its START is asking for a free slot: it goes where that does, after those before it
                 await self.placing.wait(cid)
                 probe = raw is not None and raw.probe
+                if probe and request.sequence_start:  # a full owner offers its new sequence
+                    return TAKEN_REPLY if _holds(runner, cid) or _reserve(runner, request) else ABSENT_REPLY
                 if not _holds(runner, cid):
-                    if probe:  # asked whether it lives here: only a START, and only into a free slot
-                        if not request.sequence_start or not _can_start(runner, request):
-                            return ABSENT_REPLY
-                    elif (lender := self._loan(cid, runner)) is not None:
+                    if probe:  # asked whether the sequence lives here
+                        return ABSENT_REPLY
+                    if (lender := self._loan(cid, runner)) is not None:
                         # lent before: it lives there (a START starts it again there)
                         answer = await self._send_on(request, raw, lender)
                         if request.sequence_end:
                             self.lent.pop(cid, None)
                         return answer
-                    elif request.sequence_start:
+                    if request.sequence_start:
                         owner = self.ranks.owner(cid) == self.ranks.rank
                         if owner and not _can_start(runner, request):
                             lent = await self._lend(request, raw, runner)
@@ -272,13 +292,15 @@ class Router:
         return await self._remote(request).infer(request)
 
     async def _send_on(
-        self, request: InferRequest, raw: RawRequest | None, rank: int
+        self, request: InferRequest, raw: RawRequest | None, rank: int, order: Order | None = None
     ) -> InferResponse | RawReply:
-        """The answer of the replica holding ``rank`` to ``request``, sent on to it."""
+        """The answer of the replica holding ``rank`` to ``request``, sent on to it (``order``: its
+        place among the sequence's requests sent on, where already taken)."""
         if self.owners is None:
             raise self._owner_unreachable(request, rank)
         # sent at once, numbered in the order they came here (deployments/runtime/forward_order.py)
-        order = self.sending.next(request.correlation_id)
+        if order is None:
+            order = self.sending.next(request.correlation_id)
         try:
             answer = await self.owners.forward(request.model_name, rank, request, raw, order)
         finally:
@@ -302,33 +324,49 @@ class Router:
     async def _lend(
         self, request: InferRequest, raw: RawRequest | None, runner: Runner
     ) -> InferResponse | RawReply | None:
-        """The answer of another rank that took ``request``'s new sequence into a free slot, where this
+        """The answer of another rank that kept a free slot for ``request``'s new sequence, where this
         owner has none (it would wait in the backlog here while another replica could run it, which
         Triton's one set of slots over all instances never lets happen); None where every other rank
-        is full too (it then waits here). The ranks are asked one at a time, so one takes it."""
+        is full too (it then waits here, queued before the requests that waited for it).
+
+        The ranks are asked one at a time, so one takes it; the one that does keeps the slot and
+        answers at once (:data:`TAKEN`), and the START is then sent on there like any later request
+        of the sequence: those that came meanwhile wait only for the asking, not for the START's
+        answer (which may itself wait, for a batch to fill)."""
         ranks, owners = self.ranks, self.owners
         if ranks is None or owners is None or ranks.world_size <= 1:
             return None
         cid = request.correlation_id
         self.placing.hold(cid)
         try:
-            for step in range(1, ranks.world_size):
-                rank = (ranks.rank + step) % ranks.world_size
-                try:
-                    answer = await owners.forward(request.model_name, rank, request, raw, None, probe=True)
-                except Exception:  # gone, or not there yet: it has no slot to lend
-                    continue
-                if is_absent(answer):
-                    continue
-                self._forget_idle(runner)
-                if not request.sequence_end:
-                    self.lent[cid] = (rank, time.monotonic_ns())
-                self.lent_count += 1
-                self.sent_to_owner += 1
-                return answer
-            return None
-        finally:
+            rank = await self._slot_elsewhere(request, raw, ranks, owners)
+        except BaseException:
             self.placing.release(cid)
+            raise
+        if rank is None:
+            self.placing.release(cid)  # queued here next, before those that waited for it
+            return None
+        self._forget_idle(runner)
+        if not request.sequence_end:
+            self.lent[cid] = (rank, time.monotonic_ns())
+        self.lent_count += 1
+        order = self.sending.next(cid)  # numbered before those that waited for it
+        self.placing.release(cid)
+        return await self._send_on(request, raw, rank, order)
+
+    async def _slot_elsewhere(
+        self, request: InferRequest, raw: RawRequest | None, ranks: Ranks, owners: OwnerCalls
+    ) -> int | None:
+        """The first other rank, from the next one on, that kept a slot for ``request``'s sequence."""
+        for step in range(1, ranks.world_size):
+            rank = (ranks.rank + step) % ranks.world_size
+            try:
+                answer = await owners.forward(request.model_name, rank, request, raw, None, probe=True)
+            except Exception:  # gone, or not there yet: it has no slot to lend
+                continue
+            if is_taken(answer):
+                return rank
+        return None
 
     def _forget_idle(self, runner: Runner) -> None:
         """Drop the lent sequences whose replica has released them for going idle (bounds ``lent``)."""
@@ -423,6 +461,8 @@ async def _one(executor: ModelExecutor, request: InferRequest) -> AsyncGenerator
 __all__ = [
     "ABSENT",
     "ABSENT_REPLY",
+    "TAKEN",
+    "TAKEN_REPLY",
     "FORWARDED",
     "INTERNAL_HEADERS",
     "OwnerCalls",
@@ -436,5 +476,6 @@ __all__ = [
     "Runner",
     "Where",
     "is_absent",
+    "is_taken",
     "owner_rank",
 ]

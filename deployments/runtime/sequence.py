@@ -133,6 +133,7 @@ class SequenceBatcher:
         self._free = [self._free_key(slot) for inst in self.instances for slot in inst.slots]
         heapq.heapify(self._free)
         self._bound: dict[int | str, _Slot] = {}  # sequences holding a slot (until their END is queued)
+        self._reserved: set[int | str] = set()  # ... of which lent sequences whose START is on its way
         # when each last had nothing queued (its last request's arrival or answer), for the idle reaper
         self._last_ns: dict[int | str, int] = {}
         self._backlog: deque[_Backlog] = deque()
@@ -177,6 +178,21 @@ class SequenceBatcher:
     def has_free_slot(self) -> bool:
         """Whether a new sequence would take a slot here now rather than wait in the backlog."""
         return bool(self._free) and not self._closing and not self._closed
+
+    def reserve(self, correlation_id: int | str) -> bool:
+        """Bind a free slot to a new sequence whose START is on its way (a full owner's loan,
+        docs/sequence.md): True where one was free. Until the START comes the slot is held as by a
+        sequence with nothing queued (the idle limit releases it), and only a START may use it."""
+        cid = correlation_id
+        if cid in self._bound or cid in self._backlog_open or not self.has_free_slot():
+            return False
+        _, index, number = heapq.heappop(self._free)
+        self._bound[cid] = self.instances[number].slots[index]
+        self._reserved.add(cid)
+        now = time.monotonic_ns()
+        self._last_ns[cid] = now
+        self._arm_reaper(now + self.settings.idle_ns)
+        return True
 
     @property
     def idle_ns(self) -> int:
@@ -227,7 +243,9 @@ class SequenceBatcher:
                 f"inference request to model '{self.model_name}' must specify batch-size 1 due to "
                 "requirements of sequence batcher"
             )
-        if not request.sequence_start and cid not in self._bound and cid not in self._backlog_open:
+        if not request.sequence_start and (
+            (cid not in self._bound and cid not in self._backlog_open) or cid in self._reserved
+        ):
             return InvalidArgument(
                 f"inference request for sequence {cid} to model '{self.model_name}' must specify the "
                 "START flag on the first request of the sequence"
@@ -244,7 +262,9 @@ class SequenceBatcher:
         cid = request.correlation_id
         slot = self._bound.get(cid)
         backlog = self._backlog_open.get(cid)
-        if request.sequence_start and (slot is not None or backlog is not None):
+        if cid in self._reserved:  # the START of a lent sequence, into the slot kept for it
+            self._reserved.discard(cid)
+        elif request.sequence_start and (slot is not None or backlog is not None):
             logger.warning(
                 "sequence %s for model '%s' started again before it ended; the earlier one ends here",
                 cid,
@@ -443,6 +463,7 @@ class SequenceBatcher:
             logger.info("sequence %s of model '%s' idle too long; its slot is released", cid, self.model_name)
             del self._last_ns[cid]
             del self._bound[cid]
+            self._reserved.discard(cid)
             slot.queue.append(_RELEASE)
             slot.instance.wake(slot)
         for backlog in list(self._backlog):

@@ -44,9 +44,11 @@ from deployments.runtime.router import (
     FORWARDED,
     PROBE,
     REPLICA_SNAPSHOT,
+    TAKEN,
     RawReply,
     RawRequest,
     is_absent,
+    is_taken,
     owner_rank,
 )
 from deployments.runtime.stats import merge_snapshots
@@ -84,6 +86,7 @@ _RETURNED = (
     "content-encoding",
     ERROR_CODE_HEADER,
     ABSENT.decode(),
+    TAKEN.decode(),
 )
 _RETURNED_BYTES = frozenset(name.lower().encode() for name in _RETURNED)
 
@@ -220,7 +223,7 @@ class ReplicaCalls:
         probe: bool = False,
     ) -> InferResponse | RawReply:
         """``OwnerCalls.forward``: the owner's reply (as it came where ``raw`` is given, and a probed
-        replica's :data:`ABSENT` reply as it came always)."""
+        replica's :data:`ABSENT` or :data:`TAKEN` reply as it came always)."""
         if raw is not None:
             path, body = raw.path, raw.body
             headers = {k.decode(): v.decode("latin-1") for k, v in raw.headers if k in _PASSED}
@@ -243,7 +246,7 @@ class ReplicaCalls:
             if probe:  # no replica holds the rank now: it holds no sequence either
                 return ABSENT_REPLY
             raise
-        if probe and is_absent(reply):
+        if probe and (is_absent(reply) or is_taken(reply)):
             return reply
         return reply if raw is not None else _decoded(reply)
 

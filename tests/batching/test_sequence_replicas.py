@@ -27,6 +27,7 @@ from deployments.runtime.router import (
     RawRequest,
     Router,
     is_absent,
+    is_taken,
     owner_rank,
 )
 from deployments.runtime.sequence import SequenceBatcher
@@ -152,6 +153,25 @@ async def test_twelve_sequences_step_by_step_on_one_replica_of_a_two_instance_mo
     await batcher.close()
 
 
+async def test_a_slot_kept_for_a_lent_sequence_takes_only_its_start_and_is_released_if_it_never_comes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    acc = Accumulator()
+    batcher = SequenceBatcher(sequence_model(max_batch_size=2, idle_us=50_000), acc)
+    assert batcher.reserve(5) and batcher.holds(5) and batcher.has_free_slot()
+    assert not batcher.reserve(5)  # kept already
+    refused = await batcher.submit(req(5, 1.0))
+    assert refused.error is not None and "must specify the START flag" in refused.error.message
+    assert out(await batcher.submit(req(5, 2.0, start=True))) == 2.0  # into the kept slot
+    assert out(await batcher.submit(req(5, 3.0, end=True))) == 5.0
+    assert "started again" not in caplog.text
+    assert batcher.reserve(6) and batcher.reserve(7) and not batcher.has_free_slot()
+    assert not batcher.reserve(8)
+    await until(lambda: not batcher.holds(6) and not batcher.holds(7))  # no START came: idle, released
+    assert batcher.has_free_slot() and out(await batcher.submit(req(8, 4.0, start=True))) == 4.0
+    await batcher.close(drain=False)
+
+
 class InMemoryOwners:
     """``OwnerCalls`` between routers in one process: the owner's router answers, told the request
     was sent on to it (``x-triton-sequence-owner``), as a replica's HTTP app is."""
@@ -181,7 +201,7 @@ class InMemoryOwners:
             return ABSENT_REPLY
         sent_on = RawRequest(f"/v2/models/{model}/infer", headers, b"")
         answer = await router.route(request, sent_on)
-        if isinstance(answer, tuple) and raw is None and not is_absent(answer):
+        if isinstance(answer, tuple) and raw is None and not is_absent(answer) and not is_taken(answer):
             raise AssertionError("a raw reply to a request that was not raw")
         return answer
 
@@ -369,8 +389,8 @@ async def test_a_probed_replica_that_does_not_hold_the_sequence_answers_absent_w
     answer = await router.route(held, probe)
     assert isinstance(answer, InferResponse) and answer.id == "ran" and runner.calls == [7]
     start = InferRequest("m", {"IN": np.zeros((1, 1), np.int32)}, correlation_id=8, sequence_start=True)
-    assert isinstance(await router.route(start, probe), InferResponse)  # a START never asks
-    assert runner.calls == [7, 8]
+    # a probed START is a full owner's offer, never run: this runner keeps no slots for one
+    assert await router.route(start, probe) == ABSENT_REPLY and runner.calls == [7]
 
 
 async def test_an_owner_with_no_free_slot_lends_new_sequences_to_a_replica_that_has_one(
@@ -418,6 +438,13 @@ class _Slots:
     def can_start_sequence(self, version: str) -> bool:
         return self.free > 0
 
+    def reserve_sequence(self, version: str, cid: int | str) -> bool:
+        if self.free <= 0:
+            return False
+        self.free -= 1
+        self.live.add(cid)
+        return True
+
     def sequence_idle_ns(self) -> int:
         return self.idle_ns
 
@@ -463,21 +490,28 @@ async def test_a_full_owner_keeps_the_start_where_every_replica_is_full_and_a_fu
     assert runners[2].calls == [(3, True), (3, False), (3, False)] and owners.routers[0].lent == {}
 
 
-async def test_a_request_that_comes_while_its_start_asks_for_a_slot_follows_it_to_the_lender() -> None:
-    owners = InMemoryOwners()
+async def test_a_lent_sequences_requests_follow_its_start_without_waiting_for_its_answer() -> None:
+    """The lender keeps a slot and answers the offer at once; the START and the requests that came
+    meanwhile then go on there in order, as a stream's requests are all queued in Triton. Waiting for
+    the START's answer deadlocked a batch held until they were queued (TRITONSERVER_DELAY_SCHEDULER,
+    L0_sequence_batcher's test_backlog with four instances)."""
+    owners = _HeldProbes()
     runners = {0: _Slots(0), 1: _Slots(1)}
     for rank, runner in runners.items():
         owners.routers[rank] = Router(ranks=Ranks("m", rank, 2), owners=owners)
         owners.routers[rank].serve("m", runner)
-    runners[1].gate.clear()  # rank 1 takes the START but has not answered it yet
+    runners[1].gate.clear()  # rank 1 answers nothing until both requests are there
     start = asyncio.ensure_future(owners.routers[0].infer(_request(4, start=True)))
-    await until(lambda: runners[1].calls == [(4, True)])
-    second = asyncio.ensure_future(owners.routers[0].infer(_request(4)))
     await asyncio.sleep(0.01)
-    assert runners[0].calls == [] and not second.done()  # not failed for a missing START at rank 0
+    second = asyncio.ensure_future(owners.routers[1].infer(_request(4)))  # lands on rank 1: via the owner
+    await asyncio.sleep(0.01)
+    assert runners[1].calls == [] and owners.routers[0].placing.holding(4)  # the offer is still out
+    owners.probes_go.set()
+    await until(lambda: len(runners[1].calls) == 2)
+    assert runners[1].calls == [(4, True), (4, False)] and not start.done() and not second.done()
     runners[1].gate.set()
-    await asyncio.gather(start, second)
-    assert runners[1].calls == [(4, True), (4, False)] and runners[0].calls == []
+    await asyncio.wait_for(asyncio.gather(start, second), 5)
+    assert runners[0].calls == [] and owners.routers[0].lent.keys() == {4}
 
 
 async def test_a_loan_is_forgotten_once_the_lender_has_released_the_sequence_for_idling() -> None:

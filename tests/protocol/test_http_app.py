@@ -374,3 +374,31 @@ async def test_only_a_forwarded_request_is_cancelled_when_its_connection_closes(
         dataplane.release.set()
         reply = await asyncio.wait_for(answering, 5)
         assert reply is not None and reply.status == 200 and dataplane.cancelled == 0
+
+
+class _RepliesAsIs(FakeDataPlane):
+    """Answers every inference with ``reply``, as a router answers a probe (a shared constant)."""
+
+    def __init__(self, models, reply) -> None:
+        super().__init__(models)
+        self.reply = reply
+
+    async def infer(self, request, raw=None):
+        return self.reply
+
+
+@pytest.mark.parametrize("name", ["ABSENT_REPLY", "TAKEN_REPLY"])
+async def test_a_reply_written_as_it_came_is_left_as_it_was(tmp_path, name):
+    """Writing a reply adds its length to the headers sent, not to the reply: the probe answers are
+    module constants, and a second answer with two lengths failed to parse at the asking replica."""
+    from deployments.runtime import router
+
+    constant = getattr(router, name)
+    before = (constant[0], list(constant[1]), constant[2])
+    app = ModelHTTPApp(_RepliesAsIs(all_models(tmp_path), constant), "add_sub")
+    a = np.ones((1, 16), np.float32)
+    for _ in range(3):
+        reply = await call(app, "POST", "/v2/models/add_sub/infer", infer_body(a, a))
+        assert reply is not None and reply.status == constant[0]
+        assert reply.headers["content-length"] == "0"
+    assert (constant[0], constant[1], constant[2]) == before
