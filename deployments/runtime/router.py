@@ -48,7 +48,8 @@ with other replicas'). HAProxy removes these and ``TRACE_STEP_HEADER`` from clie
 
 PROBE = b"x-triton-sequence-probe"
 """Set beside ``FORWARDED`` on a request asked of a replica that may hold its sequence: one that does
-not answers :data:`ABSENT` at once instead of running it (or refusing it for its missing START)."""
+not answers :data:`ABSENT` at once instead of running it (or refusing it for its missing START). On a
+START it is a full owner's offer: never run, answered :data:`TAKEN` or :data:`ABSENT`."""
 
 ABSENT = b"x-triton-sequence-absent"
 """Set on a probed replica's answer where it does not hold the request's sequence."""
