@@ -186,8 +186,7 @@ class SequenceBatcher:
         cid = correlation_id
         if cid in self._bound or cid in self._backlog_open or not self.has_free_slot():
             return False
-        _, index, number = heapq.heappop(self._free)
-        self._bound[cid] = self.instances[number].slots[index]
+        self._take_free_slot(cid)
         self._reserved.add(cid)
         now = time.monotonic_ns()
         self._last_ns[cid] = now
@@ -271,9 +270,7 @@ class SequenceBatcher:
                 self.model_name,
             )
         if slot is None and backlog is None and self._free:
-            _, index, number = heapq.heappop(self._free)
-            slot = self.instances[number].slots[index]
-            self._bound[cid] = slot
+            slot = self._take_free_slot(cid)
         if slot is not None:
             self._last_ns[cid] = now
             if request.sequence_end:
@@ -294,6 +291,13 @@ class SequenceBatcher:
             self._arm_reaper(backlog.expires_ns)
         if request.sequence_end:
             del self._backlog_open[cid]
+
+    def _take_free_slot(self, cid: int | str) -> _Slot:
+        """Bind the first free slot (:meth:`_free_key` order) to sequence ``cid``."""
+        _, index, number = heapq.heappop(self._free)
+        slot = self.instances[number].slots[index]
+        self._bound[cid] = slot
+        return slot
 
     def _cancel_sequence(self, item: _Item) -> None:
         """A pending request of a sequence was cancelled: as in Triton, every other pending request of
