@@ -18,6 +18,7 @@ asyncio. The rules follow Triton's dynamic batcher:
 from __future__ import annotations
 
 import asyncio
+from bisect import insort
 from collections import deque
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
@@ -139,28 +140,49 @@ class LevelQueue:
 
 
 class PriorityQueues:
-    """Per-priority queues served highest first, with Triton's queue policies."""
+    """Per-priority queues served highest first, with Triton's queue policies.
+
+    A level's queue exists while it has requests (or a policy of its own): ``priority_levels`` may be
+    as large as a uint64 (Triton's own tests set it so), and only the levels in use cost anything."""
 
     def __init__(self, config: DynamicBatching, model_name: str = "") -> None:
-        levels = max(config.priority_levels, 1)
         self.model_name = model_name
+        self.level_count = max(config.priority_levels, 1)
         self.default_level = config.default_priority_level if config.priority_levels else 1
-        self.levels = [
-            LevelQueue(lv, config.priority_queue_policy.get(lv, config.default_queue_policy))
-            for lv in range(1, levels + 1)
-        ]
+        self.default_policy = config.default_queue_policy
+        self.policies = dict(config.priority_queue_policy) if config.priority_levels else {}
+        self.levels: list[LevelQueue] = []  # the levels in use, highest (lowest number) first
+        self._by_level: dict[int, LevelQueue] = {}
+        for level in sorted({self.default_level, *self.policies}):
+            self._open(level)
         self.has_timeouts = any(
-            q.policy.default_timeout_microseconds > 0 or q.policy.allow_timeout_override for q in self.levels
+            p.default_timeout_microseconds > 0 or p.allow_timeout_override
+            for p in (self.default_policy, *self.policies.values())
         )
         self.next_deadline_ns = NEVER
         self.size = 0
 
+    def _open(self, level: int) -> LevelQueue:
+        queue = LevelQueue(level, self.policies.get(level, self.default_policy))
+        self._by_level[level] = queue
+        insort(self.levels, queue, key=lambda q: q.level)
+        return queue
+
     def level_of(self, request: InferRequest) -> LevelQueue:
         """The request's level: its priority, or the default when 0 or out of range (as Triton does)."""
         priority = request.priority
-        if priority <= 0 or priority > len(self.levels):
+        if priority <= 0 or priority > self.level_count:
             priority = self.default_level
-        return self.levels[max(priority, 1) - 1]
+        queue = self._by_level.get(priority)
+        return queue if queue is not None else self._open(priority)
+
+    def _close_empty(self) -> None:
+        """Forget the levels left empty that have no policy of their own (and are not the default)."""
+        if len(self.levels) > len(self.policies) + 1:
+            keep = {self.default_level, *self.policies}
+            for queue in [q for q in self.levels if not q.main and not q.delayed and q.level not in keep]:
+                self.levels.remove(queue)
+                del self._by_level[queue.level]
 
     def admit_error(self, level: LevelQueue, request: InferRequest) -> Rejected | None:
         """The rejection of a new request when its level's queue is full, else None."""
@@ -196,7 +218,9 @@ class PriorityQueues:
                     self.size -= 1
                     (dropped if entry.abandoned else taken).append(entry)
                 if len(taken) == count:
+                    self._close_empty()
                     return taken
+        self._close_empty()
         return taken
 
     def purge_abandoned(self) -> list[Entry]:
@@ -209,6 +233,7 @@ class PriorityQueues:
                     gone.extend(e for e in queue if e.abandoned)
                     setattr(level, attr, deque(e for e in queue if not e.abandoned))
         self.size -= len(gone)
+        self._close_empty()
         return gone
 
     def drain(self) -> list[Entry]:
@@ -236,6 +261,7 @@ class PriorityQueues:
                     self.size -= 1
             level.main = keep
         self.next_deadline_ns = next_deadline
+        self._close_empty()
 
     def deadline_for(self, level: LevelQueue, request: InferRequest, now_ns: int) -> int:
         timeout = level.timeout_us(request)

@@ -46,6 +46,28 @@ async def test_out_of_range_priority_uses_the_default_level() -> None:
     assert rec.batches[1:] == [["top", "weird"]]
 
 
+async def test_uint64_priority_levels_cost_only_the_levels_in_use() -> None:
+    # Triton's L0_model_queue sets priority_levels to the largest uint64 and the default level past
+    # uint32: a queue per level would never finish allocating
+    top, default = 2**64 - 1, 2**32
+    cfg = config(priority_levels=top, default_priority_level=default)
+    batcher, rec, gate, first = await blocked_batcher(cfg)
+    tasks = [
+        asyncio.ensure_future(batcher.submit(request("default", priority=0))),
+        asyncio.ensure_future(batcher.submit(request("past", priority=2**32 + 5))),
+        asyncio.ensure_future(batcher.submit(request("beyond", priority=top + 1))),  # out of range
+        asyncio.ensure_future(batcher.submit(request("one", priority=1))),
+    ]
+    await asyncio.sleep(0.005)
+    levels = [q.level for q in batcher._queues.levels]
+    assert levels == [1, default, 2**32 + 5]
+    gate.set()
+    await asyncio.gather(first, *tasks)
+    # level 1 first, then the default level (with the out-of-range one), then the lower level
+    assert rec.batches[1:] == [["one", "default"], ["beyond", "past"]]
+    assert [q.level for q in batcher._queues.levels] == [default]  # emptied levels are forgotten
+
+
 async def test_timeout_reject_fails_the_request_and_spares_the_others() -> None:
     cfg = config(timeout_action="REJECT", allow_timeout_override=True)
     batcher, rec, gate, first = await blocked_batcher(cfg, max_batch_size=1)
