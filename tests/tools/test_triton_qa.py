@@ -17,6 +17,7 @@ from tools.triton_qa import (
     infer_variable,
     infer_zero,
     log_settings,
+    model_queue,
     model_update,
     response_cache,
     shared_memory,
@@ -843,3 +844,44 @@ def test_the_sequence_stand_in_accumulates_per_slot_as_tritons_sequence_backend(
     out = model.execute([row(0, 0, 100), row(0, 1, 3)])  # slot 0 padded
     assert [o["OUTPUT"].tolist() for o in out] == [[[5]], [[10]]]
     assert model.execute([row(0, 1, 1)])[0]["OUTPUT"].tolist() == [[6]]
+
+
+def test_model_queue_writes_each_tests_batching_block_on_the_python_identity(tmp_path: Path) -> None:
+    from repository_loader.config import parse_config
+    from repository_loader.findings import Findings
+    from repository_loader.validation import check_dynamic_batching
+
+    checkout, cache = tmp_path / "checkout", tmp_path / "cache"
+    custom = checkout / "qa" / "custom_models" / "custom_zero_1_float32"
+    ensemble = checkout / "qa" / "L0_model_queue" / "ensemble_zero_1_float32"
+    for folder in (custom, ensemble):
+        folder.mkdir(parents=True)
+    custom.joinpath("config.pbtxt").write_text(
+        'name: "custom_zero_1_float32"\nbackend: "identity"\nmax_batch_size: 1\n'
+        'input [ { name: "INPUT0"\n data_type: TYPE_FP32\n dims: [ 1 ]\n} ]\n'
+        'output [ { name: "OUTPUT0"\n data_type: TYPE_FP32\n dims: [ 1 ]\n} ]\n'
+    )
+    ensemble.joinpath("config.pbtxt").write_text('name: "ensemble_zero_1_float32"\nplatform: "ensemble"\n')
+    runs = {run.label: run for run in model_queue.L0_MODEL_QUEUE.runs}
+    assert len(runs) == 7 and all(run.server_per_test and len(run.tests) == 1 for run in runs.values())
+    built = build_repository(runs["test_max_priority_levels"].models, checkout, cache, tmp_path / "repo")
+    assert not built.skipped
+    assert (built.path / "ensemble_zero_1_float32" / "1").is_dir()
+    assert (built.path / "custom_zero_1_float32" / "1" / "model.py").read_text() == OWN_MODELS["identity"][
+        "1/model.py"
+    ]
+    config = parse_config((built.path / "custom_zero_1_float32" / "config.pbtxt").read_text())
+    assert config.backend == "python" and config.max_batch_size == 32
+    assert list(config.input[0].dims) == [-1] and list(config.output[0].dims) == [-1]
+    assert config.dynamic_batching.priority_levels == 2**64 - 1
+    assert config.dynamic_batching.default_priority_level == 2**32
+    assert list(config.dynamic_batching.preferred_batch_size) == [4, 8]
+    findings = Findings("custom_zero_1_float32", "config.pbtxt")
+    check_dynamic_batching(config, findings)
+    assert not findings.errors
+
+    built = build_repository(runs["test_priority_with_policy"].models, checkout, cache, tmp_path / "repo2")
+    config = parse_config((built.path / "custom_zero_1_float32" / "config.pbtxt").read_text())
+    policy = config.dynamic_batching.priority_queue_policy[2]
+    assert policy.default_timeout_microseconds == 11000000 and policy.allow_timeout_override
+    assert list(config.dynamic_batching.preferred_batch_size) == [4, 8, 32]

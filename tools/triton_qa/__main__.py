@@ -28,6 +28,7 @@ from tools.triton_qa import (  # noqa: F401
     log_settings,
     metrics,
     model_namespacing,
+    model_queue,
     model_update,
     nan_inf,
     optional_input,
