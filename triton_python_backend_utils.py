@@ -10,6 +10,7 @@ from deployments.backends.python_api.config import (
     get_output_config_by_name,
     using_decoupled_model_transaction_policy,
 )
+from deployments.backends.python_api.context import get_model_dir
 from deployments.backends.python_api.dtypes import (
     TRITON_STRING_TO_NUMPY,
     deserialize_bytes_tensor,
@@ -68,6 +69,7 @@ __all__ = [
     "deserialize_bytes_tensor",
     "get_input_config_by_name",
     "get_input_tensor_by_name",
+    "get_model_dir",
     "get_output_config_by_name",
     "get_output_tensor_by_name",
     "is_model_ready",

@@ -28,6 +28,7 @@ from ensembles.graph import build_graph
 from ensembles.placement import EnsemblePlacement, choose_placement, describe_placement
 from repository_loader.errors import ServerError
 from repository_loader.plan import ClusterResources, DeploymentPlan, plan_deployments
+from repository_loader.platforms import DEFAULT_BACKEND_DIRECTORY
 from repository_loader.repository import RepositoryState, load_repository
 
 EXIT_OK = 0
@@ -50,6 +51,11 @@ def add_repository_options(parser: argparse.ArgumentParser) -> None:
         "--disable-auto-complete-config",
         action="store_true",
         help="do not complete configs from model files or auto_complete_config()",
+    )
+    parser.add_argument(
+        "--backend-directory",
+        default=DEFAULT_BACKEND_DIRECTORY,
+        help="where a Python-based backend's <name>/model.py is found (default %(default)s)",
     )
     parser.add_argument("--cpus", type=float, default=float(os.cpu_count() or 1), help="CPUs of the cluster")
     parser.add_argument(
@@ -102,6 +108,7 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None) -> int:
         args.repository,
         config_name=args.model_config_name,
         auto_complete=not args.disable_auto_complete_config,
+        backend_directory=args.backend_directory,
     )
     gpus = detected_gpus() if args.gpus is None else args.gpus
     plan = plan_deployments(state.models, ClusterResources(num_cpus=args.cpus, num_gpus=gpus))

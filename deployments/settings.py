@@ -25,6 +25,7 @@ from typing import Any
 from deployments.tracing.config import TraceConfig, TraceConfigError, parse_trace_config
 from repository_loader.autoscaling import Autoscaling, parse_host_autoscaling
 from repository_loader.plan import DEDICATED, POOLED, HostPolicy
+from repository_loader.platforms import DEFAULT_BACKEND_DIRECTORY
 
 CONTROL_MODES = ("none", "explicit", "poll")
 GRPC_COMPRESSIONS = ("none", "gzip", "deflate")
@@ -333,6 +334,8 @@ class ServerSettings:
     load_models: tuple[str, ...] = ()  # explicit mode: loaded at start ("*" = all)
     model_config_name: str | None = None  # configs/<name>.pbtxt instead of config.pbtxt
     auto_complete: bool = True
+    # where a Python-based backend's <name>/model.py is found (Triton's --backend-directory)
+    backend_directory: str = DEFAULT_BACKEND_DIRECTORY
     strict_readiness: bool = True
     access_log: bool = False  # one Serve access-log line per model request (Triton logs none)
     http_host: str = "127.0.0.1"  # the address HAProxy binds (``triton-serve serve`` only)
@@ -508,7 +511,7 @@ class ServerSettings:
         """Settings from the application's ``args`` (the names of ``serve_config.yaml``) and the environment.
 
         Names: ``model_repository`` (required), ``model_control_mode``, ``load_model`` (a name or a
-        list), ``model_config_name``, ``disable_auto_complete_config``, ``strict_readiness``,
+        list), ``model_config_name``, ``disable_auto_complete_config``, ``backend_directory``, ``strict_readiness``,
         ``access_log``, ``http_host``, ``http_port``, ``allow_grpc``, ``grpc_host``, ``grpc_port``,
         ``grpc_max_receive_message_bytes``, ``grpc_max_send_message_bytes``, ``grpc_compression``,
         ``deploy_timeout_s``, ``stats_push_interval_s``, ``exit_timeout_secs``, ``server_id``,
@@ -534,6 +537,7 @@ class ServerSettings:
             "load_models": _texts(args.get("load_model")),
             "model_config_name": args.get("model_config_name") or None,
             "auto_complete": not _flag(args, "disable_auto_complete_config", False),
+            "backend_directory": str(args.get("backend_directory") or DEFAULT_BACKEND_DIRECTORY),
             "strict_readiness": _flag(args, "strict_readiness", True),
             "exit_on_error": _flag(args, "exit_on_error", True),
             "allow_model_file_upload": _flag(args, "allow_model_file_upload", False),
@@ -621,6 +625,7 @@ class ServerSettings:
             "repository_poll_secs": self.repository_poll_secs,
             "model_config_name": self.model_config_name,
             "disable_auto_complete_config": not self.auto_complete,
+            "backend_directory": self.backend_directory,
             "strict_readiness": self.strict_readiness,
             "exit_on_error": self.exit_on_error,
             "exit_timeout_secs": self.exit_timeout_secs,
@@ -686,6 +691,7 @@ _ARG_NAMES = {
     "repository_poll_secs",
     "model_config_name",
     "disable_auto_complete_config",
+    "backend_directory",
     "strict_readiness",
     "exit_on_error",
     "exit_timeout_secs",

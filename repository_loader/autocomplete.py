@@ -86,8 +86,9 @@ class TensorSignature:
 def complete(
     config: pb.ModelConfig, model_file: Callable[[], Path], *, has_config_file: bool
 ) -> pb.ModelConfig:
-    """Complete ``config`` for its backend; ``model_file`` gives the latest version's model file."""
-    backend = platforms.backend_for(config.platform, config.backend)
+    """Complete ``config`` for its backend; ``model_file`` gives the latest version's model file (a
+    Python-based backend's ``model.py``, whose ``auto_complete_config`` completes it)."""
+    backend = platforms.effective_backend(config)
     if backend == "pytorch" and not has_config_file:
         raise ConfigError(
             f"model '{config.name}': a TorchScript model needs a config.pbtxt listing its inputs and "

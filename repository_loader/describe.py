@@ -32,8 +32,11 @@ _Control = pb.ModelSequenceBatching.Control
 _FLAG_VALUE_TYPES = (("int32_false_true", "INT32"), ("fp32_false_true", "FP32"), ("bool_false_true", "BOOL"))
 
 
-def describe(config: pb.ModelConfig, path: Path, versions: Iterable[int]) -> ModelDescription:
-    """The description of a model whose ``config`` passed validation."""
+def describe(
+    config: pb.ModelConfig, path: Path, versions: Iterable[int], python_runtime: Path | None = None
+) -> ModelDescription:
+    """The description of a model whose ``config`` passed validation (``python_runtime``: the
+    ``model.py`` of the Python-based backend it names)."""
     backend = config.backend if config.platform != platforms.ENSEMBLE else ""
     return ModelDescription(
         name=config.name,
@@ -58,6 +61,7 @@ def describe(config: pb.ModelConfig, path: Path, versions: Iterable[int]) -> Mod
         response_cache=config.response_cache.enable,
         optimization=frozen_mapping(config_to_json(config).get("optimization", {})),
         config_json=frozen_mapping(config_to_json(config)),
+        python_runtime=str(python_runtime) if python_runtime is not None else "",
     )
 
 

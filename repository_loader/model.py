@@ -214,12 +214,18 @@ class ModelDescription:
     # versions an earlier description of the model served and this one does not: Triton keeps them
     # known, so a request for one is "not at ready state" rather than "not found"
     retired_versions: tuple[int, ...] = field(default=(), compare=False)
+    # a Python-based backend's model.py (``<backend directory>/<backend>/model.py``): the Python backend
+    # runs the model with it, where ``backend`` names the Python-based backend
+    python_runtime: str = ""
 
     @property
     def kind(self) -> str:
-        """The backend that executes this model ("ensemble" for ensembles)."""
+        """The backend that executes this model ("ensemble" for ensembles, "python" for a model of a
+        Python-based backend)."""
         if self.platform == "ensemble":
             return "ensemble"
+        if self.python_runtime:
+            return "python"
         return self.backend or _BACKEND_OF_PLATFORM.get(self.platform, self.platform)
 
     @property

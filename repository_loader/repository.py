@@ -92,6 +92,7 @@ def load_repository(
     config_name: str | None = None,
     auto_complete: bool = True,
     cache_dir: str | Path | None = None,
+    backend_directory: str | Path | None = platforms.DEFAULT_BACKEND_DIRECTORY,
 ) -> RepositoryState:
     """Load every model of the repository at ``path``: a folder or a URL as Triton writes it
     (``s3://bucket/path``, ``s3://host:port/bucket/path``, ``gs://bucket/path``,
@@ -99,9 +100,16 @@ def load_repository(
 
     A remote model's selected versions are copied under ``cache_dir`` (default: the storage
     layer's), so every description's ``path`` is local. Raises :class:`NotFound` when the
-    repository itself is missing; problems of a model land in ``RepositoryState.failed``.
+    repository itself is missing; problems of a model land in ``RepositoryState.failed``. A model whose
+    ``backend`` is none of this server's runs on the Python backend where ``backend_directory`` holds
+    ``<backend>/model.py`` (Triton's Python-based backends).
     """
-    loader = _Loader(*open_storage(path, cache_dir), config_name=config_name, auto_complete=auto_complete)
+    loader = _Loader(
+        *open_storage(path, cache_dir),
+        config_name=config_name,
+        auto_complete=auto_complete,
+        backend_directory=backend_directory,
+    )
     for name in loader.model_names():
         loader.load(name)
     return loader.state
@@ -115,6 +123,7 @@ def load_model(
     auto_complete: bool = True,
     cache_dir: str | Path | None = None,
     elsewhere: Callable[[str, str], ModelDescription | None] | None = None,
+    backend_directory: str | Path | None = platforms.DEFAULT_BACKEND_DIRECTORY,
 ) -> ModelDescription:
     """Load one model (and, for an ensemble, the models its steps name) of a repository
     given as :func:`load_repository` takes it. ``elsewhere`` describes a step model (its name, and
@@ -125,7 +134,10 @@ def load_model(
     listing every problem of a broken one.
     """
     loader = _Loader(
-        *open_storage(repository, cache_dir), config_name=config_name, auto_complete=auto_complete
+        *open_storage(repository, cache_dir),
+        config_name=config_name,
+        auto_complete=auto_complete,
+        backend_directory=backend_directory,
     )
     loader.elsewhere = elsewhere
     if name not in loader.model_names():
@@ -144,13 +156,23 @@ class _Prepared:
     findings: Findings
     path: Path
     versions: list[int]
+    python_runtime: Path | None = None  # a Python-based backend's model.py
 
 
 class _Loader:
     """Loads models of one repository, each once, remembering results."""
 
-    def __init__(self, storage: Storage, root: str, *, config_name: str | None, auto_complete: bool) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        root: str,
+        *,
+        config_name: str | None,
+        auto_complete: bool,
+        backend_directory: str | Path | None = platforms.DEFAULT_BACKEND_DIRECTORY,
+    ) -> None:
         self.storage = storage
+        self.backend_directory = backend_directory
         self.root = root
         self.config_name = config_name
         self.auto_complete = auto_complete
@@ -190,13 +212,15 @@ class _Loader:
             self._warn(warning)
         description = None
         if not prepared.findings:
-            description = describe(prepared.config, prepared.path, prepared.versions)
+            description = describe(prepared.config, prepared.path, prepared.versions, prepared.python_runtime)
             if description.is_ensemble:
                 self._check_ensemble(description, prepared.findings)
                 if not prepared.findings and self._has_decoupled_step(description):
                     # Triton makes an ensemble with a decoupled step (at any depth) decoupled itself
                     prepared.config.model_transaction_policy.decoupled = True
-                    description = describe(prepared.config, prepared.path, prepared.versions)
+                    description = describe(
+                        prepared.config, prepared.path, prepared.versions, prepared.python_runtime
+                    )
         if prepared.findings or description is None:
             self.state.failed[name] = prepared.findings.errors
             return
@@ -261,6 +285,7 @@ class _Loader:
         unselected = {str(v) for v in available if v not in versions}
         local_dir = self.storage.localize(model_dir, exclude=unselected)
         normalize_platform(config)
+        runtime = self._python_runtime(config, findings)
         if self.auto_complete:
             latest = local_dir / str(versions[-1]) if versions else None
             detect_backend(
@@ -269,18 +294,32 @@ class _Loader:
             if versions and not findings:
                 config = complete(
                     config,
-                    lambda: self._model_file(config, local_dir, versions[-1]),
+                    lambda: runtime or self._model_file(config, local_dir, versions[-1]),
                     has_config_file=has_file,
                 )
         normalize_instance_groups(config)
         files = ModelFiles(exists=lambda rel: (local_dir / rel).exists())
         validate_config(config, findings, files)
         self._check_outputs_listed(config, findings)
-        if config.platform != platforms.ENSEMBLE and not findings:
+        if config.platform != platforms.ENSEMBLE and runtime is None and not findings:
             self._check_model_files(config, local_dir, versions, findings)
         if not available:
             findings.add("versions", "no version folder found (expected numeric folders such as '1')")
-        return _Prepared(config, findings, local_dir, versions)
+        return _Prepared(config, findings, local_dir, versions, runtime)
+
+    def _python_runtime(self, config: pb.ModelConfig, findings: Findings) -> Path | None:
+        """A Python-based backend's ``model.py`` for ``config`` (its ``runtime`` filled in as Triton fills
+        it); a ``.py`` runtime the backend directory does not hold is an error."""
+        runtime = platforms.python_based_runtime(config, self.backend_directory)
+        if runtime is not None:
+            config.runtime = config.runtime or platforms.PYTHON_BASED_RUNTIME
+        elif config.runtime.endswith(".py") and config.backend not in platforms.SUPPORTED_BACKENDS:
+            findings.add(
+                "runtime",
+                f"Python-based backend '{config.backend}': no '{config.runtime}' in "
+                f"'{self.backend_directory}/{config.backend}'",
+            )
+        return runtime
 
     def _read_config(self, name: str, model_dir: str) -> tuple[pb.ModelConfig, str, bool]:
         for candidate in config_path_candidates(model_dir, self.config_name, self.storage.join):
@@ -301,7 +340,7 @@ class _Loader:
 
     @staticmethod
     def _model_file(config: pb.ModelConfig, local_dir: Path, version: int) -> Path:
-        backend = platforms.backend_for(config.platform, config.backend)
+        backend = platforms.effective_backend(config)
         filename = config.default_model_filename or platforms.default_model_filename(backend)
         return local_dir / str(version) / filename
 
@@ -322,7 +361,7 @@ class _Loader:
 
     @staticmethod
     def _check_outputs_listed(config: pb.ModelConfig, findings: Findings) -> None:
-        backend = platforms.backend_for(config.platform, config.backend)
+        backend = platforms.effective_backend(config)
         if backend in ("onnxruntime", "pytorch", "tensorrt") and not config.output:
             hint = " (or let auto-complete read them from the model file)" if backend == "onnxruntime" else ""
             findings.add("output", f"the model lists no outputs: list them in the config{hint}")

@@ -5,8 +5,8 @@ instead. ``WARN`` fields leave a model's results unchanged (a cache, a
 scheduler hint, a memory or GPU tuning knob): the model loads, and a warning
 naming the field goes to the log and to ``triton-serve validate``. ``FAIL``
 fields would change what the model computes or what it receives if ignored
-(batch inputs/outputs, repository agents that decrypt or transform files,
-iterative sequences): the model does not load.
+(batch inputs/outputs, repository agents that decrypt or transform files):
+the model does not load.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ UNIMPLEMENTED: tuple[Unimplemented, ...] = (
         "runtime",
         Policy.WARN,
         "backend runtimes are not selectable; the backend's built-in runtime is used",
-        lambda c: bool(c.runtime),
+        lambda c: bool(c.runtime) and not platforms.is_python_based(c),
     ),
     Unimplemented(
         "ensemble_scheduling.max_inflight_requests",

@@ -100,7 +100,7 @@ def check_identity(config: pb.ModelConfig, findings: Findings) -> None:
     platform, backend = config.platform, config.backend
     if platform and platform not in platforms.SUPPORTED_PLATFORMS:
         findings.add("platform", _unsupported("platform", platform, platforms.TRITON_ONLY_PLATFORMS))
-    if backend and backend not in platforms.SUPPORTED_BACKENDS:
+    if backend and backend not in platforms.SUPPORTED_BACKENDS and not platforms.is_python_based(config):
         findings.add("backend", _unsupported("backend", backend, platforms.TRITON_ONLY_BACKENDS))
     expected = platforms.PLATFORM_BACKEND.get(platform)
     if expected and backend and backend != expected:
@@ -126,9 +126,14 @@ def check_identity(config: pb.ModelConfig, findings: Findings) -> None:
 def _unsupported(what: str, name: str, triton_only: frozenset[str]) -> str:
     supported = platforms.SUPPORTED_PLATFORMS if what == "platform" else platforms.SUPPORTED_BACKENDS
     choices = ", ".join(sorted(supported))
+    python_based = (
+        ""
+        if what == "platform"
+        else f", or a Python-based backend's {name}/model.py in the backend directory"
+    )
     if name in triton_only:
-        return f"{what} '{name}' is not supported by this server (supported: {choices})"
-    return f"unknown {what} '{name}' (supported: {choices})"
+        return f"{what} '{name}' is not supported by this server (supported: {choices}{python_based})"
+    return f"unknown {what} '{name}' (supported: {choices}{python_based})"
 
 
 # --- scheduling ---------------------------------------------------------------
@@ -172,7 +177,7 @@ def _group_label(config: pb.ModelConfig, index: int, group: pb.ModelInstanceGrou
 
 def check_instance_groups(config: pb.ModelConfig, findings: Findings) -> None:
     """Triton's ``ValidateInstanceGroup`` (GPU availability is the deployment plan's to judge)."""
-    backend = platforms.backend_for(config.platform, config.backend)
+    backend = platforms.effective_backend(config)
     check_unique((g.name for g in config.instance_group), "instance_group", findings)
     for index, group in enumerate(config.instance_group):
         where = f"instance_group[{index}]" + (f" '{group.name}'" if group.name else "")
@@ -332,7 +337,7 @@ def check_version_policy(config: pb.ModelConfig, findings: Findings) -> None:
 
 def check_transaction_and_cache(config: pb.ModelConfig, findings: Findings) -> None:
     decoupled = config.model_transaction_policy.decoupled
-    backend = platforms.backend_for(config.platform, config.backend)
+    backend = platforms.effective_backend(config)
     if decoupled and config.platform != platforms.ENSEMBLE and backend not in platforms.DECOUPLED_BACKENDS:
         findings.add(
             "model_transaction_policy.decoupled", f"backend '{backend}' does not support decoupled models"

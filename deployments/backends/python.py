@@ -202,7 +202,11 @@ class PythonBackend(Backend):
         super().__init__(context)
         self._output_names = [o.name for o in self.model.outputs]
         self._host_inputs = True
-        self._bridge = BlsBridge(context.executor, model_name=self.model.name)
+        self._bridge = BlsBridge(
+            context.executor,
+            model_name=self.model.name,
+            model_dir=str(self.model.version_path(context.version)),
+        )
         self._pool: ThreadPoolExecutor | None = None
         self._instance: Any = None
 
@@ -232,6 +236,10 @@ class PythonBackend(Backend):
             "model_version": str(ctx.version),
             "model_name": self.model.folder_name,
         }
+
+    def model_path(self) -> Path:
+        """The ``model.py`` to run: the version's own, or the Python-based backend's."""
+        return Path(self.model.python_runtime) if self.model.python_runtime else super().model_path()
 
     def load(self) -> None:
         self._host_inputs = host_inputs_only(self.model)

@@ -90,5 +90,5 @@ def backend_class(name: str, model_name: str = "") -> type[Backend]:
 def create_backend(context: BackendContext) -> Backend:
     """A backend instance for ``context.model`` (not loaded yet: call ``load()``)."""
     model = context.model
-    name = backend_name(model.backend, model.platform)
+    name = "python" if model.python_runtime else backend_name(model.backend, model.platform)
     return backend_class(name, model.name)(context)

@@ -49,6 +49,7 @@ class ModelLoader(Registry):
                 name,
                 config_name=None if overlay is not None else self.settings.model_config_name,
                 auto_complete=self.settings.auto_complete,
+                backend_directory=self.settings.backend_directory,
                 elsewhere=lambda step, space: self._read_elsewhere(step, space, source, {name}),
             )
         except ModelLoadError as exc:
@@ -132,6 +133,7 @@ class ModelLoader(Registry):
                 name,
                 config_name=self.settings.model_config_name,
                 auto_complete=self.settings.auto_complete,
+                backend_directory=self.settings.backend_directory,
                 elsewhere=lambda step, space: self._read_elsewhere(step, space, repo, seen | {name}),
             )
         except (ModelLoadError, ServerError):

@@ -133,6 +133,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--disable-auto-complete-config", action="store_true")
     p.add_argument(
+        "--backend-directory",
+        default=None,
+        help="where a Python-based backend's <name>/model.py is found (Triton's flag; "
+        "default /opt/tritonserver/backends)",
+    )
+    p.add_argument(
         "--strict-readiness",
         default=None,
         help="false: ready once started, whatever the models' state (Triton's flag; default true)",
@@ -256,6 +262,7 @@ def server_args(args: argparse.Namespace) -> dict[str, Any]:
         "http_header_forward_pattern": args.http_header_forward_pattern,
         "grpc_header_forward_pattern": args.grpc_header_forward_pattern,
         "model_config_name": args.model_config_name,
+        "backend_directory": args.backend_directory,
         "model_namespacing": args.model_namespacing,
         "disable_auto_complete_config": args.disable_auto_complete_config
         or _true(args.strict_model_config, "--strict-model-config"),
@@ -291,7 +298,6 @@ def server_args(args: argparse.Namespace) -> dict[str, Any]:
 NO_EFFECT: dict[str, str] = {
     "--backend-config": "backends run in the model replica's own process (no stub, no shared-memory "
     "pool to size); thread counts come from each model's config parameters",
-    "--backend-directory": "the backends are this server's own (ONNX Runtime, PyTorch, TensorRT, Python)",
     "--repoagent-directory": "repository agents are not run",
     "--cache-directory": "remote repositories are copied to the storage layer's folder",
     "--pinned-memory-pool-byte-size": "tensors are not staged through a pinned pool",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -19,6 +20,8 @@ from tests.serve.streaming_models import add_streaming_models
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "model_repository"
 BLS_MODELS = ROOT / "tests" / "backends" / "python_models"
+# the backend directory of the shared server: the Python-based backend ``add_sub`` (tests/backends)
+PYTHON_BACKENDS = ROOT / "tests" / "backends" / "python_backends"
 SESSION_EXIT_TIMEOUT_S = 7.0  # the shared server's exit_timeout_secs (above Serve's 6 s floor)
 
 IDENTITY_PY = textwrap.dedent(
@@ -202,6 +205,11 @@ def build_test_repository(root: Path) -> Path:
     add_python_api_models(repo)
     add_streaming_models(repo)
     _python_api_e2e_models(repo)
+    # two models on the Python-based backend add_sub: no model.py of their own, only their model.json
+    for name, operation in (("based_add", "add"), ("based_sub", "sub")):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.json").write_text(json.dumps({"operation": operation}))
+        (repo / name / "config.pbtxt").write_text('backend: "add_sub"\nmax_batch_size: 8\n')
     for name in SESSION_POOLED:
         with (repo / name / "config.pbtxt").open("a") as config:
             config.write(POOLED_PARAMETER)
@@ -472,6 +480,7 @@ def server_url(test_repository: Path, session_ports: dict[str, int]) -> Iterator
             "grpc_port": session_ports["grpc"],
             "model_control_mode": "explicit",
             "load_model": ["*"],
+            "backend_directory": str(PYTHON_BACKENDS),
             "exit_on_error": False,  # broken_config and failing_init are meant to fail
             "cache_config": ["local,size=1048576"],
             **SESSION_HOSTS,

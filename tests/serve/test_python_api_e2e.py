@@ -511,3 +511,29 @@ def test_bls_arguments_reach_the_target(
     while not path.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert path.exists(), "the timed-out BLS stream was not cancelled in the target"
+
+
+def test_python_based_backend_models_over_http_and_grpc(
+    client: httpclient.InferenceServerClient, grpc_url: str
+) -> None:
+    # based_add and based_sub have no model.py: both run the backend directory's add_sub/model.py,
+    # each with its own version folder's model.json (read through pb_utils.get_model_dir())
+    a = np.arange(8, dtype=np.float32).reshape(2, 4)
+    b = np.full((2, 4), 3, dtype=np.float32)
+    for name, expected in (("based_add", a + b), ("based_sub", a - b)):
+        result = client.infer(name, [_input("INPUT0", a, "FP32"), _input("INPUT1", b, "FP32")])
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT"), expected)
+        with grpcclient.InferenceServerClient(grpc_url) as grpc:
+            inputs = [
+                grpcclient.InferInput("INPUT0", [2, 4], "FP32"),
+                grpcclient.InferInput("INPUT1", [2, 4], "FP32"),
+            ]
+            inputs[0].set_data_from_numpy(a)
+            inputs[1].set_data_from_numpy(b)
+            np.testing.assert_array_equal(grpc.infer(name, inputs).as_numpy("OUTPUT"), expected)
+        config = client.get_model_config(name)
+        # as Triton reports a Python-based backend's model: its backend's name, runtime model.py, and
+        # the inputs and outputs the backend's auto_complete_config added
+        assert config["backend"] == "add_sub" and config["runtime"] == "model.py"
+        assert [t["name"] for t in config["input"]] == ["INPUT0", "INPUT1"]
+        assert [t["name"] for t in config["output"]] == ["OUTPUT"]

@@ -244,7 +244,9 @@ def test_every_tritonserver_flag_is_taken() -> None:
     named = {line.split("=", 1)[0] for line in unapplied_flags(ns)}
     # every flag given that has no effect is named at start (NO_EFFECT also has older releases' flags)
     assert named == {f for f in NO_EFFECT if f.removeprefix("--") in TRITONSERVER_2_51_FLAGS}
-    assert len(named) == 38
+    assert len(named) == 37
+    # Python-based backends are looked for where Triton looks (docs/python_backend.md)
+    assert settings.backend_directory == "/opt/tritonserver/backends"
     # the rate limiter's flags are applied (docs/rate_limiter.md)
     assert settings.rate_limit == "off" and settings.rate_limit_resources == (ResourceLimit("R1", 10),)
     assert settings.model_namespacing is False

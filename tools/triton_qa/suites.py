@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 
+from tools.triton_qa import python_based
+
 
 @dataclass(frozen=True)
 class Edit:
@@ -471,6 +473,19 @@ L0_BACKEND_PYTHON = Suite(
             not_here=(("EnsembleTest.test_ensemble_gpu", "a LibTorch model on a GPU"),),
         ),
         Run(
+            "python_based_backends",
+            f"{python_based.FOLDER}/python_based_backends_test.py",
+            (python_model("add_sub"),),
+            server_args=(
+                f"--backend-directory={{qa}}/L0_backend_python/{python_based.BACKENDS}",
+                "--model-control-mode=explicit",
+                "--log-verbose=1",
+            ),
+            runner="pytest",
+            repository_at=python_based.REPOSITORY,
+            prepare=python_based.prepare,
+        ),
+        Run(
             "io requested outputs",
             "io/io_test.py",
             (python_model("add_sub"), python_model("dlpack_io_identity_decoupled")),
@@ -503,7 +518,7 @@ L0_BACKEND_PYTHON = Suite(
             "checks the repository path against $TRITON_DIR/qa/L0_backend_python/models, a layout of Triton's CI",
         ),
         (
-            "the bls, env, logging, restart, variants, examples and python_based_backends subsets",
+            "the bls, env, logging, restart, variants and examples subsets",
             "not in this runner's table yet",
         ),
     ),

@@ -38,6 +38,7 @@ class BlsBridge:
     loop: asyncio.AbstractEventLoop | None = None
     inline: bool = False  # execute() is running on the loop thread itself
     model_name: str = ""  # the model whose code runs in this context (for its log lines)
+    model_dir: str = ""  # its version's folder (``pb_utils.get_model_dir()``)
 
     def _executor(self) -> ModelExecutor:
         if self.executor is None:

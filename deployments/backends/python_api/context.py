@@ -40,6 +40,18 @@ def current_model_name() -> str:
     return bridge.model_name if bridge is not None else ""
 
 
+def get_model_dir() -> str:
+    """``pb_utils.get_model_dir()``: the folder of the model version whose code runs in this context
+    (``<repository>/<model>/<version>``), also for a model of a Python-based backend, whose
+    ``model.py`` lives in the backend directory."""
+    bridge = _BRIDGE.get() or _default_bridge
+    if bridge is None or not bridge.model_dir:
+        raise TritonModelException(
+            "get_model_dir() is unavailable: no Python model is loaded in this process"
+        )
+    return bridge.model_dir
+
+
 def current_bridge() -> BlsBridge:
     """Where this context's BLS calls go (an error when no Python model is loaded in this process)."""
     bridge = _BRIDGE.get() or _default_bridge
