@@ -47,7 +47,7 @@ from deployments.backends.python_api.response import InferenceResponse
 from deployments.backends.python_api.response_sender import ResponseChannel
 from deployments.inference import InferRequest, InferResponse
 from repository_loader import datatypes
-from repository_loader.errors import InternalError, ServerError, Unavailable, Unsupported
+from repository_loader.errors import InternalError, InvalidArgument, ServerError, Unavailable, Unsupported
 from repository_loader.model import ModelDescription
 
 logger = logging.getLogger(__name__)
@@ -76,6 +76,24 @@ def import_model(path: Path, model_name: str) -> ModuleType:
             f"model '{model_name}': importing {path} failed: {type(error).__name__}: {error}"
         ) from None
     return module
+
+
+def _reschedule_refused(request: InferenceRequest, model_name: str) -> InvalidArgument:
+    """The error of a request its model released with RESCHEDULE where the model's scheduler does not
+    run requests again (only an iterative sequence batcher does)."""
+    return InvalidArgument(
+        "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, but model "
+        f"'{model_name}' is not configured to run requests again: set sequence_batching "
+        f"{{ iterative_sequence: true }} (request '{request.request_id()}')"
+    )
+
+
+def _sequence_gone(request: InferenceRequest, model_name: str) -> InvalidArgument:
+    """The error of a rescheduled request whose iterative sequence went idle while the model held it."""
+    return InvalidArgument(
+        f"inference request for sequence {request.correlation_id()} to model '{model_name}' must specify "
+        "the START flag on the first request of the sequence"
+    )
 
 
 def _plain(value: Any) -> Any:
@@ -387,6 +405,7 @@ class PythonBackend(Backend):
         """
         requests, senders = pb_requests, channels
         while True:
+            scheduled_ns = time.monotonic_ns()
             returned, error = await self._invoke(requests)
             if error is None:
                 error = self._deliver(requests, senders, returned)
@@ -396,10 +415,34 @@ class PythonBackend(Backend):
                     channel.fail(error)
                 return
             again = [i for i, request in enumerate(requests) if request.take_reschedule()]
+            if again and not self._iterative:
+                # Triton's scheduler refuses the release: only iterative sequences run a request again
+                for i in again:
+                    senders[i].fail(_reschedule_refused(requests[i], self.model.name))
+                return
             if not again:
+                return
+            idle_ns = self._idle_ns
+            if idle_ns and time.monotonic_ns() - scheduled_ns > idle_ns:
+                # held past max_sequence_idle_microseconds: the sequence lost its slot meanwhile, and its
+                # request comes back without START, as in Triton's sequence batcher
+                for i in again:
+                    senders[i].fail(_sequence_gone(requests[i], self.model.name))
                 return
             requests = [requests[i] for i in again]
             senders = [senders[i] for i in again]
+
+    @property
+    def _idle_ns(self) -> int:
+        """The sequence idle limit of an iterative model (0: none)."""
+        sequence = self.model.sequence_batching
+        return sequence.max_sequence_idle_microseconds * 1000 if sequence is not None else 0
+
+    @property
+    def _iterative(self) -> bool:
+        """Whether the model may release a request with RESCHEDULE (``sequence_batching { iterative_sequence:
+        true }``, as Triton's Python backend README requires)."""
+        return self.model.sequence_batching is not None and self.model.sequence_batching.iterative
 
     def _deliver(
         self, requests: list[InferenceRequest], channels: list[ResponseChannel], returned: Any

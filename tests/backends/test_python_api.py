@@ -22,6 +22,7 @@ from deployments.backends.python import PythonBackend
 from deployments.backends.registry import create_backend
 from deployments.inference import InferRequest, InferResponse
 from repository_loader.errors import ErrorCode, NotFound, Unavailable
+from repository_loader.model import SequenceBatching
 from tests.backends.helpers import TRITON_INITIALIZE_ARGS, context, describe, request, spec
 
 MODELS = Path(__file__).parent / "python_models"
@@ -331,8 +332,14 @@ async def test_model_exception_fails_the_whole_batch() -> None:
 # --- decoupled ------------------------------------------------------------------------
 
 
-def _reschedule() -> PythonBackend:
-    return _python("reschedule", [spec("IN", "INT32", [1])], [spec("OUT", "INT32", [1])], decoupled=True)
+ITERATIVE = SequenceBatching(iterative=True)  # what Triton requires of a model that reschedules
+
+
+def _reschedule(**kwargs: Any) -> PythonBackend:
+    kwargs.setdefault("sequence_batching", ITERATIVE)
+    return _python(
+        "reschedule", [spec("IN", "INT32", [1])], [spec("OUT", "INT32", [1])], decoupled=True, **kwargs
+    )
 
 
 async def test_rescheduled_request_runs_again_until_released() -> None:
@@ -346,6 +353,37 @@ async def test_rescheduled_request_runs_again_until_released() -> None:
     )
     assert [int(r.outputs["OUT"][0]) for r in responses] == [1, 0, 0]
     assert backend._instance.executions == 5
+    backend.unload()
+
+
+async def test_rescheduling_needs_an_iterative_sequence_model() -> None:
+    # Triton's scheduler refuses a RESCHEDULE release unless the model runs iterative sequences
+    backend = _reschedule(sequence_batching=None)
+    streamed = [r async for r in backend.stream(request("reschedule", IN=np.array([3], np.int32)))]
+    assert [int(r.outputs["OUT"][0]) for r in streamed if r.outputs] == [2]
+    assert streamed[-1].final and streamed[-1].error is not None
+    assert streamed[-1].error.code == ErrorCode.INVALID_ARG
+    assert streamed[-1].error.message.startswith(
+        "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, but model 'reschedule'"
+    )
+    assert backend._instance.executions == 1  # not run again
+    backend.unload()
+
+
+async def test_a_request_held_past_the_idle_limit_comes_back_without_its_sequence() -> None:
+    # Triton's sequence batcher releases the slot of a sequence idle longer than its limit: the
+    # rescheduled request then lacks START, as L0_iterative_sequence's test_reschedule_error expects
+    backend = _reschedule(
+        sequence_batching=SequenceBatching(iterative=True, max_sequence_idle_microseconds=1)
+    )
+    call = request("reschedule", IN=np.array([3], np.int32))
+    call.correlation_id = 42
+    streamed = [r async for r in backend.stream(call)]
+    assert streamed[-1].error is not None and streamed[-1].error.code == ErrorCode.INVALID_ARG
+    assert streamed[-1].error.message == (
+        "inference request for sequence 42 to model 'reschedule' must specify the START flag on the "
+        "first request of the sequence"
+    )
     backend.unload()
 
 

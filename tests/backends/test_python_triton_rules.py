@@ -28,6 +28,7 @@ from deployments.backends.python_api.response_sender import (
 from deployments.backends.registry import create_backend
 from deployments.inference import InferResponse
 from repository_loader.errors import ErrorCode, ServerError
+from repository_loader.model import SequenceBatching
 from tests.backends.helpers import context, describe, python_backend, request, spec
 
 MODELS = Path(__file__).parent / "python_models"
@@ -200,6 +201,7 @@ async def test_response_for_a_rescheduled_request_fails_with_triton_text() -> No
         "python",
         [spec("IN", "INT32", [1])],
         [spec("OUT", "INT32", [1])],
+        sequence_batching=SequenceBatching(iterative=True),
     )
     backend = create_backend(context(model))
     backend.load()
