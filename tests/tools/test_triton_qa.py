@@ -16,6 +16,7 @@ from tools.triton_qa import (
     infer,
     infer_variable,
     infer_zero,
+    iterative_sequence,
     log_settings,
     model_queue,
     model_update,
@@ -885,3 +886,40 @@ def test_model_queue_writes_each_tests_batching_block_on_the_python_identity(tmp
     policy = config.dynamic_batching.priority_queue_policy[2]
     assert policy.default_timeout_microseconds == 11000000 and policy.allow_timeout_override
     assert list(config.dynamic_batching.preferred_batch_size) == [4, 8, 32]
+
+
+def test_iterative_sequence_stand_in_counts_down_as_a_python_based_backend(tmp_path: Path) -> None:
+    import asyncio
+
+    import numpy as np
+
+    from deployments.backends.registry import create_backend
+    from repository_loader import load_model
+    from tests.backends.helpers import context, request
+
+    suite_dir = tmp_path / "qa" / "L0_iterative_sequence"
+    iterative_sequence.prepare(suite_dir, lambda model, folder: None)
+    repo = tmp_path / "models"
+    (repo / "iterative_sequence" / "1").mkdir(parents=True)
+    (repo / "iterative_sequence" / "config.pbtxt").write_text(
+        'backend: "iterative_sequence"\nmax_batch_size: 1\n'
+        'input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        "model_transaction_policy { decoupled: true }\nsequence_batching { iterative_sequence: true }\n"
+    )
+    model = load_model(repo, "iterative_sequence", backend_directory=suite_dir / iterative_sequence.BACKENDS)
+    assert model.kind == "python" and model.decoupled
+    backend = create_backend(context(model))
+    backend.load()
+
+    async def stream() -> list:
+        call = request("iterative_sequence", INPUT=np.array([[2]], dtype=np.int32))
+        call.correlation_id = 7
+        return [r async for r in backend.stream(call)]
+
+    try:
+        responses = asyncio.run(stream())
+    finally:
+        backend.unload()
+    assert [r.outputs["OUTPUT"].tolist() for r in responses] == [[[1]], [[0]]]
+    assert [r.final for r in responses] == [False, True]

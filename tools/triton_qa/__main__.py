@@ -24,6 +24,7 @@ from tools.triton_qa import (  # noqa: F401
     infer_variable,
     infer_zero,
     input_validation,
+    iterative_sequence,
     lifecycle,
     log_settings,
     metrics,

@@ -31,9 +31,7 @@ def prepare(suite_dir: Path, build: Callable[[Any, Path], None]) -> None:
     shutil.rmtree(backends, ignore_errors=True)
     (backends / "add_sub").mkdir(parents=True)
     shutil.copy2(qa / _BACKEND_SOURCE, backends / "add_sub" / "model.py")
-    stub = _tritonserver_python_backend()
-    if stub is not None:
-        (backends / "python").symlink_to(stub, target_is_directory=True)
+    link_python_backend(backends)
     for name, operation, versions in (("add", "add", ("1", "2")), ("sub", "sub", ("1",))):
         shutil.rmtree(repo / name, ignore_errors=True)
         for version in versions:
@@ -50,9 +48,11 @@ def prepare(suite_dir: Path, build: Callable[[Any, Path], None]) -> None:
     )
 
 
-def _tritonserver_python_backend() -> Path | None:
-    """The Python backend of the installed tritonserver (``python -m bench.peers``), if any."""
+def link_python_backend(backends: Path) -> None:
+    """Link the installed tritonserver's Python backend (``python -m bench.peers``) into ``backends``,
+    where tritonserver looks for the stub a Python-based backend runs on (this server ignores it)."""
     from bench.peers import backend_directory
 
     found = backend_directory() / "python"
-    return found if found.is_dir() else None
+    if found.is_dir():
+        (backends / "python").symlink_to(found, target_is_directory=True)
