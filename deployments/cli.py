@@ -27,6 +27,7 @@ from deployments.serve import cli as serve_cli
 from ensembles.graph import build_graph
 from ensembles.placement import EnsemblePlacement, choose_placement, describe_placement
 from repository_loader.errors import ServerError
+from repository_loader.model import ModelDescription
 from repository_loader.plan import ClusterResources, DeploymentPlan, plan_deployments
 from repository_loader.platforms import DEFAULT_BACKEND_DIRECTORY
 from repository_loader.repository import RepositoryState, load_repository
@@ -99,6 +100,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+
+
+def _kind_label(model: ModelDescription) -> str:
+    """The backend that runs ``model``, naming a Python-based backend's file."""
+    if model.python_runtime:
+        return f"{model.backend}: Python-based backend {model.python_runtime}"
+    return model.kind
 
 
 def run_validate(args: argparse.Namespace, out: TextIO | None = None) -> int:
@@ -215,7 +223,7 @@ def format_report(state: RepositoryState, plan: DeploymentPlan, placements: Plac
         model = state.models[name]
         for version in model.versions:
             lines.append(
-                f"OK    {name}  version {version}  [{model.kind}, max_batch_size {model.max_batch_size}]"
+                f"OK    {name}  version {version}  [{_kind_label(model)}, max_batch_size {model.max_batch_size}]"
             )
             lines.extend(_entry_lines(plan, name, version))
         if name in placements.placed:

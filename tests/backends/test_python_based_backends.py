@@ -86,3 +86,17 @@ def test_models_of_one_backend_run_it_each_with_its_own_folder(layout: tuple[Pat
 
     np.testing.assert_array_equal(asyncio.run(infer("add")), a + b)
     np.testing.assert_array_equal(asyncio.run(infer("sub")), a - b)
+
+
+def test_validate_names_the_python_based_backend(layout: tuple[Path, Path]) -> None:
+    import io
+
+    from deployments.cli import build_parser, run_validate
+
+    backends, repo = layout
+    out = io.StringIO()
+    args = build_parser().parse_args(["validate", str(repo), "--backend-directory", str(backends)])
+    assert run_validate(args, out) == 0
+    assert (
+        f"OK    add  version 1  [add_sub: Python-based backend {backends}/add_sub/model.py" in out.getvalue()
+    )
