@@ -84,10 +84,15 @@ class TensorSignature:
 
 
 def complete(
-    config: pb.ModelConfig, model_file: Callable[[], Path], *, has_config_file: bool
+    config: pb.ModelConfig,
+    model_file: Callable[[], Path],
+    *,
+    has_config_file: bool,
+    version_dir: Path | None = None,
 ) -> pb.ModelConfig:
     """Complete ``config`` for its backend; ``model_file`` gives the latest version's model file (a
-    Python-based backend's ``model.py``, whose ``auto_complete_config`` completes it)."""
+    Python-based backend's ``model.py``, whose ``auto_complete_config`` completes it), ``version_dir``
+    that version's folder."""
     backend = platforms.effective_backend(config)
     if backend == "pytorch" and not has_config_file:
         raise ConfigError(
@@ -101,7 +106,7 @@ def complete(
         source = f"{config.name}/{path.parent.name}/{path.name}"
         complete_onnx(config, read_onnx_signature(path, config.name), source)
     elif backend == "python":
-        return complete_python(config, path)
+        return complete_python(config, path, version_dir)
     return config
 
 

@@ -9,6 +9,7 @@ backend passes, offering the same methods.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import importlib.util
 import itertools
@@ -31,6 +32,8 @@ _COMPLETABLE = frozenset(
     {"max_batch_size", "input", "output", "dynamic_batching", "model_transaction_policy"}
 )
 _counter = itertools.count()
+# the version folder of the model whose auto_complete_config runs in this context (``get_model_dir()``)
+COMPLETING_MODEL_DIR: contextvars.ContextVar[str] = contextvars.ContextVar("completing_model_dir", default="")
 _IMPORTING = threading.RLock()  # held while a model.py is imported (see import_model_module)
 
 
@@ -189,8 +192,11 @@ def import_model_module(path: Path, model_name: str) -> ModuleType:
     return module
 
 
-def complete_python(config: pb.ModelConfig, model_file: Path) -> pb.ModelConfig:
-    """Run the model's ``auto_complete_config`` (when it has one) and return the completed config."""
+def complete_python(
+    config: pb.ModelConfig, model_file: Path, model_dir: Path | None = None
+) -> pb.ModelConfig:
+    """Run the model's ``auto_complete_config`` (when it has one) and return the completed config;
+    ``model_dir`` (default: the file's folder) is what ``pb_utils.get_model_dir()`` answers meanwhile."""
     module = import_model_module(model_file, config.name)
     model_class = getattr(module, "TritonPythonModel", None)
     if model_class is None:
@@ -200,12 +206,15 @@ def complete_python(config: pb.ModelConfig, model_file: Path) -> pb.ModelConfig:
         return config
     before = config_to_json(config)
     wrapper = AutoCompleteModelConfig(copy.deepcopy(before))
+    token = COMPLETING_MODEL_DIR.set(str(model_dir or model_file.parent))
     try:
         result = hook(wrapper)
     except Exception as exc:
         raise ConfigError(
             f"model '{config.name}': auto_complete_config failed: {type(exc).__name__}: {exc}"
         ) from None
+    finally:
+        COMPLETING_MODEL_DIR.reset(token)
     if not isinstance(result, AutoCompleteModelConfig):
         raise ConfigError(
             f"model '{config.name}' ({model_file.parent.name}/{model_file.name}): auto_complete_config: "

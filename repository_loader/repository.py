@@ -296,6 +296,7 @@ class _Loader:
                     config,
                     lambda: runtime or self._model_file(config, local_dir, versions[-1]),
                     has_config_file=has_file,
+                    version_dir=local_dir / str(versions[-1]),
                 )
         normalize_instance_groups(config)
         files = ModelFiles(exists=lambda rel: (local_dir / rel).exists())

@@ -52,6 +52,13 @@ def test_a_repository_of_python_based_models_loads(layout: tuple[Path, Path]) ->
     assert not state.failed and {m.kind for m in state.models.values()} == {"python"}
 
 
+def test_auto_complete_config_reads_the_models_own_folder(layout: tuple[Path, Path]) -> None:
+    backends, repo = layout
+    assert load_model(repo, "add", backend_directory=backends).max_batch_size == 0
+    (repo / "add" / "1" / "model.json").write_text(json.dumps({"operation": "add", "batching": True}))
+    assert load_model(repo, "add", backend_directory=backends).max_batch_size == 8
+
+
 def test_without_the_backend_the_model_fails_naming_the_backend_directory(layout: tuple[Path, Path]) -> None:
     _, repo = layout
     state = load_repository(repo, backend_directory=repo.parent / "elsewhere")

@@ -14,6 +14,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from deployments.backends.python_api.errors import TritonModelException
+from repository_loader.python_autocomplete import COMPLETING_MODEL_DIR
 
 if TYPE_CHECKING:
     from deployments.backends.python_api.bls import BlsBridge
@@ -44,6 +45,9 @@ def get_model_dir() -> str:
     """``pb_utils.get_model_dir()``: the folder of the model version whose code runs in this context
     (``<repository>/<model>/<version>``), also for a model of a Python-based backend, whose
     ``model.py`` lives in the backend directory."""
+    completing = COMPLETING_MODEL_DIR.get()  # auto_complete_config runs while the repository is read
+    if completing:
+        return completing
     bridge = _BRIDGE.get() or _default_bridge
     if bridge is None or not bridge.model_dir:
         raise TritonModelException(

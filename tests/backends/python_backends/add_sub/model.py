@@ -17,6 +17,10 @@ class TritonPythonModel:
                 config.add_input({"name": name, "data_type": "TYPE_FP32", "dims": [4]})
         if not config.as_dict()["output"]:
             config.add_output({"name": "OUTPUT", "data_type": "TYPE_FP32", "dims": [4]})
+        # the model's own settings are readable here too, as Triton's stub offers get_model_dir()
+        with open(os.path.join(pb_utils.get_model_dir(), "model.json")) as f:
+            if json.load(f).get("batching"):
+                config.set_max_batch_size(8)
         return config
 
     def initialize(self, args):
