@@ -9,7 +9,7 @@ import pytest
 from deployments.settings import ServerSettings
 from repository_loader import load_repository
 from repository_loader.plan import ClusterResources, plan_deployments
-from tests.serve.conftest import SESSION_EXIT_TIMEOUT_S, SESSION_HOSTS, SESSION_POOLED
+from tests.serve.conftest import PYTHON_BACKENDS, SESSION_EXIT_TIMEOUT_S, SESSION_HOSTS, SESSION_POOLED
 
 pytestmark = pytest.mark.serve
 
@@ -23,7 +23,7 @@ def test_deployed_serve_options_equal_the_plan(server_url: str, tmp_path: Path) 
     # the models deployed at start have the entries of the plan of the repository the server started
     # with, on this cluster (other tests add models to the shared repository later): every entry of
     # every model (one per instance group), each its own application
-    initial = load_repository(str(build_test_repository(tmp_path))).models
+    initial = load_repository(str(build_test_repository(tmp_path)), backend_directory=PYTHON_BACKENDS).models
     hosts = ServerSettings.from_args({"model_repository": str(tmp_path), **SESSION_HOSTS}).host_policy
     plan = plan_deployments(initial, ClusterResources(num_cpus=2), hosts=hosts)
     started = [name for name in deployed if plan.entry(name) is not None]
