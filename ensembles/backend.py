@@ -38,7 +38,7 @@ from deployments.runtime.router import Router
 from deployments.tensors import Tensor, as_framework, is_host
 from ensembles.graph import StepNode, build_graph
 from ensembles.placement import EnsemblePlacement, choose_placement
-from ensembles.scheduler import EnsembleScheduler
+from ensembles.scheduler import EnsembleScheduler, StepTiming
 from repository_loader.errors import Unavailable
 from repository_loader.model import InstanceKind, ModelDescription
 
@@ -91,6 +91,7 @@ class EnsembleBackend(Backend):
         self._scheduler: EnsembleScheduler | None = None
         self._hosted: dict[str, ModelRuntime] = {}
         self.placement: EnsemblePlacement | None = None
+        self.failed_steps = 0  # step requests that failed: Triton counts them as the ensemble's failures too
 
     def load(self) -> None:
         if self.context.executor is None:
@@ -104,7 +105,12 @@ class EnsembleBackend(Backend):
             Router(self._hosted, remote=self.context.executor),
             handoff=self._hand_on,
             inline_nested=self.placement is not None and self.placement.hosted is not None,
+            on_step=self._on_step,
         )
+
+    def _on_step(self, timing: StepTiming) -> None:
+        if not timing.success:
+            self.failed_steps += 1
 
     async def start(self) -> None:
         """Load the hosted group's models in this process; on failure, close those already loaded."""

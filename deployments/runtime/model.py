@@ -131,6 +131,21 @@ class VersionRuntime:
         # docs: config ``response_cache`` (the process's cache, where the server configured one)
         self.cache = response_cache.current() if model.response_cache else None
 
+    def _count_failure(self, reason: str) -> None:
+        """One failed request, by Triton's reason; an ensemble's are ``OTHER``, as Triton labels them."""
+        if self.model.is_ensemble:
+            reason = "OTHER"
+        self.failures[reason] = self.failures.get(reason, 0) + 1
+
+    def failure_counts(self) -> dict[str, int]:
+        """Failed requests by reason (``nv_inference_request_failure``). An ensemble's count, as
+        Triton's, also holds each failed request of its steps (``OTHER``)."""
+        counts = dict(self.failures)
+        failed_steps = getattr(self.backend, "failed_steps", 0)
+        if failed_steps:
+            counts["OTHER"] = counts.get("OTHER", 0) + failed_steps
+        return counts
+
     @property
     def pending(self) -> int:
         """Requests waiting for execution (Triton's ``nv_inference_pending_request_count``)."""
@@ -311,7 +326,7 @@ class VersionRuntime:
             self.stats.record_request(ok, duration)
             self._metrics.request(self._tags, ok, duration)
             if not ok:
-                self.failures[reason] = self.failures.get(reason, 0) + 1
+                self._count_failure(reason)
 
     async def infer_stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
         """Check ``request``, then every response the backend streams for it (the last ``final``).
@@ -366,7 +381,7 @@ class VersionRuntime:
             self.stats.record_request(ok, duration)
             self._metrics.request(self._tags, ok, duration)
             if not ok:
-                self.failures[reason] = self.failures.get(reason, 0) + 1
+                self._count_failure(reason)
 
     async def warmup(self) -> None:
         for request in warmup_requests(self.model, self.version):
@@ -617,7 +632,7 @@ class ModelRuntime:
         requests and failures by reason per version, whether it caches, and the recent durations."""
         snapshot: dict[str, Any] = {
             "pending": {str(v): r.pending for v, r in self.versions.items()},
-            "failures": {str(v): dict(r.failures) for v, r in self.versions.items()},
+            "failures": {str(v): r.failure_counts() for v, r in self.versions.items()},
             "response_cache": any(r.cache is not None for r in self.versions.values()),
         }
         windows = {str(v): r.stats.window for v, r in self.versions.items() if r.stats.window is not None}

@@ -319,3 +319,30 @@ def test_hand_on_gives_each_backend_its_framework_without_copies() -> None:
     assert hand_on(torch_model, strings) is strings
     assert consumer_framework(python_model, array) is None
     assert consumer_framework(onnx_model, as_torch) == "numpy"
+
+
+async def test_an_ensembles_failures_count_its_failed_steps_as_other() -> None:
+    # Triton labels an ensemble's failures OTHER, and counts each failed request of its steps there
+    # too (L0_model_queue's test_policy_reject: a step's queue timeout is 2 for the ensemble)
+    from repository_loader.errors import Rejected
+
+    vec = ("FP32", (4,))
+    one = model("one", [("X", *vec)], [("Y", *vec)])
+    ens = ensemble("pipe", [("IN", *vec)], [("OUT", *vec)], [step("one", {"X": "IN"}, {"Y": "OUT"})])
+    outer = NumpyExecutor({})
+
+    def refuse(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if float(inputs["X"][0]) < 0:
+            raise Rejected("Request timeout expired")
+        return {"Y": inputs["X"]}
+
+    outer.add("one", refuse)
+    runtime = ModelRuntime(ens, executor=outer, composing={"one": one})
+    await runtime.load()
+    try:
+        for value in (1.0, -1.0, -1.0):
+            response = await runtime.infer(InferRequest("pipe", {"IN": np.full(4, value, dtype=np.float32)}))
+            assert (response.error is None) == (value > 0)
+        assert runtime.request_metrics()["failures"] == {"1": {"OTHER": 4}}
+    finally:
+        await runtime.close()
