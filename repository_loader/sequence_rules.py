@@ -108,12 +108,7 @@ def _check_strategy(
 ) -> None:
     strategy = seq.WhichOneof("strategy_choice")
     if strategy == "oldest":
-        oldest = seq.oldest
-        if oldest.max_candidate_sequences < 1:
-            findings.add(
-                "sequence_batching.oldest.max_candidate_sequences",
-                f"must be >= 1, got {oldest.max_candidate_sequences}",
-            )
+        oldest = seq.oldest  # max_candidate_sequences 0 (left out): a batch's worth (the runtime's settings)
         for size in oldest.preferred_batch_size:
             where = "sequence_batching.oldest.preferred_batch_size"
             if size <= 0:

@@ -27,6 +27,29 @@ _FILE_KEY = re.compile(r"file:([0-9]+/[A-Za-z0-9_.\-]+(?:/[A-Za-z0-9_.\-]+)*)")
 PREFIX = "triton-serve-overrides-"
 
 
+_BARE_KEY = re.compile(r"([{,]\s*)([A-Za-z_][A-Za-z0-9_]*)(\s*:)")
+
+
+def _config_json(text: str | bytes) -> Any:
+    """The ``config`` parameter's JSON, read as Triton reads it: protobuf's JSON parser also takes an
+    object key without quotes (``{ direct: { } }``, as Triton's own tests send). Keys are quoted only
+    outside string values."""
+    raw = text.decode() if isinstance(text, bytes) else text
+    try:
+        return json.loads(raw)
+    except ValueError as first:
+        pieces = re.split(r'("(?:[^"\\]|\\.)*")', raw)  # string literals at the odd indices
+        quoted = "".join(
+            piece if i % 2 else _BARE_KEY.sub(r'\1"\2"\3', piece) for i, piece in enumerate(pieces)
+        )
+        if quoted == raw:
+            raise first from None
+        try:
+            return json.loads(quoted)
+        except ValueError:
+            raise first from None
+
+
 def parse_overrides(
     parameters: Mapping[str, Any], allow_upload: bool
 ) -> tuple[dict[str, Any] | None, dict[str, bytes]]:
@@ -37,7 +60,7 @@ def parse_overrides(
     for key, value in parameters.items():
         if key == "config":
             try:
-                doc = json.loads(value) if isinstance(value, (str, bytes)) else value
+                doc = _config_json(value) if isinstance(value, (str, bytes)) else value
             except ValueError as exc:
                 raise InvalidArgument(f"failed to parse the 'config' parameter as JSON: {exc}") from None
             if not isinstance(doc, dict):

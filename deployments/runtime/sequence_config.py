@@ -82,7 +82,10 @@ class SequenceSettings:
             controls={c.kind: (c.input_name, c.datatype, tuple(c.values)) for c in seq.controls},
             states=tuple(_state(model, s) for s in raw.get("state") or ()),
             minimum_slot_utilization=float(direct.get("minimum_slot_utilization") or 0.0),
-            max_candidate_sequences=max(int(seq.max_candidate_sequences), 1),
+            # 0 (left out): as many candidates as a batch holds, at least 1, as Triton's sequence batcher
+            max_candidate_sequences=int(seq.max_candidate_sequences)
+            if seq.max_candidate_sequences > 0
+            else max(model.max_batch_size, 1),
             preferred_batch_size=tuple(int(p) for p in oldest.get("preferred_batch_size") or ()),
             preserve_ordering=bool(oldest.get("preserve_ordering", False)),
             instances=replica_instances(model),

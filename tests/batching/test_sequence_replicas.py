@@ -679,3 +679,23 @@ async def _stress(model: Any, count: int, seed: int, clients: int = 4, sequences
             await runtime.close()
     assert wrong == []
     assert sum(router.lent_count for router in owners.routers.values()) > 0  # the pattern made owners lend
+
+
+def test_oldest_without_a_candidate_count_takes_a_batchs_worth() -> None:
+    # Triton's sequence batcher: max_candidate_sequences left out (0) means max_batch_size candidates
+    from repository_loader.config import parse_config
+    from repository_loader.describe import describe
+    from repository_loader.findings import Findings
+    from repository_loader.sequence_rules import check_sequence_batching
+
+    config = parse_config(
+        'name: "m"\nbackend: "python"\nmax_batch_size: 4\n'
+        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        "sequence_batching { oldest { } }\n"
+    )
+    findings = Findings("m", "config.pbtxt")
+    check_sequence_batching(config, findings)
+    assert not findings.errors
+    model = describe(config, Path("/m"), [1])
+    assert SequenceSettings.from_model(model).max_candidate_sequences == 4

@@ -877,3 +877,16 @@ def test_restricted_api_groups_need_their_header(tmp_path: Path) -> None:
     for bad in ("model-repository", "model-repository:key", "nope:k=v", ":k=v"):
         with pytest.raises(SettingsError):
             RestrictedApi.parse(bad)
+
+
+def test_a_config_override_may_leave_object_keys_unquoted() -> None:
+    # Triton reads the load API's config with protobuf's JSON parser, which takes bare keys
+    # (L0_iterative_sequence's test_backlog_fill sends `direct: { ... }`); text in strings stays as sent
+    from deployments.control.overlay import parse_overrides
+
+    config, _ = parse_overrides(
+        {"config": '{"sequence_batching": {"iterative_sequence": true, direct: {"x": "a, b: c"}}}'}, False
+    )
+    assert config == {"sequence_batching": {"iterative_sequence": True, "direct": {"x": "a, b: c"}}}
+    with pytest.raises(InvalidArgument, match="failed to parse the 'config' parameter as JSON: Expecting"):
+        parse_overrides({"config": '{"a": }'}, False)
