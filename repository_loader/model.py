@@ -226,7 +226,7 @@ class ModelDescription:
             return "ensemble"
         if self.python_runtime:
             return "python"
-        return self.backend or _BACKEND_OF_PLATFORM.get(self.platform, self.platform)
+        return self.backend or PLATFORM_BACKEND.get(self.platform, self.platform)
 
     @property
     def is_ensemble(self) -> bool:
@@ -259,7 +259,9 @@ class ModelDescription:
         return next((t for t in self.outputs if t.name == name), None)
 
 
-_BACKEND_OF_PLATFORM = {
+# platform -> the backend that runs it, for the platforms this server runs (one home: platforms.py
+# and the backend registry read it from here)
+PLATFORM_BACKEND: dict[str, str] = {
     "onnxruntime_onnx": "onnxruntime",
     "pytorch_libtorch": "pytorch",
     "tensorrt_plan": "tensorrt",

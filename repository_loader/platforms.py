@@ -4,17 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from repository_loader.model import DEFAULT_MODEL_FILENAME
+from repository_loader.model import DEFAULT_MODEL_FILENAME, PLATFORM_BACKEND
 from repository_loader.proto import model_config_pb2 as pb
 
 ENSEMBLE = "ensemble"
-
-# platform -> backend, for the platforms this server runs.
-PLATFORM_BACKEND: dict[str, str] = {
-    "onnxruntime_onnx": "onnxruntime",
-    "pytorch_libtorch": "pytorch",
-    "tensorrt_plan": "tensorrt",
-}
 
 BACKEND_PLATFORM: dict[str, str] = {backend: platform for platform, backend in PLATFORM_BACKEND.items()}
 

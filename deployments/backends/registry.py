@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 
 from deployments.backends.base import Backend, BackendContext
 from repository_loader.errors import Unavailable, Unsupported
+from repository_loader.model import PLATFORM_BACKEND
 
 BackendLoader = Callable[[], type[Backend]]
 """Imports and returns a backend class; an ``ImportError`` means its framework is missing."""
@@ -37,12 +38,8 @@ _BACKENDS: dict[str, tuple[BackendLoader, str]] = {
     "python": (_from_module("deployments.backends.python", "PythonBackend"), "numpy"),
 }
 
-# platform -> backend name
-_PLATFORMS: dict[str, str] = {
-    "onnxruntime_onnx": "onnxruntime",
-    "pytorch_libtorch": "pytorch",
-    "tensorrt_plan": "tensorrt",
-}
+# platform -> backend name: this package's platforms, and those a layer above registers
+_PLATFORMS: dict[str, str] = dict(PLATFORM_BACKEND)
 
 
 def register_backend(
@@ -58,11 +55,6 @@ def register_backend(
 def supported() -> frozenset[str]:
     """The backend and platform names known in this process."""
     return frozenset(_BACKENDS) | frozenset(_PLATFORMS)
-
-
-def backend_name(backend: str, platform: str) -> str:
-    """The backend that runs a model configured with ``backend`` and ``platform``."""
-    return backend or _PLATFORMS.get(platform, platform)
 
 
 def backend_class(name: str, model_name: str = "") -> type[Backend]:
@@ -90,5 +82,4 @@ def backend_class(name: str, model_name: str = "") -> type[Backend]:
 def create_backend(context: BackendContext) -> Backend:
     """A backend instance for ``context.model`` (not loaded yet: call ``load()``)."""
     model = context.model
-    name = "python" if model.python_runtime else backend_name(model.backend, model.platform)
-    return backend_class(name, model.name)(context)
+    return backend_class(model.kind, model.name)(context)
