@@ -26,6 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "deployments.settings",
         "deployments.custom_metrics",
         "deployments.tracing",
+        "deployments.timeouts",
     ),
     # the execution layer: a backend per framework and the registry of them
     ("deployments.backends",),

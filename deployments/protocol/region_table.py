@@ -32,6 +32,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol
 
+from deployments.timeouts import within
 from repository_loader.errors import AlreadyExists, InternalError, InvalidArgument, NotFound
 
 SHM_FOLDER = Path("/dev/shm")
@@ -232,7 +233,7 @@ class RegionTable:
             if self._moved is None:
                 self._moved = asyncio.Event()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._moved.wait(), timeout_s)
+                await within(self._moved.wait(), timeout_s)
         return TableState(self.generation, self._question)
 
     async def _ask(self, names: list[str]) -> set[str]:
@@ -274,7 +275,7 @@ class RegionTable:
             if self._heard is None:
                 self._heard = asyncio.Event()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._heard.wait(), left)
+                await within(self._heard.wait(), left)
 
     def _wake(self) -> None:
         """Every follower waiting in :meth:`follow` returns the new state."""

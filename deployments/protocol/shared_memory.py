@@ -298,10 +298,19 @@ class SharedMemory:
             region.close()
 
     def close(self) -> None:
+        """Stop following the table and unmap every region (the follow ends on the loop's next turn)."""
         if self._following is not None:
             self._following.cancel()
         self._lift()
         self.drop()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, returning once the follow (and the table call it waits on) has ended."""
+        following = self._following
+        self.close()
+        if following is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await following
 
 
 def write_into(span: memoryview, data: Any, output: str) -> None:

@@ -36,6 +36,7 @@ from deployments.runtime.batch_queue import (
     grouping_inputs,
     plan_batch,
 )
+from deployments.timeouts import within
 from repository_loader.errors import InternalError, Rejected, Unavailable
 from repository_loader.model import DynamicBatching, ModelDescription, TensorSpec
 
@@ -319,7 +320,7 @@ class PassThroughScheduler:
             # the request's own ``timeout`` bounds its wait for a free instance, as in Triton's queue
             try:
                 if request.timeout_us > 0:
-                    await asyncio.wait_for(self._slots.acquire(), request.timeout_us / 1e6)
+                    await within(self._slots.acquire(), request.timeout_us / 1e6)
                 else:
                     await self._slots.acquire()
             except asyncio.TimeoutError:

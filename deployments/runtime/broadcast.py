@@ -15,6 +15,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from deployments.timeouts import within
+
 
 class Broadcast:
     """Waiters ask :meth:`until` a condition holds; whoever changes what the condition reads calls
@@ -47,7 +49,7 @@ class Broadcast:
             try:
                 if left <= 0:
                     return False
-                await asyncio.wait_for(waiter[1], left)
+                await within(waiter[1], left)
             except TimeoutError:
                 return check()
             finally:

@@ -27,6 +27,8 @@ import uuid
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
+from deployments.timeouts import within
+
 SEQUENCE_ORDER = b"x-triton-sequence-order"
 """Set beside ``FORWARDED`` on a request sent on to a sequence's owner: ``<origin> <n> [<after>]``."""
 
@@ -114,7 +116,7 @@ class ArrivalGate:
             ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._waiting.setdefault(key, []).append((order.after, ready))
             try:
-                await asyncio.wait_for(asyncio.shield(ready), self.gap_s)
+                await within(asyncio.shield(ready), self.gap_s)
             except TimeoutError:
                 self.gaps += 1
                 log.warning(

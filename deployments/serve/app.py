@@ -49,6 +49,7 @@ from deployments.serve.reloads import Order, ReloadBoard
 from deployments.serve.server_api import GroupApps, Member, ReplicaClient, replica_client
 from deployments.serve.traces import TraceBoard
 from deployments.settings import LogSettings, ServerSettings, compile_header_pattern
+from deployments.timeouts import within
 from deployments.tracing import TraceState
 from deployments.tracing import configure as configure_tracing
 from deployments.tracing.control import LocalTraces
@@ -372,7 +373,7 @@ class RayDeployer:
             if not str(getattr(app, "status", "")).endswith("RUNNING"):
                 continue
             try:
-                model = await asyncio.wait_for(replica_client(app_name).description(), timeout=30)
+                model = await within(replica_client(app_name).description(), 30)
             except Exception as exc:  # a replica that cannot answer: its model is loaded again, or not
                 logger.warning("application %s did not describe its model: %s", app_name, exc)
                 continue
@@ -765,7 +766,7 @@ class ServerDeployment:
                 fresh = await self._models.replica_snapshots(name)
                 if not fresh:  # no direct lane: one replica through its deployment handle
                     client = self._models.client(name)
-                    one = await asyncio.wait_for(client.metrics_snapshot(), METRICS_ASK_TIMEOUT_S)
+                    one = await within(client.metrics_snapshot(), METRICS_ASK_TIMEOUT_S)
                     fresh = {one.get("replica", ""): one}
                 snapshots.update(fresh)
             except Exception as exc:  # a replica restarting or busy: its last push stands for it

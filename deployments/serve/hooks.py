@@ -139,6 +139,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from deployments.timeouts import within
+
 PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
 DISCONNECT_DISABLED = (b"x-request-disconnect-disabled", b"?1")
 BUILD_ASGI_APP = "__serve_build_asgi_app__"
@@ -256,12 +258,11 @@ def serve_status() -> Any:
 async def actor_gone(handle: Any, timeout_s: float) -> bool:
     """Whether the actor of ``handle`` is gone (a busy or slow one, not answering in ``timeout_s``, is
     not)."""
-    import asyncio
 
     from ray.exceptions import RayActorError
 
     try:
-        await asyncio.wait_for(handle.__ray_ready__.remote(), timeout_s)
+        await within(handle.__ray_ready__.remote(), timeout_s)
     except RayActorError:
         return True
     except Exception:

@@ -408,7 +408,7 @@ class ModelDeployment:
         if self._publish is not None:
             self._publish.cancel()
         await self._calls.close()
-        self.shared_memory.close()
+        await self.shared_memory.aclose()
         if self._push_task is not None:
             self._push_task.cancel()
         if self.runtime.hung() is None:  # a hung model's thread never returns: the process just ends

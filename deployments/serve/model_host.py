@@ -252,7 +252,7 @@ class ModelHostDeployment:
         for task in self._tasks:
             task.cancel()
         await self._calls.close()
-        self.shared_memory.close()
+        await self.shared_memory.aclose()
         await self.host.close()
 
 

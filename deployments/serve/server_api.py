@@ -9,7 +9,6 @@ method fails there, not on the first call in production.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 from typing import Any
@@ -18,6 +17,7 @@ from deployments.inference import InferRequest, InferResponse
 from deployments.protocol.region_table import Answer, Region, TableState
 from deployments.serve.names import MODEL_DEPLOYMENT, SERVER_APP, SERVER_DEPLOYMENT
 from deployments.settings import LogSettings
+from deployments.timeouts import within
 from deployments.tracing.store import TraceState
 from repository_loader.errors import ServerError
 from repository_loader.model import ModelDescription
@@ -56,7 +56,7 @@ class ServerClient:
     async def _call(self, method: Any, *args: Any, timeout_s: float | None = None) -> Any:
         call = method.remote(*args)
         try:
-            return await (call if timeout_s is None else asyncio.wait_for(call, timeout_s))
+            return await (call if timeout_s is None else within(call, timeout_s))
         except Exception as exc:
             own = server_error(exc)
             if own is not None:

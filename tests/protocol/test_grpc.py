@@ -73,6 +73,9 @@ def running_server(dataplane: Any, transport: str = "grpc", **options: Any) -> I
             http1.should_exit = True
             await serving
         await server.stop(0)
+        regions = getattr(dataplane, "shared_memory", None)
+        if regions is not None:  # its follow of the region table ends with the loop
+            await regions.aclose()
 
     thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
     thread.start()

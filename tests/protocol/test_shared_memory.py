@@ -175,7 +175,7 @@ async def test_an_unregister_returns_once_every_follower_dropped_its_mapping(reg
     await asyncio.sleep(0)  # the follower asks the table
     await table.unregister("r")
     assert view._mapped == {}  # dropped before the unregister answered
-    view.close()
+    await view.aclose()
 
 
 async def test_a_follower_that_went_away_holds_an_unregister_back_only_until_the_timeout(region_file):
@@ -223,7 +223,7 @@ async def test_a_region_a_request_in_flight_uses_is_not_unregistered_until_it_en
     assert view.in_use() == []
     await table.unregister("r")
     assert await table.status() == [] and view._mapped == {}
-    view.close()
+    await view.aclose()
 
 
 async def test_unregistering_every_region_keeps_and_names_the_ones_in_use(region_file):
@@ -241,8 +241,8 @@ async def test_unregistering_every_region_keeps_and_names_the_ones_in_use(region
         assert busy._mapped == {} and idle._mapped == {}
     await table.unregister()
     assert await table.status() == []
-    busy.close()
-    idle.close()
+    await busy.aclose()
+    await idle.aclose()
 
 
 async def test_a_request_that_starts_while_the_table_asks_waits_for_the_verdict(region_file):
@@ -269,7 +269,7 @@ async def test_a_request_that_starts_while_the_table_asks_waits_for_the_verdict(
     with pytest.raises(NotFound):
         await table.region("r", "replica-3")
     await unregister
-    view.close()
+    await view.aclose()
 
 
 async def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
@@ -292,7 +292,7 @@ async def test_a_lookup_while_the_table_asks_waits_and_then_finds_the_region_kep
         assert region.name == "r" and unregister.done()
         with pytest.raises(InternalError, match="it is currently in use"):
             await unregister
-    view.close()
+    await view.aclose()
 
 
 async def test_a_follower_that_does_not_answer_holds_an_unregister_back_only_until_the_timeout(
@@ -310,7 +310,7 @@ async def test_a_follower_that_does_not_answer_holds_an_unregister_back_only_unt
     await table.register("r", path, 0, 64)
     table._settle_timeout_s = 60.0  # a wait now would outlast the test's
     await asyncio.wait_for(table.unregister("r"), 10)  # forgotten: nothing to wait for
-    view.close()
+    await view.aclose()
 
 
 # --- mappings ------------------------------------------------------------------------------

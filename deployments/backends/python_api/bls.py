@@ -23,6 +23,7 @@ from deployments.backends.python_api.errors import TritonError, TritonModelExcep
 from deployments.backends.python_api.response import InferenceResponse
 from deployments.backends.python_api.tensor import PreferredMemory
 from deployments.inference import InferRequest, InferResponse, ModelExecutor
+from deployments.timeouts import within
 from repository_loader.errors import ServerError, Unavailable
 
 T = TypeVar("T")
@@ -129,7 +130,7 @@ async def _infer(executor: ModelExecutor, request: InferRequest) -> InferRespons
     """One response for ``request``: the executor's errors and an expired timeout become error responses."""
     try:
         if request.timeout_us > 0:
-            return await asyncio.wait_for(executor.infer(request), request.timeout_us / 1e6)
+            return await within(executor.infer(request), request.timeout_us / 1e6)
         return await executor.infer(request)
     except TimeoutError:
         return InferResponse(error=Unavailable(_TIMEOUT_MESSAGE), model_name=request.model_name)
@@ -151,7 +152,7 @@ async def _stream(executor: ModelExecutor, request: InferRequest) -> AsyncGenera
         while True:
             remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             try:
-                response = await asyncio.wait_for(anext(responses), remaining)
+                response = await within(anext(responses), remaining)
             except StopAsyncIteration:
                 return
             yield response
