@@ -47,6 +47,15 @@ ASGIApp = Callable[
 
 HIGH_WATER = 65536
 """Request body bytes held for the application before the connection stops reading."""
+IDLE_CLOSE_GRACE_S = 1.0
+"""How long a graceful shutdown keeps an idle connection open, answering a request that comes on it
+(then closing). HAProxy reuses its idle connections to a replica; one it writes a request on just as
+the replica closes it gets no answer, and HAProxy cannot tell whether the request ran, so it refuses
+the client's call (gRPC: ``RST_STREAM`` ``REFUSED_STREAM``, which the gRPC client passes on as
+UNAVAILABLE) instead of sending it to another replica. A request that comes in this window is
+answered with ``Connection: close``, so HAProxy opens a new connection for the next one, which the
+closed listener refuses and HAProxy sends elsewhere; an idle connection HAProxy did not use within
+it is no longer one it picks."""
 TRAILERS_EXTENSION = "http.response.trailers"
 STREAMED_RESPONSE = "triton_serve.streamed"
 """A key of ``http.response.start`` (a gRPC stream's, ``deployments.protocol.grpc_http1``): each body
@@ -431,7 +440,7 @@ class Http1Protocol(asyncio.Protocol):
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             # the request before the upgrade runs; nothing after it is read (no protocol is switched to)
-            self.shutdown()
+            self._finish()
         except httptools.HttpParserError:
             self._refuse(b"Invalid HTTP request received.")
 
@@ -464,12 +473,22 @@ class Http1Protocol(asyncio.Protocol):
         await self.drained
 
     def shutdown(self) -> None:
-        """A graceful shutdown: close now if no request is being answered, else after its response."""
+        """The server's graceful shutdown: a busy connection closes after its response; an idle one
+        stays open :data:`IDLE_CLOSE_GRACE_S`, answering a request that comes meanwhile, then closes."""
         self.closing = True
-        if self.current is None:
-            self.transport.close()
-        else:
+        if self.current is not None:
             self.current.keep_alive = False
+        else:
+            self.loop.call_later(IDLE_CLOSE_GRACE_S, self._finish)
+
+    def _finish(self) -> None:
+        """Close now if no request is being answered, else after its response."""
+        self.closing = True
+        for exchange in (self.current, self.parsing):  # one parsed before the shutdown closes too
+            if exchange is not None:
+                exchange.keep_alive = False
+        if self.current is None and self.parsing is None:
+            self._close()
 
     # httptools callbacks
     def on_message_begin(self) -> None:

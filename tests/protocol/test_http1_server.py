@@ -310,7 +310,10 @@ async def test_the_client_leaving_is_a_disconnect() -> None:
     assert events == ["http.request", "http.disconnect"]
 
 
-async def test_shutdown_closes_idle_connections_and_lets_a_busy_one_answer() -> None:
+async def test_shutdown_closes_idle_connections_after_the_grace_and_lets_a_busy_one_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(http1_server, "IDLE_CLOSE_GRACE_S", 0.3)
     release = asyncio.Event()
 
     async def held(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -323,14 +326,36 @@ async def test_shutdown_closes_idle_connections_and_lets_a_busy_one_answer() -> 
         writer.write(b"GET /busy HTTP/1.1\r\nhost: x\r\n\r\n")
         await asyncio.sleep(0.05)
         assert len(served.state.connections) == 2 and len(served.state.tasks) == 1
+        loop = asyncio.get_running_loop()
+        began = loop.time()
         for conn in list(served.state.connections):
             conn.shutdown()
         assert await asyncio.wait_for(idle_reader.read(), 5) == b""
+        assert loop.time() - began >= 0.25  # open through the grace, then closed
         release.set()
         answer = await asyncio.wait_for(reader.read(), 5)  # then closed
         idle_writer.close()
         writer.close()
     assert b"connection: close\r\n" in answer and answer.endswith(b"GET /busy? ")
+
+
+async def test_a_request_on_an_idle_connection_during_shutdown_is_answered_then_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # HAProxy may write a request on an idle connection as the replica shuts down: it is answered
+    # (not dropped unanswered, which HAProxy would pass on as a refused call), and the connection closes
+    monkeypatch.setattr(http1_server, "IDLE_CLOSE_GRACE_S", 5.0)
+    async with serve(echo) as served:
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        await asyncio.sleep(0.05)
+        for conn in list(served.state.connections):
+            conn.shutdown()
+        await asyncio.sleep(0.05)
+        writer.write(b"GET /late HTTP/1.1\r\nhost: x\r\n\r\n")
+        answer = await asyncio.wait_for(reader.read(), 2)  # answered, then closed well before the grace
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 200") and b"connection: close\r\n" in answer
+    assert answer.endswith(b"GET /late? ")
 
 
 class _Loop:
