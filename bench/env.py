@@ -51,10 +51,12 @@ def environment(**extra: Any) -> dict[str, Any]:
     }
 
 
-def save_measurement(module: str, document: dict[str, Any], argv: list[str] | None = None) -> Path:
+def save_measurement(
+    module: str, document: dict[str, Any], argv: list[str] | None = None, file: str = "results.json"
+) -> Path:
     """Write ``document`` with the environment and the command line (``python -m bench.<module>`` and
-    ``argv``, default this process's arguments) to ``bench/results/<module>/results.json``."""
-    out = Path(__file__).resolve().parent / "results" / module / "results.json"
+    ``argv``, default this process's arguments) to ``bench/results/<module>/<file>``."""
+    out = Path(__file__).resolve().parent / "results" / module / file
     out.parent.mkdir(parents=True, exist_ok=True)
     command = f"python -m bench.{module} " + " ".join(argv if argv is not None else sys.argv[1:])
     out.write_text(

@@ -15,6 +15,11 @@ perf_analyzer's: read the ratios between the modes of one run.
     python -m bench.ray_background [--rounds 3] [--seconds 6]
 
 Results go to ``bench/results/ray_background/results.json`` with the command and the environment.
+
+``--compare KEY=VALUE ...`` measures settings instead: each round starts the server twice, with the
+request path's settings as they are and with these added, and measures one running window on each
+(the same client), with the CPU each group of processes took in it; the two alternate, so a drift of
+the machine falls on both. Results go to ``bench/results/ray_background/compare.json``.
 """
 
 from __future__ import annotations
@@ -173,13 +178,84 @@ def measure(rounds: int, seconds: float) -> dict[str, Any]:
     }
 
 
+DEFAULT = "as configured"
+TUNED = "with the settings compared"
+
+
+def group_cpu_ms_per_s(before: Any, after: Any, pids: Iterable[int]) -> dict[str, float]:
+    """CPU milliseconds a second each group (and what serves requests, ``None`` as ``"serving"``)
+    took between two snapshots, over ``pids``."""
+    wall = after.wall_s - before.wall_s
+    out: dict[str, float] = {}
+    for pid in pids:
+        if pid not in after.cpu_s:
+            continue
+        group = group_of(after.cmdlines.get(pid, "")) or "serving"
+        spent = after.cpu_s[pid] - before.cpu_s.get(pid, after.cpu_s[pid])
+        out[group] = out.get(group, 0.0) + 1e3 * spent / wall
+    return out
+
+
+def compare(settings: Mapping[str, str], rounds: int, seconds: float) -> dict[str, Any]:
+    """The running window with the request path's settings as they are and with ``settings`` added,
+    alternating over ``rounds`` fresh starts of each; medians per side and tuned / default."""
+    work = work_dir("ray_background")
+    repo = make_repository(work / "repo", [(BENCH_MODELS / MODEL, MODEL, None)])
+    windows: list[dict[str, Any]] = []
+    for turn in range(rounds):
+        for mode, env in ((DEFAULT, {}), (TUNED, dict(settings))):
+            http_port = free_port()
+            with start_this_server(repo, http_port, log_path=work / "server.log", env=env) as server:
+                time.sleep(10)  # past the start's own work
+                pids = take_snapshot().descendants([server.process.pid])
+                client = _Client(http_port)
+                client.window(2.0)  # warm
+                before = take_snapshot()
+                figures = client.window(seconds)
+                cpu = group_cpu_ms_per_s(before, take_snapshot(), pids)
+                client.connection.close()
+            windows.append({"mode": mode, **figures, "cpu_ms_per_s": cpu})
+            print(
+                f"round {turn + 1} {mode}: {figures['requests_per_s']:,.0f} infer/s, p99 "
+                f"{figures['p99_us']:,.0f} us, cpu ms/s {json.dumps({k: round(v, 1) for k, v in cpu.items()})}",
+                flush=True,
+            )
+    medians = summarize({k: v for k, v in w.items() if k != "cpu_ms_per_s"} for w in windows)
+    ratios = {}
+    if DEFAULT in medians and TUNED in medians:
+        base, tuned = medians[DEFAULT], medians[TUNED]
+        ratios = {
+            "throughput_ratio": tuned["requests_per_s"] / base["requests_per_s"],
+            "p99_ratio": tuned["p99_us"] / base["p99_us"],
+        }
+    return {
+        "model": MODEL,
+        "settings": dict(settings),
+        "seconds_per_window": seconds,
+        "rounds": rounds,
+        "windows": windows,
+        "median": {
+            mode: {k: v for k, v in m.items() if not k.endswith("_ratio")} for mode, m in medians.items()
+        },
+        "tuned_over_default": ratios,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.ray_background", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--compare", nargs="+", metavar="KEY=VALUE", help="settings to compare")
     args = parser.parse_args(argv)
+    if args.compare:
+        settings = dict(item.split("=", 1) for item in args.compare)
+        compared = compare(settings, args.rounds, args.seconds)
+        out = save_measurement("ray_background", compared, argv, file="compare.json")
+        print(json.dumps(compared["tuned_over_default"], indent=1))
+        print(f"written to {out}")
+        return 0
     result = measure(args.rounds, args.seconds)
     out = save_measurement("ray_background", result, argv)
     print(json.dumps(result["median"], indent=1))

@@ -2,7 +2,16 @@
 
 import pytest
 
-from bench.ray_background import ALL, OTHERS, RUNNING, group_of, latency_figures, summarize
+from bench.cpu_split import CpuSnapshot
+from bench.ray_background import (
+    ALL,
+    OTHERS,
+    RUNNING,
+    group_cpu_ms_per_s,
+    group_of,
+    latency_figures,
+    summarize,
+)
 
 PY = "/work/.venv/bin/python"
 
@@ -68,3 +77,26 @@ def test_the_summary_takes_each_modes_median_round_against_the_running_one():
     assert medians[ALL]["requests_per_s"] == 120.0
     assert medians[ALL]["throughput_ratio"] == pytest.approx(1.2)
     assert medians[ALL]["p99_ratio"] == pytest.approx(0.475)
+
+
+def test_a_compared_window_counts_each_groups_cpu_a_second_and_what_serves_requests():
+    before = CpuSnapshot(
+        10.0,
+        {1: 5.0, 2: 1.0, 3: 2.0},
+        {1: "ray::ServeReplica:model-m:m", 2: "ray::ServeController", 3: "ray::ServeController"},
+    )
+    after = CpuSnapshot(
+        12.0,
+        {1: 6.5, 2: 1.1, 3: 2.02, 4: 0.5},
+        {
+            1: "ray::ServeReplica:model-m:m",
+            2: "ray::ServeController",
+            3: "ray::ServeController",
+            4: "ray::DashboardAgent",
+        },
+    )
+    found = group_cpu_ms_per_s(before, after, [1, 2, 3, 4, 5])
+    # a process that started inside the window counts from the window's end: its start is not the window's
+    assert found == pytest.approx(
+        {"serving": 750.0, "Serve controller": 60.0, "dashboard, agents and monitors": 0.0}
+    )
