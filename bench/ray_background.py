@@ -228,9 +228,15 @@ def compare(settings: Mapping[str, str], rounds: int, seconds: float) -> dict[st
             "throughput_ratio": tuned["requests_per_s"] / base["requests_per_s"],
             "p99_ratio": tuned["p99_us"] / base["p99_us"],
         }
+    cpu_medians: dict[str, dict[str, float]] = {}
+    for mode in (DEFAULT, TUNED):
+        rows = [w["cpu_ms_per_s"] for w in windows if w["mode"] == mode]
+        groups = sorted({g for row in rows for g in row})
+        cpu_medians[mode] = {g: statistics.median(row.get(g, 0.0) for row in rows) for g in groups}
     return {
         "model": MODEL,
         "settings": dict(settings),
+        "cpu_ms_per_s": cpu_medians,
         "seconds_per_window": seconds,
         "rounds": rounds,
         "windows": windows,
