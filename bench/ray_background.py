@@ -18,8 +18,10 @@ Results go to ``bench/results/ray_background/results.json`` with the command and
 
 ``--compare KEY=VALUE ...`` measures settings instead: each round starts the server twice, with the
 request path's settings as they are and with these added, and measures one running window on each
-(the same client), with the CPU each group of processes took in it; the two alternate, so a drift of
-the machine falls on both. Results go to ``bench/results/ray_background/compare.json``.
+(the same client), with the CPU each group of processes took in it, then times an unload and a load of
+the model through the repository API (the server runs with explicit model control), since settings
+that slow Ray's loops slow the control plane too; the two alternate, so a drift of the machine falls on
+both. Results go to ``bench/results/ray_background/compare.json``.
 """
 
 from __future__ import annotations
@@ -196,6 +198,28 @@ def group_cpu_ms_per_s(before: Any, after: Any, pids: Iterable[int]) -> dict[str
     return out
 
 
+EXPLICIT = ("--model-control-mode=explicit", f"--load-model={MODEL}")
+
+
+def _repository_call(port: int, action: str) -> float:
+    """Seconds the repository API took to ``load`` or ``unload`` the model (it answers when done)."""
+    url = f"http://127.0.0.1:{port}/v2/repository/models/{MODEL}/{action}"
+    request = urllib.request.Request(
+        url, data=b"{}", method="POST", headers={"Content-Type": "application/json"}
+    )
+    start = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        answer.read()
+    return time.perf_counter() - start
+
+
+def control_cycle(port: int) -> dict[str, float]:
+    """What the control plane takes: the model unloaded, then loaded again (seconds each)."""
+    unload_s = _repository_call(port, "unload")
+    time.sleep(1.0)
+    return {"unload_s": unload_s, "load_s": _repository_call(port, "load")}
+
+
 def compare(settings: Mapping[str, str], rounds: int, seconds: float) -> dict[str, Any]:
     """The running window with the request path's settings as they are and with ``settings`` added,
     alternating over ``rounds`` fresh starts of each; medians per side and tuned / default."""
@@ -205,7 +229,9 @@ def compare(settings: Mapping[str, str], rounds: int, seconds: float) -> dict[st
     for turn in range(rounds):
         for mode, env in ((DEFAULT, {}), (TUNED, dict(settings))):
             http_port = free_port()
-            with start_this_server(repo, http_port, log_path=work / "server.log", env=env) as server:
+            with start_this_server(
+                repo, http_port, log_path=work / "server.log", env=env, extra_args=EXPLICIT
+            ) as server:
                 time.sleep(10)  # past the start's own work
                 pids = take_snapshot().descendants([server.process.pid])
                 client = _Client(http_port)
@@ -214,10 +240,12 @@ def compare(settings: Mapping[str, str], rounds: int, seconds: float) -> dict[st
                 figures = client.window(seconds)
                 cpu = group_cpu_ms_per_s(before, take_snapshot(), pids)
                 client.connection.close()
+                figures |= control_cycle(http_port)
             windows.append({"mode": mode, **figures, "cpu_ms_per_s": cpu})
             print(
                 f"round {turn + 1} {mode}: {figures['requests_per_s']:,.0f} infer/s, p99 "
-                f"{figures['p99_us']:,.0f} us, cpu ms/s {json.dumps({k: round(v, 1) for k, v in cpu.items()})}",
+                f"{figures['p99_us']:,.0f} us, unload {figures['unload_s']:.2f} s, load "
+                f"{figures['load_s']:.2f} s, cpu ms/s {json.dumps({k: round(v, 1) for k, v in cpu.items()})}",
                 flush=True,
             )
     medians = summarize({k: v for k, v in w.items() if k != "cpu_ms_per_s"} for w in windows)
@@ -227,6 +255,8 @@ def compare(settings: Mapping[str, str], rounds: int, seconds: float) -> dict[st
         ratios = {
             "throughput_ratio": tuned["requests_per_s"] / base["requests_per_s"],
             "p99_ratio": tuned["p99_us"] / base["p99_us"],
+            "load_ratio": tuned["load_s"] / base["load_s"],
+            "unload_ratio": tuned["unload_s"] / base["unload_s"],
         }
     cpu_medians: dict[str, dict[str, float]] = {}
     for mode in (DEFAULT, TUNED):
