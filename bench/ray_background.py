@@ -39,7 +39,7 @@ import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from bench.cpu_split import take_snapshot
+from bench.cpu_split import CpuSnapshot, take_snapshot
 from bench.env import save_measurement
 from bench.scenarios.common import BENCH_MODELS, free_port, make_repository, start_this_server, work_dir
 
@@ -184,9 +184,9 @@ DEFAULT = "as configured"
 TUNED = "with the settings compared"
 
 
-def group_cpu_ms_per_s(before: Any, after: Any, pids: Iterable[int]) -> dict[str, float]:
-    """CPU milliseconds a second each group (and what serves requests, ``None`` as ``"serving"``)
-    took between two snapshots, over ``pids``."""
+def group_cpu_ms_per_s(before: CpuSnapshot, after: CpuSnapshot, pids: Iterable[int]) -> dict[str, float]:
+    """CPU milliseconds a second each group of ``pids`` took between two snapshots; what serves
+    requests (no group) counts as ``"serving"``, and a process that started in between as idle."""
     wall = after.wall_s - before.wall_s
     out: dict[str, float] = {}
     for pid in pids:
@@ -270,9 +270,7 @@ def compare(settings: Mapping[str, str], rounds: int, seconds: float) -> dict[st
         "seconds_per_window": seconds,
         "rounds": rounds,
         "windows": windows,
-        "median": {
-            mode: {k: v for k, v in m.items() if not k.endswith("_ratio")} for mode, m in medians.items()
-        },
+        "median": medians,
         "tuned_over_default": ratios,
     }
 
