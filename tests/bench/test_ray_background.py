@@ -96,7 +96,7 @@ def test_a_compared_window_counts_each_groups_cpu_a_second_and_what_serves_reque
         },
     )
     found = group_cpu_ms_per_s(before, after, [1, 2, 3, 4, 5])
-    # a process that started inside the window counts from the window's end: its start is not the window's
+    # process 4 started inside the window: its CPU before the window's end is not known to be the window's, so 0
     assert found == pytest.approx(
         {"serving": 750.0, "Serve controller": 60.0, "dashboard, agents and monitors": 0.0}
     )
