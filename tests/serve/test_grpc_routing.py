@@ -44,6 +44,7 @@ def _free_port() -> int:
 
 _SERVERS: list[Any] = []  # kept alive while the module's tests run
 _PORTS: dict[str, tuple[int, int]] = {}  # the gRPC and HTTP port of each application's one replica
+_LOOP: list[asyncio.AbstractEventLoop] = []  # the event loop the replicas' servers run on
 
 
 class _Tagged(GRPCInferenceServicer):
@@ -123,6 +124,10 @@ def _serve_config(front: int, backends: dict[str, tuple[int, int]]) -> str:
         "    timeout connect 5s",
         "    timeout client 30s",
         "    timeout server 30s",
+        # The checks below run every 100 ms for speed. Without this line HAProxy gives each check
+        # `inter` (100 ms) to be answered, and a pause of this process (a collection of a large test
+        # session's heap) would take a replica out of routing; Serve's checks have 5 s (`inter 5s`).
+        "    timeout check 5s",
         "frontend grpc_frontend",
         f"    bind 127.0.0.1:{front} proto h2",
         "    mode http",
@@ -179,6 +184,7 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     assert coalesce_response_writes()  # uvicorn's httptools server writes trailers
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
+    _LOOP.append(loop)
     apps = {"model-m": "m", "model-n": "n", "triton": "server", f"model-{LONG_NAME}": "long"}
     ports = {app: (_free_port(), _free_port()) for app in apps}
     _PORTS.update(ports)
@@ -242,6 +248,16 @@ def test_a_stream_reaches_the_replicas_of_the_model_its_first_request_names(fron
     assert _streamed_by(front, [LONG_NAME]) == [(LONG_NAME, "long-http1")]
     assert _streamed_by(front, ["unknown", "m"]) == [("unknown", "server"), ("m", "server")]
     assert _streamed_by(front, ["down"]) == [("down", "server")]  # no replica up: the server's
+
+
+def test_a_replica_that_pauses_stays_in_routing(front: str) -> None:
+    """A replica whose event loop stops for a quarter of a second (a collection, a busy moment) answers
+    its health checks late, not never: its model's streams and calls go on reaching it."""
+    for _ in range(3):
+        _LOOP[0].call_soon_threadsafe(time.sleep, 0.25)
+        time.sleep(0.15)  # a check is waiting on the stopped loop
+        assert _streamed_by(front, ["m"]) == [("m", "m-http1")]
+        assert _answered_by(front, "n") == "n-http1"
 
 
 def test_where_inference_is_restricted_a_stream_without_its_metadata_opens_at_the_server(
