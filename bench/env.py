@@ -32,6 +32,16 @@ def _version(package: str) -> str | None:
         return None
 
 
+UNMEASURED = (":!bench/results", ":!docs", ":!*.md")
+"""What a measurement does not depend on: saved results and the documentation, whose tables ``python -m
+bench summary`` rewrites after each run (the README's, ``docs/measurements.md``'s)."""
+
+
+def local_changes() -> bool:
+    """Whether the repository's tracked files differ from its commit outside :data:`UNMEASURED`."""
+    return bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".", *UNMEASURED))
+
+
 def environment(**extra: Any) -> dict[str, Any]:
     """CPU count, platform, Python and package versions, git commit (and whether it had local changes)."""
     return {
@@ -43,10 +53,7 @@ def environment(**extra: Any) -> dict[str, Any]:
         "python": platform.python_version(),
         "packages": {p: _version(p) for p in _PACKAGES},
         "git_commit": _git("rev-parse", "HEAD"),
-        # Local changes to the code; saved results and the README's tables do not count.
-        "git_dirty": bool(
-            _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results", ":!README.md")
-        ),
+        "git_dirty": local_changes(),
         **extra,
     }
 
