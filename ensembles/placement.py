@@ -42,8 +42,7 @@ PARAMETER = "placement"
 
 _ROUTE_WORDS = {
     Route.IN_PROCESS: "in process (DLPack, zero copy)",
-    Route.CUDA_IPC: "CUDA IPC (same node), object store across nodes",
-    Route.HOST: "object store (host memory)",
+    Route.REPLICA: "over HTTP between replicas (binary, host memory)",
 }
 
 
@@ -251,13 +250,18 @@ def _hostable(members: list[PlacedStep], gpu_available: bool) -> bool:
 
 
 def _edge(tensor: str, producer: PlacedStep, consumer: PlacedStep, hosted: str | None) -> Edge:
-    if hosted is not None and producer.group == consumer.group == hosted:
-        route = Route.IN_PROCESS
-    elif producer.device.startswith("gpu") and consumer.device.startswith("gpu"):
-        route = Route.CUDA_IPC
-    else:
-        route = Route.HOST
-    return Edge(tensor, producer.model_name, consumer.model_name, route)
+    inside = hosted is not None and producer.group == consumer.group == hosted
+    return Edge(
+        tensor, producer.model_name, consumer.model_name, Route.IN_PROCESS if inside else Route.REPLICA
+    )
+
+
+def _route_words(edge: Edge, steps: Mapping[str, PlacedStep]) -> str:
+    words = _ROUTE_WORDS[edge.route]
+    ends = (steps.get(edge.producer), steps.get(edge.consumer))
+    if edge.route is Route.REPLICA and any(s is not None and s.device.startswith("gpu") for s in ends):
+        words += ", copied off and onto the GPU"
+    return words
 
 
 def describe_placement(placement: EnsemblePlacement) -> list[str]:
@@ -276,6 +280,7 @@ def describe_placement(placement: EnsemblePlacement) -> list[str]:
             f"  the ensemble's replica hosts group '{placement.hosted}'; "
             "the other steps run on their models' deployments"
         )
+    placed = {s.model_name: s for s in placement.steps}
     for edge in placement.edges:
-        lines.append(f"  {edge.producer} -> {edge.consumer}: '{edge.tensor}' {_ROUTE_WORDS[edge.route]}")
+        lines.append(f"  {edge.producer} -> {edge.consumer}: '{edge.tensor}' {_route_words(edge, placed)}")
     return lines

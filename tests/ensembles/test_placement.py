@@ -59,7 +59,7 @@ def test_default_colocates_models_on_the_same_device() -> None:
     }
     assert placement.hosted == "gpu"
     assert placement.hosted_models() == {"net": "gpu", "post": "gpu"}
-    assert routes(placement) == {"a": Route.HOST, "b": Route.IN_PROCESS, "c": Route.HOST}
+    assert routes(placement) == {"a": Route.REPLICA, "b": Route.IN_PROCESS, "c": Route.REPLICA}
 
 
 def test_a_replica_without_gpu_hosts_no_gpu_group() -> None:
@@ -67,7 +67,7 @@ def test_a_replica_without_gpu_hosts_no_gpu_group() -> None:
     placement = choose_placement(pipeline())
     assert placement.hosted is None and placement.hosted_models() == {}
     assert Route.IN_PROCESS not in routes(placement).values()
-    assert routes(placement)["b"] is Route.CUDA_IPC
+    assert routes(placement)["b"] is Route.REPLICA
 
 
 def _two_chains(gpu_steps: int, cpu_steps: int, parameters: dict[str, str] | None = None) -> EnsembleGraph:
@@ -130,13 +130,13 @@ def test_separate_hosts_only_groups_the_parameters_name() -> None:
     named = {"placement": "separate", "placement.net": "pair", "placement.post": "pair"}
     placement = choose_placement(pipeline(named), gpu_available=True)
     assert placement.hosted == "pair"
-    assert routes(placement) == {"a": Route.HOST, "b": Route.IN_PROCESS, "c": Route.HOST}
+    assert routes(placement) == {"a": Route.REPLICA, "b": Route.IN_PROCESS, "c": Route.REPLICA}
 
 
-def test_separate_puts_each_model_alone_and_gpu_tensors_go_through_ipc() -> None:
+def test_separate_puts_each_model_alone_and_gpu_tensors_go_over_http() -> None:
     placement = choose_placement(pipeline({"placement": "separate"}))
     assert sorted(placement.groups()) == ["label", "net", "post", "pre"]
-    assert routes(placement)["b"] is Route.CUDA_IPC
+    assert routes(placement)["b"] is Route.REPLICA
 
 
 def test_per_model_override() -> None:
@@ -155,7 +155,7 @@ def test_plan_devices_and_auto_kind() -> None:
     assert model_device(model("m", [], [], instance_groups=gpu(2, (1, 0)))) == "gpu:0,1"
     placement = choose_placement(pipeline(), devices={"net": "gpu:1"})
     assert placement.group_of("net") == "gpu:1" and placement.group_of("post") == "gpu"
-    assert routes(placement)["b"] is Route.CUDA_IPC
+    assert routes(placement)["b"] is Route.REPLICA
 
 
 def test_bad_parameters() -> None:
@@ -192,9 +192,9 @@ def test_nested_ensembles_are_flattened() -> None:
     assert [s.path for s in placement.steps] == ["outer", "outer/core", "outer/core", "outer"]
     edges = {(e.producer, e.consumer): (e.tensor, e.route) for e in placement.edges}
     assert edges == {
-        ("pre", "net"): ("a", Route.HOST),
+        ("pre", "net"): ("a", Route.REPLICA),
         ("net", "post"): ("outer/core/m", Route.IN_PROCESS),
-        ("post", "label"): ("b", Route.HOST),
+        ("post", "label"): ("b", Route.REPLICA),
     }
 
 
@@ -204,7 +204,11 @@ def test_description_names_groups_and_routes() -> None:
     assert "  group 'gpu' on gpu: net v1, post v1" in lines
     assert "  group 'cpu' on cpu: pre v1, label v1" in lines
     assert "  net -> post: 'b' in process (DLPack, zero copy)" in lines
-    assert "  pre -> net: 'a' object store (host memory)" in lines
+    # what serving does: a step off the ensemble's replica gets its tensors over HTTP
+    assert (
+        "  pre -> net: 'a' over HTTP between replicas (binary, host memory), copied off and onto the GPU"
+        in lines
+    )
     assert (
         "  the ensemble's replica hosts group 'gpu'; the other steps run on their models' deployments"
         in lines

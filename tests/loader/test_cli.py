@@ -219,9 +219,7 @@ def test_ensemble_placement_in_json(chain_repo: Path, write_model, capsys) -> No
     placement = models["e"]["placement"]
     assert placement["mode"] == "colocate" and placement["hosted_group"] is None
     assert [(g["name"], g["hosted"]) for g in placement["groups"]] == [("cpu", False), ("gpu", False)]
-    assert placement["edges"] == [
-        {"tensor": "mid", "producer": "a", "consumer": "c", "route": "object_store"}
-    ]
+    assert placement["edges"] == [{"tensor": "mid", "producer": "a", "consumer": "c", "route": "http"}]
     assert models["apart"]["placement"]["hosted_group"] is None
     assert {g["name"] for g in models["apart"]["placement"]["groups"]} == {"a", "b"}
     assert "placement" not in models["a"]
