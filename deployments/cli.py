@@ -251,7 +251,9 @@ def _entry_lines(plan: DeploymentPlan, name: str, version: int) -> list[str]:
             else "no batching"
         )
         ranks = ""
-        if entry.num_replicas != entry.model_replicas:  # one of several instance groups
+        if entry.passive:  # Triton's passive group: loaded, never scheduled
+            ranks = " (passive: loaded, takes no requests)"
+        elif entry.num_replicas != entry.model_replicas:  # one of several instance groups
             last = entry.rank_offset + entry.num_replicas - 1
             ranks = f" (ranks {entry.rank_offset}-{last} of the model's {entry.model_replicas})"
         lines.append(

@@ -21,6 +21,11 @@ spreads the model's HTTP requests over every group behind the model's route
 model are ranked over all its groups in config order (``rank_offset``), so
 that a stateful model has one owner per sequence however many groups it has.
 
+A ``passive`` instance group (Triton: loaded, never given a request by the scheduler) is deployed
+and loaded like any other, after the model's other groups, as ``<model app>--passive-<i>``: no
+route, rank or handle call reaches it. A model whose groups are all passive keeps its own
+application, whose replicas answer every request UNAVAILABLE (``deployments.runtime.router``).
+
 A model whose config ``parameters`` carry ``ray.autoscaling.*`` keys
 (``repository_loader.autoscaling``) has its first group autoscaled by Serve between
 ``min_replicas`` and ``max_replicas``; the plan counts its start replicas.
@@ -79,6 +84,7 @@ SERVER_APP = "triton"
 SERVER_ROUTE = "/v2"
 MODEL_DEPLOYMENT = "model"
 GROUP_APP_MARK = "--group-"
+PASSIVE_APP_MARK = "--passive-"  # a passive instance group's application: loaded, never routed to
 MODEL_APP_PREFIX = "model-"
 GROUP_ROUTE = f"{SERVER_ROUTE}/-/instance-groups"
 HOST_APP = "triton-hosts"
@@ -108,24 +114,29 @@ def model_route(model: str) -> str:
     return f"{SERVER_ROUTE}/models/{model}"
 
 
-def group_app_name(model: str, index: int) -> str:
-    """The Serve application of instance group ``index`` of ``model`` (group 0's is the model's own)."""
+def group_app_name(model: str, index: int, passive: bool = False) -> str:
+    """The Serve application of the model's ``index``-th deployed instance group (the first's is the
+    model's own); a ``passive`` group's past the first is marked so that no route takes it in."""
     base = model_app_name(model)
-    return base if index == 0 else f"{base}{GROUP_APP_MARK}{index}"
+    if index == 0:
+        return base
+    return f"{base}{PASSIVE_APP_MARK if passive else GROUP_APP_MARK}{index}"
 
 
 def is_group_app(app: str, model: str | None = None) -> bool:
-    """Whether Serve application ``app`` is an instance group's past the first (of ``model``, if given)."""
-    base, mark, index = app.rpartition(GROUP_APP_MARK)
-    if not mark or not index.isdigit() or index.startswith("0"):
-        return False
-    return model is None or base == model_app_name(model)
+    """Whether Serve application ``app`` is an instance group's past the first, passive or not (of
+    ``model``, if given)."""
+    for mark in (GROUP_APP_MARK, PASSIVE_APP_MARK):
+        base, found, index = app.rpartition(mark)
+        if found and index.isdigit() and not index.startswith("0"):
+            return model is None or base == model_app_name(model)
+    return False
 
 
-def group_route(model: str, index: int) -> str:
-    """The route prefix of instance group ``index`` of ``model``: group 0 answers the model's route,
-    the others a route of their own that no client calls."""
-    return model_route(model) if index == 0 else f"{GROUP_ROUTE}/{group_app_name(model, index)}"
+def group_route(model: str, index: int, passive: bool = False) -> str:
+    """The route prefix of the model's ``index``-th deployed instance group: the first answers the
+    model's route, the others a route of their own that no client calls."""
+    return model_route(model) if index == 0 else f"{GROUP_ROUTE}/{group_app_name(model, index, passive)}"
 
 
 @dataclass(frozen=True)
@@ -189,10 +200,11 @@ class DeploymentEntry:
     replicas, each asking Ray for ``ray_actor_options`` and accepting ``max_ongoing_requests``, built
     with ``init_kwargs``.
 
-    ``group_index`` is the group's place in the model's ``instance_group`` list; group 0 is the
-    model's own application at ``/v2/models/<name>``. Replica ``r`` of this deployment (``replicas[r]``:
-    its group and GPU) is replica ``rank_offset + r`` of the model's ``model_replicas`` replicas over
-    all its groups.
+    ``group_index`` is the group's place in the model's ``instance_group`` list. The model's first
+    group that is not ``passive`` (its first group where all are) is the model's own application at
+    ``/v2/models/<name>``. Replica ``r`` of this deployment (``replicas[r]``: its group and GPU) is
+    replica ``rank_offset + r`` of the model's ``model_replicas`` replicas over all its groups that are
+    not passive; a passive group's replicas hold no rank.
     """
 
     model: str
@@ -211,7 +223,7 @@ class DeploymentEntry:
     route_prefix: str
     max_ongoing_requests: int
     passive: bool = False  # the group is passive (loaded, never scheduled)
-    # Serve's autoscaling (the model's first group only); ``num_replicas`` is then the start count
+    # Serve's autoscaling (the model's first group that is not passive only); ``num_replicas`` is then the start count
     autoscaling: Autoscaling | None = None
 
     @property
@@ -255,6 +267,7 @@ class DeploymentEntry:
             "rank_offset": self.rank_offset,
             "gpu_ids": [r.gpu for r in self.replicas],
             "group_index": self.group_index,
+            "passive": self.passive,
         }
 
     def serve_options(self) -> dict[str, Any]:
@@ -305,12 +318,15 @@ class DeploymentPlan:
     host: HostEntry | None = None  # the model host deployment (None: hosts off)
 
     def for_model(self, name: str) -> tuple[DeploymentEntry, ...]:
-        """The deployments of model ``name``, one per instance group, in group order."""
-        return tuple(sorted((e for e in self.entries if e.model == name), key=lambda e: e.group_index))
+        """The deployments of model ``name``, one per instance group: the model's own first, then its
+        other groups that take requests in rank order (config order), then its passive ones."""
+        return tuple(e for e in self.entries if e.model == name)
 
     def entry(self, name: str) -> DeploymentEntry | None:
-        """The deployment of model ``name``'s first instance group (None where it has none)."""
-        return next((e for e in self.entries if e.model == name and e.group_index == 0), None)
+        """The deployment at model ``name``'s own route: its first instance group that is not passive
+        (None where it has none)."""
+        own = model_app_name(name)
+        return next((e for e in self.entries if e.model == name and e.app_name == own), None)
 
     @property
     def total_cpus(self) -> float:
@@ -533,7 +549,8 @@ class _Placement:
     gpus_per_replica: float
     gpu_ids: tuple[int, ...]
     passive: bool = False
-    autoscaling: Autoscaling | None = None  # the model's first group only
+    autoscaling: Autoscaling | None = None  # the model's first group that is not passive only
+    index: int = 0  # the group's place in the model's ``instance_group`` list
 
 
 def plan_deployments(
@@ -702,7 +719,7 @@ def _placements(
     else:
         placements = _place_groups(model, resources)
     scaling = autoscaling_of(model.parameters or {}, stateful=model.sequence_batching is not None)
-    if scaling is not None:  # the first group autoscales, starting with the autoscaling's count
+    if scaling is not None and not placements[0].passive:  # the first group autoscales, from its count
         first = placements[0]
         ids = first.gpu_ids
         count = scaling.start_replicas
@@ -743,14 +760,16 @@ def _place_groups(model: ModelDescription, resources: ClusterResources) -> list[
     groups = model.instance_groups or (_default_group(model, resources),)
     reasons: list[str] = []
     placements = []
-    for group in groups:
+    for index, group in enumerate(groups):
         try:
-            placements.append(_place_group(model, group, resources))
+            placements.append(replace(_place_group(model, group, resources), index=index))
         except _CannotPlace as exc:
             reasons.extend(exc.reasons)
     if reasons:
         raise _CannotPlace(reasons)
-    return placements
+    # the groups that take requests first: the first of them holds the model's route, autoscaling
+    # and rank 0 (a stable sort keeps config order within each kind)
+    return sorted(placements, key=lambda p: p.passive)
 
 
 def _default_group(model: ModelDescription, resources: ClusterResources) -> InstanceGroup:
@@ -793,17 +812,20 @@ def _place_gpu(group: InstanceGroup, resources: ClusterResources, where: str) ->
 def _entries(
     model: ModelDescription, placements: list[_Placement], share: float, gpu_scale: Mapping[int, float]
 ) -> list[DeploymentEntry]:
-    """The model's deployments, one per instance group, ranked over all its groups in config order."""
-    total = sum(p.num_replicas for p in placements)
+    """The model's deployments, one per instance group in ``placements``' order (those that take
+    requests first), ranked over its groups that are not passive (over all where every one is)."""
+    ranked = [p for p in placements if not p.passive] or placements
+    total = sum(p.num_replicas for p in ranked)
     entries = []
     offset = 0
     for index, placement in enumerate(placements):
+        marked = index > 0 and placement.passive  # the model's own application is never marked
         entries.append(
             DeploymentEntry(
                 model=model.name,
                 versions=tuple(model.versions),
                 group=placement.group,
-                group_index=index,
+                group_index=placement.index,
                 kind=placement.kind,
                 num_replicas=placement.num_replicas,
                 resources=ReplicaResources(num_cpus=share, num_gpus=_gpu_fraction(placement, gpu_scale)),
@@ -811,16 +833,17 @@ def _entries(
                     ReplicaSlot(placement.group, placement.gpu_ids[i] if placement.gpu_ids else None)
                     for i in range(placement.num_replicas)
                 ),
-                rank_offset=offset,
+                rank_offset=0 if placement.passive else offset,
                 model_replicas=total,
                 batching=BatchingPlan(model.max_batch_size, model.dynamic_batching, model.sequence_batching),
-                app_name=group_app_name(model.name, index),
+                app_name=group_app_name(model.name, index, marked),
                 deployment_name=MODEL_DEPLOYMENT,
-                route_prefix=group_route(model.name, index),
+                route_prefix=group_route(model.name, index, marked),
                 max_ongoing_requests=max_ongoing_requests(model),
                 passive=placement.passive,
                 autoscaling=placement.autoscaling,
             )
         )
-        offset += placement.num_replicas
+        if not placement.passive:
+            offset += placement.num_replicas
     return entries

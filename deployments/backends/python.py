@@ -235,12 +235,13 @@ class PythonBackend(Backend):
         """Triton's name for this instance, ``<group name>_<index>`` (``add_sub_0_0``).
 
         Models see it in ``args`` and error messages name it. A name the caller
-        gives in that form is kept; any other (a replica's id) becomes index 0.
+        gives in that form, of any of the model's groups, is kept; any other (a
+        replica's id) becomes the first group's index 0.
         """
-        groups = self.model.instance_groups
-        group = groups[0].name if groups and groups[0].name else f"{self.model.name}_0"
+        names = [g.name or f"{self.model.name}_{i}" for i, g in enumerate(self.model.instance_groups)]
+        names = names or [f"{self.model.name}_0"]
         given = self.context.instance_name
-        return given if given.startswith(f"{group}_") else f"{group}_0"
+        return given if any(given.startswith(f"{name}_") for name in names) else f"{names[0]}_0"
 
     def initialize_args(self) -> dict[str, str]:
         """The ``args`` Triton passes to ``initialize``."""

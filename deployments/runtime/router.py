@@ -13,6 +13,11 @@ is the decision and returns a :class:`Placement`:
   that has one and sends its later requests on there (:meth:`Router.route`);
 * ``REMOTE``: any other model, through the serving layer's executor (another replica).
 
+A replica of a passive instance group (``instance_group { passive: true }``) has its model loaded
+but runs no request of it (:meth:`Router.place`): none is routed there, and one that comes all the
+same goes on to a group that takes requests (``REMOTE``); where every group of the model is passive,
+each request is refused UNAVAILABLE instead of waiting forever for an instance that never runs it.
+
 The router is Ray-free: how an owner or another model is reached is given to it
 (:class:`OwnerCalls`, a :class:`~deployments.inference.ModelExecutor`) by the serving layer
 (``deployments.serve.peers``). An HTTP request may come with its body as it arrived
@@ -211,7 +216,8 @@ class Router:
     ``local`` maps model names to what runs them here (the mapping itself is kept: an ensemble fills
     it as its hosted models load); ``remote`` reaches every other model (None: they are unknown
     here), for an ensemble the router of its replica; ``ranks`` and ``owners`` are given for a
-    stateful model with several replicas.
+    stateful model with several replicas. ``passive``: the models this process loads as a passive
+    instance, each with whether another of its instance groups takes requests.
     """
 
     def __init__(
@@ -220,11 +226,13 @@ class Router:
         remote: ModelExecutor | None = None,
         ranks: Ranks | None = None,
         owners: OwnerCalls | None = None,
+        passive: Mapping[str, bool] | None = None,
     ) -> None:
         self.local: Mapping[str, Runner] = {} if local is None else local  # kept, not copied
         self.remote = remote
         self.ranks = ranks
         self.owners = owners
+        self.passive: Mapping[str, bool] = passive or {}  # loaded here as a passive instance: never run
         self.answered_here = 0  # a stateful model's sequence requests answered by this replica
         self.sent_to_owner = 0  # ... and sent on to their owner
         self.sending = SendOrder()  # the order of the requests sent on to owners
@@ -242,6 +250,14 @@ class Router:
         """Where ``request`` runs: the one routing decision of the server."""
         if request.model_name not in self.local:
             return _REMOTE
+        taken_elsewhere = self.passive.get(request.model_name)
+        if taken_elsewhere is not None:
+            if taken_elsewhere and self.remote is not None:
+                return _REMOTE
+            raise Unavailable(
+                f"Request for model '{request.model_name}': every instance group of the model is "
+                "passive (instance_group passive: true), so no instance is scheduled to run requests"
+            )
         ranks = self.ranks
         if ranks is None or not request.correlation_id or (raw is not None and raw.forwarded):
             return _LOCAL

@@ -190,15 +190,18 @@ class RayDeployer:
         return placed if not running else keep_shares(running, placed, free)
 
     def group_apps(self, name: str) -> GroupApps:
-        """The applications model ``name`` is deployed as, one per instance group in group order, with
-        their replica counts (``deployments.serve.peers.RemoteModels`` spreads calls over them)."""
+        """The applications model ``name`` is deployed as, one per instance group that takes requests in
+        rank order, with their replica counts (``deployments.serve.peers.RemoteModels`` spreads calls
+        over them)."""
         if name in self.pooled:
             host = self._plan({}).host
             return ((HOST_APP, host.num_replicas if host is not None else 1),)
         entries = self.deployed.get(name)
         if not entries:
             return own_app(name)
-        return tuple((e.app_name, e.num_replicas) for e in entries)
+        # a passive group takes no calls; where every group is, the model's own answers UNAVAILABLE
+        taking = [e for e in entries if not e.passive] or entries[:1]
+        return tuple((e.app_name, e.num_replicas) for e in taking)
 
     async def reload(self, old: ModelDescription, new: ModelDescription) -> None:
         """A serving model moved to ``new``: inside its running replicas when it keeps their shape
@@ -290,6 +293,7 @@ class RayDeployer:
         holds = bool(self.settings.delay_scheduler or self.settings.backlog_delay_scheduler)
         return {
             "group": entry.group_index,
+            "passive": entry.passive,
             "kind": entry.instance_kind,
             "settings": self.settings,
             "composing": composing,

@@ -21,7 +21,8 @@ and ``deployments.serve.launch`` point it at ``deployments/serve/bin/haproxy``, 
   backend ``<base>--group-<n>`` beside the model's own ``<base>``; the replicas of every group
   (their ``server`` lines, ``backup`` ones left out) are added to the model's backend, so its
   ``leastconn`` spreads the model's requests over all of them in one hop. A group replica
-  answers the model's routes through its direct lane (``deployments.serve.ingress``).
+  answers the model's routes through its direct lane (``deployments.serve.ingress``). A passive
+  group's backend (``<base>--passive-<n>``) is never added: Triton schedules no request to it.
 * **gRPC in one hop.** In Serve's gRPC frontend (``grpc_frontend``, written when ``grpc_options``
   are set), a Triton ``ModelInfer`` call goes to the replicas of the model it names: HAProxy waits
   for the head of the request message and matches its first field (``model_name``, field 1, which
@@ -294,7 +295,7 @@ def route_grpc_by_model(lines: list[str]) -> list[str]:
         HTTP_BACKEND_PREFIX,
         haproxy_backend,
     )
-    from repository_loader.plan import GROUP_APP_MARK, HOST_APP, MODEL_APP_PREFIX, SERVER_APP
+    from repository_loader.plan import HOST_APP, MODEL_APP_PREFIX, SERVER_APP, is_group_app
 
     found = _frontend(lines, GRPC_FRONTEND)
     if found is None:
@@ -302,7 +303,7 @@ def route_grpc_by_model(lines: list[str]) -> list[str]:
     start, end = found
     backends = _backends(lines)
     apps = [m.group(1) for line in lines[start:end] if (m := _APP_ACL.match(line))]
-    models = [app for app in apps if app.startswith(MODEL_APP_PREFIX) and GROUP_APP_MARK not in app]
+    models = [app for app in apps if app.startswith(MODEL_APP_PREFIX) and not is_group_app(app)]
     guard = stream_guard(os.environ.get(STREAM_GUARD_ENV, ""))
     rules = [
         "    # Triton's ModelInfer, and a ModelStreamInfer stream by its first request: to the replicas of",

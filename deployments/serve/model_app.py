@@ -72,6 +72,7 @@ class ModelDeployment:
         gpu_ids: list[int | None] | None = None,
         rank_offset: int = 0,
         group_index: int = 0,
+        passive: bool = False,
     ) -> None:
         coalesce_response_writes()
         # HAProxy on this node reaches the replica through a Unix socket
@@ -91,7 +92,7 @@ class ModelDeployment:
         context = serve.get_replica_context()
         self.visible_gpus = pin_replica_gpu(gpu_ids or [], context) if kind == InstanceKind.GPU else None
         self.replica_id = context.replica_id.unique_id if context else str(os.getpid())
-        self.instance_name = instance_name(model.name, context)
+        self.instance_name = instance_name(model, group_index, context)
         # every other replica is reached through one directory and one session; the router decides
         self.server = ServerClient()
         # a testing hook: a model's replicas are Triton's instances of it, whose queues it counts together
@@ -103,12 +104,19 @@ class ModelDeployment:
         self._remote = remote
         self._ranks: Ranks | None = None
         sequences = model.sequence_batching is not None and not model.sequence_batching.iterative
-        if sequences and context is not None:
+        if sequences and context is not None and not passive:  # a passive instance owns no sequence
             # ranked over the replicas of every instance group of the model: one owner per sequence (an
             # iterative sequence is one request, which any replica can run); a model of one replica is
             # ranked too, for a count change that keeps it
             self._ranks = Ranks(model.name, rank_offset + _rank_number(context.rank), replicas)
-        self.router = Router(remote=remote, ranks=self._ranks, owners=self._calls)
+        # a passive instance runs none of its model's requests (repository_loader.plan, "passive")
+        taking = any(not g.passive for g in model.instance_groups)
+        self.router = Router(
+            remote=remote,
+            ranks=self._ranks,
+            owners=self._calls,
+            passive={model.name: taking} if passive else None,
+        )
         self._group_index = group_index
         self.runtime = ModelRuntime(
             model,
@@ -415,12 +423,14 @@ class ModelDeployment:
             await self.runtime.close()
 
 
-def instance_name(model: str, context: Any) -> str:
-    """Triton's name of this replica's model instance, ``<model>_<group>_<index>``: the instance group
-    from the application (``<model app>--group-<n>``), the index from the replica's rank in it."""
+def instance_name(model: ModelDescription, group_index: int, context: Any) -> str:
+    """Triton's name of this replica's model instance, ``<group name>_<index>``: the name of the
+    model's ``group_index``-th instance group (Triton's default ``<model>_<group index>``), the index
+    from the replica's rank in its group."""
+    groups = model.instance_groups
+    named = groups[group_index].name if group_index < len(groups) else ""
+    group = named or f"{model.name}_{group_index}"
     if context is None:
-        return f"{model}_0_0"
-    _, _, group = context.app_name.rpartition("--group-")
+        return f"{group}_0"
     own: Any = context.rank
-    index = int(getattr(own, "rank", own) or 0)
-    return f"{model}_{int(group) if group.isdigit() else 0}_{index}"
+    return f"{group}_{int(getattr(own, 'rank', own) or 0)}"

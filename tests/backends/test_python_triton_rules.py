@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,7 @@ from deployments.backends.python_api.response_sender import (
 from deployments.backends.registry import create_backend
 from deployments.inference import InferResponse
 from repository_loader.errors import ErrorCode, ServerError
-from repository_loader.model import SequenceBatching
+from repository_loader.model import InstanceGroup, InstanceKind, SequenceBatching
 from tests.backends.helpers import context, describe, python_backend, request, spec
 
 MODELS = Path(__file__).parent / "python_models"
@@ -192,6 +193,14 @@ async def test_sender_flag_and_argument_checks() -> None:
 async def test_instance_name_is_tritons() -> None:
     backend = _backend("named", decoupled=False)
     assert backend.initialize_args()["model_instance_name"] == "named_0_0"
+
+
+async def test_an_instance_of_a_later_group_keeps_its_groups_name() -> None:
+    groups = (InstanceGroup("first", InstanceKind.CPU, 1), InstanceGroup("second", InstanceKind.CPU, 2))
+    model = replace(describe("g", MODELS / "sender_rules", "python", [], []), instance_groups=groups)
+    for given, expected in (("second_1", "second_1"), ("first_0", "first_0"), ("replica-x", "first_0")):
+        backend = create_backend(replace(context(model), instance_name=given))
+        assert backend.initialize_args()["model_instance_name"] == expected
 
 
 async def test_response_for_a_rescheduled_request_fails_with_triton_text() -> None:

@@ -96,6 +96,25 @@ async def test_a_model_served_here_runs_here_and_any_other_goes_to_the_executor(
     assert len(here.calls) == 1 and elsewhere.calls == ["n"]
 
 
+async def test_a_passive_instance_sends_its_models_requests_on_and_runs_none() -> None:
+    here, elsewhere = Runner("m"), Elsewhere()
+    router = Router({"m": here}, remote=elsewhere, passive={"m": True})  # another group takes requests
+    assert router.place(_request("m")) == Placement(Where.REMOTE)
+    assert (await router.infer(_request("m"))).id == "elsewhere"
+    assert here.calls == [] and elsewhere.calls == ["m"]
+
+
+async def test_where_every_group_is_passive_a_request_is_refused_unavailable() -> None:
+    here, elsewhere = Runner("m"), StreamingElsewhere()
+    router = Router({"m": here}, remote=elsewhere, passive={"m": False})
+    with pytest.raises(Unavailable, match="every instance group of the model is passive"):
+        await router.infer(_request("m"))
+    with pytest.raises(Unavailable):
+        router.stream(_request("m"))
+    assert (await router.infer(_request("n"))).id == "elsewhere"  # other models go on as before
+    assert here.calls == [] and elsewhere.calls == ["n"]
+
+
 async def test_without_an_executor_another_model_is_unknown() -> None:
     router = Router({"m": Runner("m")})
     with pytest.raises(NotFound, match="Request for unknown model: 'n' is not found"):

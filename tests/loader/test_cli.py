@@ -70,6 +70,16 @@ def test_each_instance_group_is_printed_as_its_own_deployment(repo: Path, write_
     assert [e["num_gpus_per_replica"] for e in plan] == [0.0, 1.0]
 
 
+def test_a_passive_group_is_printed_after_the_others_and_unranked(repo: Path, write_model, capsys) -> None:
+    groups = "instance_group [ { name: 'p' kind: KIND_CPU count: 1 passive: true }, { name: 'c' kind: KIND_CPU count: 2 } ]"
+    write_model("m", TORCH_IO + groups, {"1/model.pt": b""})
+    assert main(["validate", str(repo), "--cpus", "4", "--gpus", "0"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("      ")]
+    assert lines[0].startswith("      c: KIND_CPU x2, ") and "route /v2/models/m," in lines[0]
+    assert lines[1].startswith("      p: KIND_CPU x1 (passive: loaded, takes no requests), ")
+    assert "route /v2/-/instance-groups/model-m--passive-1," in lines[1]
+
+
 def test_plan_problem_fails_validation(repo: Path, write_model, capsys) -> None:
     write_model("m", TORCH_IO + "instance_group [ { kind: KIND_GPU } ]", {"1/model.pt": b""})
     assert main(["validate", str(repo), "--gpus", "0"]) == 1

@@ -165,6 +165,7 @@ def test_one_entry_per_instance_group_each_with_its_own_kind_and_resources() -> 
         "rank_offset": 0,
         "gpu_ids": [None, None],
         "group_index": 0,
+        "passive": False,
     }
     assert gpu.init_kwargs == {
         "instance_kind": "KIND_GPU",
@@ -172,6 +173,7 @@ def test_one_entry_per_instance_group_each_with_its_own_kind_and_resources() -> 
         "rank_offset": 2,
         "gpu_ids": [0],
         "group_index": 1,
+        "passive": False,
     }
     # group 0 is the model's own application and route; the others have their own, off the model's
     assert (cpu.app_name, cpu.route_prefix, cpu.deployment_name) == ("model-m", "/v2/models/m", "model")
@@ -189,6 +191,54 @@ def test_one_entry_per_instance_group_each_with_its_own_kind_and_resources() -> 
         2,
         3,
     )
+
+
+def test_a_passive_group_is_deployed_after_the_others_unranked_and_off_the_models_route() -> None:
+    groups = (
+        InstanceGroup("idle", InstanceKind.CPU, 2, passive=True),
+        InstanceGroup("a", InstanceKind.CPU, 1),
+        InstanceGroup("b", InstanceKind.CPU, 2),
+    )
+    plan = plan_deployments({"m": _model("m", groups)}, ClusterResources(8, 0))
+    a, b, idle = plan.for_model("m")
+    assert [(e.group, e.group_index, e.passive) for e in (a, b, idle)] == [
+        ("a", 1, False),
+        ("b", 2, False),
+        ("idle", 0, True),
+    ]
+    # the first group that takes requests holds the model's route; the passive one is loaded apart
+    assert plan.entry("m") == a and (a.app_name, a.route_prefix) == ("model-m", "/v2/models/m")
+    assert b.app_name == "model-m--group-1"
+    assert idle.app_name == "model-m--passive-2" and idle.route_prefix.endswith("/model-m--passive-2")
+    assert is_group_app(idle.app_name, "m") and not is_group_app(idle.app_name, "n")
+    # sequences are owned by the replicas that take requests only
+    assert [(e.rank_offset, e.model_replicas) for e in (a, b, idle)] == [(0, 3), (1, 3), (0, 3)]
+    assert idle.init_kwargs["passive"] and idle.init_kwargs["group_index"] == 0
+    assert idle.num_replicas == 2  # loaded as Triton loads it
+
+
+def test_a_model_whose_groups_are_all_passive_keeps_its_own_application() -> None:
+    groups = (
+        InstanceGroup("p", InstanceKind.CPU, 1, passive=True),
+        InstanceGroup("q", InstanceKind.CPU, 1, passive=True),
+    )
+    plan = plan_deployments({"m": _model("m", groups)}, ClusterResources(8, 0))
+    p, q = plan.for_model("m")
+    assert (p.app_name, p.passive, q.app_name, q.passive) == ("model-m", True, "model-m--passive-1", True)
+    assert plan.entry("m") == p
+
+
+def test_autoscaling_goes_to_the_first_group_that_takes_requests() -> None:
+    groups = (
+        InstanceGroup("idle", InstanceKind.CPU, 1, passive=True),
+        InstanceGroup("a", InstanceKind.CPU, 1),
+    )
+    model = replace(
+        _model("m", groups),
+        parameters={"ray.autoscaling.min_replicas": "1", "ray.autoscaling.max_replicas": "3"},
+    )
+    a, idle = plan_deployments({"m": model}, ClusterResources(8, 0)).for_model("m")
+    assert a.autoscaling is not None and idle.autoscaling is None
 
 
 def test_cpu_shares_count_every_replica_of_every_group() -> None:
@@ -237,6 +287,7 @@ def test_entry_is_the_serve_deployment_spec() -> None:
         "rank_offset": 0,
         "gpu_ids": [0, 0, 1, 1],
         "group_index": 0,
+        "passive": False,
     }
     data = entry.to_dict()
     assert data["app_name"] == "model-m" and data["replica_groups"] == ["g"] * 4

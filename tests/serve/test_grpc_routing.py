@@ -414,6 +414,13 @@ def test_name_prefix_is_the_message_head() -> None:
     assert short.hex().upper() == haproxy_shim.name_prefix("add_sub")
 
 
+def test_a_passive_groups_application_is_no_model_grpc_calls_are_routed_to() -> None:
+    text = _serve_config(1, {"model-m": (2, 10), "model-m--passive-1": (3, 11), "triton": (4, 20)})
+    backends = [line for line in haproxy_shim.route_grpc_by_model(text.splitlines()) if "trs-grpc" in line]
+    assert "backend trs-grpc-h1-model-m" in backends
+    assert not [line for line in backends if "passive" in line]
+
+
 def test_a_configuration_without_grpc_is_left_alone(tmp_path: Path) -> None:
     text = "frontend http_frontend\n    bind 127.0.0.1:8000\n    default_backend b\nbackend b\n    server s 127.0.0.1:1\n"
     assert haproxy_shim.route_grpc_by_model(text.splitlines()) == text.splitlines()

@@ -168,6 +168,37 @@ def _two_groups(cpu_count: int = 2) -> ModelDescription:
     )
 
 
+def test_calls_never_go_to_a_passive_group_unless_every_group_is_passive() -> None:
+    from deployments.serve.app import RayDeployer
+
+    deployer = RayDeployer(ServerSettings("/r"), ClusterResources(4, 1))
+    groups = (
+        InstanceGroup("idle", InstanceKind.CPU, 1, passive=True),
+        InstanceGroup("cpu", InstanceKind.CPU, 2),
+    )
+    model = dataclasses.replace(_two_groups(), instance_groups=groups)
+    deployer.prepare({"m": model})
+    deployer.deployed["m"] = deployer.entries(model)
+    assert deployer.group_apps("m") == (("model-m", 2),)
+    idle = tuple(dataclasses.replace(g, passive=True) for g in groups)
+    model = dataclasses.replace(model, instance_groups=idle)
+    deployer.deployed["m"] = deployer.entries(model)
+    assert deployer.group_apps("m") == (("model-m", 1),)  # its own: each request refused there
+
+
+def test_a_replicas_instance_name_is_its_groups_name_and_its_index_in_the_group() -> None:
+    from deployments.serve.model_app import instance_name
+
+    class Context:
+        rank = 1
+
+    named = (InstanceGroup("busy", InstanceKind.CPU, 2), InstanceGroup("", InstanceKind.CPU, 2))
+    model = dataclasses.replace(_two_groups(), instance_groups=named)
+    assert instance_name(model, 0, Context()) == "busy_1"
+    assert instance_name(model, 1, Context()) == "m_1_1"  # Triton's default group name: "<model>_<index>"
+    assert instance_name(model, 0, None) == "busy_0"
+
+
 def test_the_deployer_names_the_groups_handles_spread_over() -> None:
     from deployments.serve.app import RayDeployer, _same_shape
 

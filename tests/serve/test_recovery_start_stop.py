@@ -268,6 +268,16 @@ def test_haproxy_group_servers_go_after_the_last_server_without_a_backup() -> No
     assert haproxy_shim.merge_group_backends(lines[3:]) == lines[3:]
 
 
+def test_haproxy_never_adds_a_passive_groups_servers_to_the_models_backend() -> None:
+    lines = [
+        "backend http-model-m",
+        "    server a 127.0.0.1:1 check",
+        "backend http-model-m--passive-1",
+        "    server p 127.0.0.1:2 check",
+    ]
+    assert haproxy_shim.merge_group_backends(lines) == lines
+
+
 def _start(tmp_path: Path, **kwargs: object) -> Server:
     repo = recovery_models.build(tmp_path)
     server = Server(repo, args={"model_control_mode": "explicit", "load_model": ["add_one"]}, **kwargs)  # type: ignore[arg-type]
