@@ -447,7 +447,7 @@ def pooled(
 
     Where hosts are on, a model is pooled unless it needs a replica of its own (state, streams,
     autoscaling, a GPU, several instances of a Python model, a backend hosts do not run, rate-limiter
-    resources) or its ``ray.placement``
+    resources, a passive instance group) or its ``ray.placement``
     parameter says ``dedicated``; ``pooled`` there cannot pool a model that needs its own replica (it
     keeps its deployment). A model whose parameter says nothing goes where the policy's ``placement``
     says: with ``dedicated`` only the models that ask for it are pooled. Hosts with GPUs
@@ -472,6 +472,7 @@ def pooled(
         and not any(str(key).startswith(AUTOSCALING_PREFIX) for key in (model.parameters or {}))
         and len(groups) <= 1
         and not any(g.rate_limiter.resources for g in groups)  # each instance holds its own (rate limiter)
+        and not any(g.passive for g in groups)  # a host would run it; a passive instance runs nothing
         and all(_one_instance(model, g) and g.kind in _pooled_kinds(policy) for g in groups)
         and asked == POOLED
     )

@@ -608,6 +608,15 @@ def test_stateful_streaming_and_ensemble_models_are_never_pooled() -> None:
     assert not pooled(base, HostPolicy(replicas=0))
 
 
+def test_a_model_with_a_passive_group_is_never_pooled() -> None:
+    from repository_loader.plan import HostPolicy, pooled
+
+    policy = HostPolicy(replicas=1)
+    base = _python("m", **{"ray.placement": "pooled"})
+    idle = (InstanceGroup("p", InstanceKind.CPU, 1, passive=True),)
+    assert pooled(base, policy) and not pooled(replace(base, instance_groups=idle), policy)
+
+
 def test_a_batched_model_with_several_replicas_fills_one_replicas_batcher_first() -> None:
     """``routing_slots``: HAProxy gives a replica its largest batch before the next replica gets any,
     for a dynamically batched model with more than one replica (over all its groups)."""
